@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+//! PCI for pvrdma-vmm: a host bridge, configuration space reached through
+//! ports 0xCF8/0xCFC, BAR sizing and placement, multi-function slots and
+//! MSI-X.
+//!
+//! Devices live below the VMM (`vmm` wires them, a device crate never
+//! reaches into `vmm`), so everything a device needs from the hypervisor is
+//! expressed by the two small traits here: [`MsiRouter`] (MSI-X vectors as
+//! irqfds behind KVM GSI routes) and [`IoEventRegistrar`] (doorbells as
+//! ioeventfds). The VMM implements them on KVM; unit tests use mocks.
+
+use std::io;
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// One MSI message as the guest programs it into an MSI-X table entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MsiMessage {
+    pub addr_lo: u32,
+    pub addr_hi: u32,
+    pub data: u32,
+}
+
+/// An interrupt line from a device to the guest: an eventfd that KVM turns
+/// into an MSI (irqfd) once a route is installed for `gsi`.
+#[derive(Debug)]
+pub struct MsiVector {
+    /// The KVM GSI the route is installed under.
+    pub gsi: u32,
+    /// Writing 1 here injects the MSI in the kernel, without a VMM exit.
+    pub irqfd: EventFd,
+}
+
+/// Delivers MSIs to the guest. Implemented by the VMM over KVM GSI routing
+/// and irqfd; devices reach it only through their MSI-X capability.
+pub trait MsiRouter: Send + Sync {
+    /// Reserves a GSI and registers an irqfd for it (no route installed yet).
+    fn allocate(&self) -> io::Result<MsiVector>;
+    /// Installs (`Some`) or removes (`None`) the MSI route of `gsi`.
+    fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()>;
+    /// Drops the irqfd registration and frees the GSI.
+    fn release(&self, vector: &MsiVector) -> io::Result<()>;
+}
+
+/// Registers doorbells: a 1/2/4/8-byte guest write to MMIO address `addr`
+/// (optionally only with value `datamatch`) signals `fd` in the kernel and
+/// never exits to the VMM. Implemented by the VMM over KVM ioeventfds.
+pub trait IoEventRegistrar: Send + Sync {
+    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()>;
+    fn unregister(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()>;
+}
+
+/// What a device gets from the VMM at creation time.
+#[derive(Clone)]
+pub struct DeviceHooks {
+    pub msi: Arc<dyn MsiRouter>,
+    pub ioevents: Arc<dyn IoEventRegistrar>,
+}
+
+impl std::fmt::Debug for DeviceHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceHooks")
+    }
+}
+
+mod bus;
+mod configuration;
+mod msix;
+
+pub use bus::{PciBus, PciBusError};
+pub use configuration::{BarKind, BarSpec, PciConfiguration, PciHeader};
+pub use msix::{Msix, MsixError};
+
+/// A PCI function on the bus. Generic config-space behaviour (read-only
+/// fields, BAR sizing, the capability list, MSI-X control bits) lives in
+/// [`PciConfiguration`]; a device only adds its registers behind BARs.
+pub trait PciDevice: Send {
+    fn config(&self) -> &PciConfiguration;
+    fn config_mut(&mut self) -> &mut PciConfiguration;
+    /// A guest read of `data.len()` bytes at `offset` inside BAR `bar`.
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]);
+    /// A guest write of `data` at `offset` inside BAR `bar`.
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]);
+    /// Config register `reg` (dword index) was written, after the generic
+    /// handling; devices react to e.g. the MSI-X enable bit here.
+    fn config_written(&mut self, _reg: usize) {}
+    /// The guest moved BAR `bar` from `old` to `new` (both guest-physical);
+    /// devices with ioeventfds inside that BAR re-register them here.
+    fn bar_moved(&mut self, _bar: usize, _old: u64, _new: u64) {}
+}
