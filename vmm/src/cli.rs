@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The `pvrdma-vmm` command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+use crate::config::{self, DiskConfig, SerialConfig, VmConfig};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  the guest powered off or rebooted, or the VM was shut down through the API
+  1  the VMM failed while running the guest (KVM error, unrecoverable device error)
+  2  invalid command line or configuration, or the VM could not be created
+  3  the guest crashed (triple fault)";
+
+/// A KVM virtual machine monitor with a paravirtual RDMA device.
+#[derive(Debug, Parser)]
+#[command(name = "pvrdma-vmm", version, after_help = EXIT_CODES)]
+pub struct Cli {
+    /// Guest kernel: a bzImage or an ELF vmlinux (64-bit boot protocol).
+    #[arg(long, value_name = "PATH")]
+    pub kernel: PathBuf,
+
+    /// Initramfs (cpio archive, optionally compressed) loaded for the kernel.
+    #[arg(long, value_name = "PATH")]
+    pub initramfs: Option<PathBuf>,
+
+    /// Kernel command line.
+    #[arg(long, value_name = "STRING", default_value = "console=ttyS0")]
+    pub cmdline: String,
+
+    /// Number of vCPUs (1-254).
+    #[arg(long, value_name = "N", default_value = "1", value_parser = config::parse_cpus)]
+    pub cpus: u8,
+
+    /// Guest memory, e.g. 512M or 2G (a bare number is MiB; multiple of 2 MiB).
+    #[arg(long, value_name = "SIZE", default_value = "512M", value_parser = config::parse_memory)]
+    pub memory: u64,
+
+    /// A virtio-blk disk backed by a raw image: path=FILE[,readonly=on]. Repeatable.
+    #[arg(long, value_name = "path=FILE[,readonly=on]")]
+    pub disk: Vec<DiskConfig>,
+
+    /// Serial console (COM1): tty (stdout, input from stdin), file=PATH, or off.
+    #[arg(long, value_name = "tty|file=PATH|off", default_value = "tty")]
+    pub serial: SerialConfig,
+
+    /// Unix socket for the HTTP API (created with mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+
+    /// Log level on stderr: error, warn, info, debug or trace.
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    pub log_level: log::LevelFilter,
+}
+
+impl Cli {
+    pub fn vm_config(&self) -> VmConfig {
+        VmConfig {
+            kernel: self.kernel.clone(),
+            initramfs: self.initramfs.clone(),
+            cmdline: self.cmdline.clone(),
+            cpus: self.cpus,
+            memory: self.memory,
+            disks: self.disk.clone(),
+            serial: self.serial.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_a_full_command_line() {
+        let cli = Cli::try_parse_from([
+            "pvrdma-vmm", "--kernel", "/k", "--initramfs", "/i", "--cmdline", "console=ttyS0 quiet",
+            "--cpus", "2", "--memory", "1G", "--disk", "path=/d.img,readonly=on", "--disk", "path=/e.img",
+            "--serial", "file=/tmp/s", "--api-socket", "/tmp/api", "--log-level", "debug",
+        ])
+        .unwrap();
+        let cfg = cli.vm_config();
+        assert_eq!((cfg.cpus, cfg.memory, cfg.disks.len()), (2, 1 << 30, 2));
+        assert!(cfg.disks[0].readonly && !cfg.disks[1].readonly);
+        assert_eq!(cfg.serial, SerialConfig::File("/tmp/s".into()));
+        assert_eq!(cli.log_level, log::LevelFilter::Debug);
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        for args in [
+            &["--kernel", "/k", "--cpus", "0"][..],
+            &["--kernel", "/k", "--memory", "12X"],
+            &["--kernel", "/k", "--disk", "readonly=on"],
+            &["--kernel", "/k", "--serial", "pty"],
+            &["--kernel", "/k", "--log-level", "loud"],
+            &["--cpus", "1"],
+        ] {
+            let argv = std::iter::once("pvrdma-vmm").chain(args.iter().copied());
+            assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+//! VM configuration: what the command line (and later the API) asks for,
+//! parsed into typed values with one-line errors.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid size '{0}': expected a number with an optional K, M or G suffix")]
+    Size(String),
+    #[error("memory must be between {min} MiB and {max} MiB, got {got} MiB")]
+    MemoryRange { min: u64, max: u64, got: u64 },
+    #[error("memory must be a multiple of 2 MiB")]
+    MemoryAlignment,
+    #[error("--cpus must be between 1 and {max}, got {got}")]
+    Cpus { max: u16, got: String },
+    #[error("unknown option '{key}' in {what} (expected {expected})")]
+    UnknownKey { what: &'static str, key: String, expected: &'static str },
+    #[error("{what} needs {key}=")]
+    MissingKey { what: &'static str, key: &'static str },
+    #[error("invalid value '{value}' for {key} (expected {expected})")]
+    BadValue { key: &'static str, value: String, expected: &'static str },
+    #[error("--serial must be tty, off or file=PATH, got '{0}'")]
+    Serial(String),
+}
+
+/// `K`/`M`/`G`-suffixed byte counts (powers of 1024); bare numbers are MiB,
+/// as in `--memory 512`.
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let err = || ConfigError::Size(s.to_string());
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        _ => (t, 20),
+    };
+    let n: u64 = num.parse().map_err(|_| err())?;
+    n.checked_mul(1 << shift).ok_or_else(err)
+}
+
+/// Guest memory limits: enough for a kernel to boot, and what the memory
+/// map (RAM split around the 32-bit PCI hole) supports.
+pub const MIN_MEMORY_MIB: u64 = 64;
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
+
+pub fn parse_memory(s: &str) -> Result<u64, ConfigError> {
+    let bytes = parse_size(s)?;
+    let mib = bytes >> 20;
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
+        return Err(ConfigError::MemoryRange { min: MIN_MEMORY_MIB, max: MAX_MEMORY_MIB, got: mib });
+    }
+    if bytes % (2 << 20) != 0 {
+        return Err(ConfigError::MemoryAlignment);
+    }
+    Ok(bytes)
+}
+
+/// KVM's hard limit on x86 is larger, but APIC IDs in the MADT are 8-bit.
+pub const MAX_CPUS: u16 = 254;
+
+pub fn parse_cpus(s: &str) -> Result<u8, ConfigError> {
+    let err = || ConfigError::Cpus { max: MAX_CPUS, got: s.to_string() };
+    let n: u16 = s.trim().parse().map_err(|_| err())?;
+    if n == 0 || n > MAX_CPUS {
+        return Err(err());
+    }
+    u8::try_from(n).map_err(|_| err())
+}
+
+/// Splits `a=1,b=2` into pairs, rejecting keys outside `allowed`.
+fn parse_kv<'a>(
+    s: &'a str,
+    what: &'static str,
+    allowed: &[&str],
+    expected: &'static str,
+) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let (k, v) = part.split_once('=').unwrap_or((part, ""));
+            if allowed.contains(&k) {
+                Ok((k, v))
+            } else {
+                Err(ConfigError::UnknownKey { what, key: k.to_string(), expected })
+            }
+        })
+        .collect()
+}
+
+fn parse_on_off(key: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(ConfigError::BadValue { key, value: v.to_string(), expected: "on or off" }),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+    pub readonly: bool,
+}
+
+impl FromStr for DiskConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (mut path, mut readonly) = (None, false);
+        for (k, v) in parse_kv(s, "--disk", &["path", "readonly"], "path=, readonly=")? {
+            match k {
+                "path" if !v.is_empty() => path = Some(PathBuf::from(v)),
+                "path" => return Err(ConfigError::MissingKey { what: "--disk", key: "path" }),
+                _ => readonly = parse_on_off("readonly", v)?,
+            }
+        }
+        let path = path.ok_or(ConfigError::MissingKey { what: "--disk", key: "path" })?;
+        Ok(Self { path, readonly })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SerialConfig {
+    Tty,
+    File(PathBuf),
+    Off,
+}
+
+impl FromStr for SerialConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tty" => Ok(Self::Tty),
+            "off" => Ok(Self::Off),
+            _ => match s.strip_prefix("file=") {
+                Some(p) if !p.is_empty() => Ok(Self::File(PathBuf::from(p))),
+                _ => Err(ConfigError::Serial(s.to_string())),
+            },
+        }
+    }
+}
+
+/// Everything needed to build and boot a VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initramfs: Option<PathBuf>,
+    pub cmdline: String,
+    pub cpus: u8,
+    pub memory: u64,
+    pub disks: Vec<DiskConfig>,
+    pub serial: SerialConfig,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1024"), Ok(1024 << 20));
+        assert_eq!(parse_size("65536K"), Ok(64 << 20));
+        for bad in ["", "M", "-1M", "12X", "1.5G", "99999999999999999G"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert!(matches!(parse_memory("16M"), Err(ConfigError::MemoryRange { .. })));
+        assert_eq!(parse_memory("65537K"), Err(ConfigError::MemoryAlignment));
+        assert_eq!(parse_memory("512M"), Ok(512 << 20));
+    }
+
+    #[test]
+    fn cpus() {
+        assert_eq!(parse_cpus("2"), Ok(2));
+        for bad in ["0", "255", "-1", "two", ""] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn disks() {
+        let d: DiskConfig = "path=/a.img,readonly=on".parse().unwrap();
+        assert_eq!(d, DiskConfig { path: "/a.img".into(), readonly: true });
+        let d: DiskConfig = "path=/b.img".parse().unwrap();
+        assert!(!d.readonly);
+        assert!(matches!("readonly=on".parse::<DiskConfig>(), Err(ConfigError::MissingKey { .. })));
+        assert!(matches!("path=".parse::<DiskConfig>(), Err(ConfigError::MissingKey { .. })));
+        assert!(matches!("path=/a,ro=1".parse::<DiskConfig>(), Err(ConfigError::UnknownKey { .. })));
+        assert!(matches!("path=/a,readonly=yes".parse::<DiskConfig>(), Err(ConfigError::BadValue { .. })));
+    }
+
+    #[test]
+    fn serial() {
+        assert_eq!("tty".parse(), Ok(SerialConfig::Tty));
+        assert_eq!("off".parse(), Ok(SerialConfig::Off));
+        assert_eq!("file=/tmp/x".parse(), Ok(SerialConfig::File("/tmp/x".into())));
+        assert!("file=".parse::<SerialConfig>().is_err());
+        assert!("pty".parse::<SerialConfig>().is_err());
+    }
+}

@@ -1,0 +1,161 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Creates the VM's devices and routes vCPU port/MMIO exits to them: the
+//! legacy PIO devices on a vm-device `IoManager`, PCI functions behind the
+//! 0xCF8/0xCFC configuration ports and their BARs.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvm_ioctls::VmFd;
+use legacy_devices::{
+    AcpiPm, ExitSignal, I8042, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042_PORT,
+    I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
+};
+use pci::PciBus;
+use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
+use vm_device::device_manager::{IoManager, PioManager};
+use vm_device::DevicePio;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::layout;
+use crate::config::{SerialConfig, VmConfig};
+use crate::kvm::Vm;
+use crate::memory::GuestMemory;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("Failed to open the serial output file {0}")]
+    SerialFile(String, #[source] io::Error),
+    #[error("Failed to create an eventfd")]
+    EventFd(#[source] io::Error),
+    #[error("Failed to connect the serial interrupt")]
+    SerialIrq(#[source] kvm_ioctls::Error),
+    #[error("Failed to register {0} on the I/O port bus")]
+    Pio(&'static str, #[source] vm_device::bus::Error),
+    #[error("Failed to add a PCI device")]
+    Pci(#[source] pci::PciBusError),
+}
+
+/// Port 0xCF8..0xCFF: PCI configuration mechanism #1.
+const PCI_CONFIG_PORT: u16 = 0xcf8;
+const PCI_CONFIG_PORT_LEN: u16 = 8;
+
+/// Where vCPU exits go. Reads nobody claims return all-ones, as on a real
+/// bus; writes nobody claims are dropped.
+pub struct IoBus {
+    pio: IoManager,
+    pci: Arc<Mutex<PciBus>>,
+}
+
+impl IoBus {
+    pub fn pio_read(&self, port: u16, data: &mut [u8]) {
+        if self.pio.pio_read(PioAddress(port), data).is_err() {
+            data.fill(0xff);
+        }
+    }
+
+    pub fn pio_write(&self, port: u16, data: &[u8]) {
+        let _ = self.pio.pio_write(PioAddress(port), data);
+    }
+
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) {
+        if !self.pci().mmio_read(addr, data) {
+            log::debug!("Unclaimed MMIO read at {addr:#x}");
+            data.fill(0xff);
+        }
+    }
+
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) {
+        if !self.pci().mmio_write(addr, data) {
+            log::debug!("Unclaimed MMIO write at {addr:#x}");
+        }
+    }
+
+    fn pci(&self) -> std::sync::MutexGuard<'_, PciBus> {
+        self.pci.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Adapts the PCI bus's configuration ports to the PIO bus.
+struct PciConfigIo(Arc<Mutex<PciBus>>);
+
+impl DevicePio for PciConfigIo {
+    fn pio_read(&self, base: PioAddress, offset: PioAddressOffset, data: &mut [u8]) {
+        let bus = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        bus.pio_read(base.0 + offset, data);
+    }
+
+    fn pio_write(&self, base: PioAddress, offset: PioAddressOffset, data: &[u8]) {
+        let mut bus = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        bus.pio_write(base.0 + offset, data);
+    }
+}
+
+pub struct DeviceManager {
+    bus: Arc<IoBus>,
+    serial: Arc<Mutex<Serial>>,
+}
+
+impl std::fmt::Debug for DeviceManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceManager")
+    }
+}
+
+fn serial_output(cfg: &SerialConfig) -> Result<Box<dyn Write + Send>, DeviceError> {
+    Ok(match cfg {
+        SerialConfig::Tty => Box::new(io::stdout()),
+        SerialConfig::Off => Box::new(io::sink()),
+        SerialConfig::File(p) => Box::new(
+            File::create(p).map_err(|e| DeviceError::SerialFile(p.display().to_string(), e))?,
+        ),
+    })
+}
+
+fn register_pio<D: DevicePio + Send + Sync + 'static>(
+    io: &mut IoManager,
+    name: &'static str,
+    base: u16,
+    len: u16,
+    dev: D,
+) -> Result<(), DeviceError> {
+    let range = PioRange::new(PioAddress(base), len).map_err(|e| DeviceError::Pio(name, e))?;
+    io.register_pio(range, Arc::new(dev)).map_err(|e| DeviceError::Pio(name, e))
+}
+
+impl DeviceManager {
+    pub fn new(
+        config: &VmConfig,
+        _mem: &GuestMemory,
+        vm: &Vm,
+        exit: Arc<ExitSignal>,
+    ) -> Result<Self, DeviceError> {
+        let mut pio = IoManager::new();
+        let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+        register_irqfd(vm.fd(), &serial_irq, SERIAL_IRQ)?;
+        let serial = Arc::new(Mutex::new(Serial::new(SerialIrq(serial_irq), serial_output(&config.serial)?)));
+        register_pio(&mut pio, "serial", SERIAL_PORT, SERIAL_PORT_LEN, serial.clone())?;
+        register_pio(&mut pio, "i8042", I8042_PORT, I8042_PORT_LEN, Mutex::new(I8042::new(exit.clone())))?;
+        register_pio(&mut pio, "ACPI PM", ACPI_PM_PORT, ACPI_PM_PORT_LEN, Mutex::new(AcpiPm::new(exit)))?;
+
+        let mmio32 = (layout::MMIO_HOLE_START, layout::MMIO32_END - layout::MMIO_HOLE_START);
+        let pci = Arc::new(Mutex::new(PciBus::new(mmio32, layout::mmio64_window(config.memory))));
+        register_pio(&mut pio, "PCI config", PCI_CONFIG_PORT, PCI_CONFIG_PORT_LEN, PciConfigIo(pci.clone()))?;
+
+        Ok(Self { bus: Arc::new(IoBus { pio, pci }), serial })
+    }
+
+    pub fn bus(&self) -> Arc<IoBus> {
+        self.bus.clone()
+    }
+
+    /// Console input for the guest (from the VMM's stdin in tty mode).
+    pub fn serial_input(&self, bytes: &[u8]) -> usize {
+        self.serial.lock().unwrap_or_else(PoisonError::into_inner).enqueue_input(bytes)
+    }
+}
+
+fn register_irqfd(vm: &VmFd, fd: &EventFd, gsi: u32) -> Result<(), DeviceError> {
+    vm.register_irqfd(fd, gsi).map_err(DeviceError::SerialIrq)
+}

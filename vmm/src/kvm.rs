@@ -1,0 +1,241 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The KVM VM: memory slots, in-kernel irqchip and PIT, and the two hooks
+//! devices get from the hypervisor (`pci::MsiRouter` over GSI routing +
+//! irqfd, `pci::IoEventRegistrar` over ioeventfd).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{
+    kvm_irq_routing_entry, kvm_pit_config, kvm_userspace_memory_region, CpuId, KvmIrqRouting,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
+use pci::{IoEventRegistrar, MsiMessage, MsiRouter, MsiVector};
+use vm_memory::{Address, GuestMemoryBackend as _, GuestMemoryRegion};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::layout;
+use crate::memory::GuestMemory;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvmError {
+    #[error("Failed to open /dev/kvm")]
+    Open(#[source] kvm_ioctls::Error),
+    #[error("Failed to create the VM")]
+    CreateVm(#[source] kvm_ioctls::Error),
+    #[error("Failed to set up the VM ({0})")]
+    Setup(&'static str, #[source] kvm_ioctls::Error),
+    #[error("Failed to register guest memory with KVM")]
+    MemorySlot(#[source] kvm_ioctls::Error),
+    #[error("KVM supports at most {max} vCPUs, {requested} requested")]
+    TooManyVcpus { requested: u8, max: usize },
+}
+
+/// Legacy GSIs are the 24 IOAPIC pins; MSI routes start above them.
+const IOAPIC_PINS: u32 = 24;
+/// KVM_MAX_IRQ_ROUTES: the routing table cannot hold more entries.
+const MAX_GSI: u32 = 4096;
+
+pub struct Vm {
+    fd: Arc<VmFd>,
+    supported_cpuid: CpuId,
+    max_vcpus: usize,
+    routes: Arc<GsiRoutes>,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm").field("max_vcpus", &self.max_vcpus).finish_non_exhaustive()
+    }
+}
+
+impl Vm {
+    /// Creates the VM with an in-kernel LAPIC/IOAPIC/PIC and PIT, and
+    /// registers every RAM region of `mem` as a memory slot.
+    pub fn new(mem: &GuestMemory) -> Result<Self, KvmError> {
+        let kvm = Kvm::new().map_err(KvmError::Open)?;
+        let fd = kvm.create_vm().map_err(KvmError::CreateVm)?;
+        fd.set_tss_address(layout::KVM_TSS_START as usize)
+            .map_err(|e| KvmError::Setup("TSS address", e))?;
+        fd.set_identity_map_address(layout::KVM_IDENTITY_MAP_START)
+            .map_err(|e| KvmError::Setup("identity map address", e))?;
+        fd.create_irq_chip().map_err(|e| KvmError::Setup("irqchip", e))?;
+        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        fd.create_pit2(pit).map_err(|e| KvmError::Setup("PIT", e))?;
+        for (slot, region) in mem.iter().enumerate() {
+            let host = mem
+                .get_host_address(region.start_addr())
+                .map_err(|_| KvmError::Setup("guest memory", kvm_ioctls::Error::new(libc::EFAULT)))?;
+            let slot_region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: region.start_addr().raw_value(),
+                memory_size: region.len(),
+                userspace_addr: host as u64,
+                flags: 0,
+            };
+            // SAFETY: the mapping behind `host` is owned by `mem`, which the
+            // VMM keeps alive for the VM's whole lifetime, and is exactly
+            // `region.len()` bytes long.
+            unsafe { fd.set_user_memory_region(slot_region) }.map_err(KvmError::MemorySlot)?;
+        }
+        let supported_cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|e| KvmError::Setup("supported CPUID", e))?;
+        let fd = Arc::new(fd);
+        let routes = Arc::new(GsiRoutes::new(fd.clone()));
+        routes.commit().map_err(|e| KvmError::Setup("GSI routing", kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL))))?;
+        Ok(Self { fd, supported_cpuid, max_vcpus: kvm.get_max_vcpus(), routes })
+    }
+
+    pub fn fd(&self) -> &Arc<VmFd> {
+        &self.fd
+    }
+
+    pub fn supported_cpuid(&self) -> &CpuId {
+        &self.supported_cpuid
+    }
+
+    pub fn check_vcpu_count(&self, requested: u8) -> Result<(), KvmError> {
+        if usize::from(requested) > self.max_vcpus {
+            return Err(KvmError::TooManyVcpus { requested, max: self.max_vcpus });
+        }
+        Ok(())
+    }
+
+    pub fn msi_router(&self) -> Arc<dyn MsiRouter> {
+        self.routes.clone()
+    }
+
+    pub fn ioevent_registrar(&self) -> Arc<dyn IoEventRegistrar> {
+        Arc::new(IoEvents(self.fd.clone()))
+    }
+}
+
+/// The GSI routing table. KVM replaces the whole table on every update, so
+/// the legacy IOAPIC/PIC routes KVM installs by default are re-created
+/// each time alongside the MSI routes.
+struct GsiRoutes {
+    vm: Arc<VmFd>,
+    state: Mutex<RouteState>,
+}
+
+struct RouteState {
+    next_gsi: u32,
+    free: Vec<u32>,
+    msi: BTreeMap<u32, MsiMessage>,
+}
+
+impl GsiRoutes {
+    fn new(vm: Arc<VmFd>) -> Self {
+        let state = RouteState { next_gsi: IOAPIC_PINS, free: Vec::new(), msi: BTreeMap::new() };
+        Self { vm, state: Mutex::new(state) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
+        // A poisoned lock means another thread panicked mid-update; with
+        // panic=abort that cannot happen, so take the data as it is.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn commit(&self) -> io::Result<()> {
+        let state = self.lock();
+        self.commit_locked(&state)
+    }
+
+    fn commit_locked(&self, state: &RouteState) -> io::Result<()> {
+        let mut entries = Vec::new();
+        for pin in 0..IOAPIC_PINS {
+            entries.push(irqchip_route(pin, KVM_IRQCHIP_IOAPIC, pin));
+            match pin {
+                0..=7 if pin != 2 => entries.push(irqchip_route(pin, KVM_IRQCHIP_PIC_MASTER, pin)),
+                8..=15 => entries.push(irqchip_route(pin, KVM_IRQCHIP_PIC_SLAVE, pin - 8)),
+                _ => {}
+            }
+        }
+        for (&gsi, msg) in &state.msi {
+            let mut e = kvm_irq_routing_entry { gsi, type_: KVM_IRQ_ROUTING_MSI, ..Default::default() };
+            e.u.msi.address_lo = msg.addr_lo;
+            e.u.msi.address_hi = msg.addr_hi;
+            e.u.msi.data = msg.data;
+            entries.push(e);
+        }
+        let routing = KvmIrqRouting::from_entries(&entries)
+            .map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+        self.vm.set_gsi_routing(&routing).map_err(io::Error::from)
+    }
+}
+
+fn irqchip_route(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
+    let mut e = kvm_irq_routing_entry { gsi, type_: KVM_IRQ_ROUTING_IRQCHIP, ..Default::default() };
+    e.u.irqchip.irqchip = chip;
+    e.u.irqchip.pin = pin;
+    e
+}
+
+impl MsiRouter for GsiRoutes {
+    fn allocate(&self) -> io::Result<MsiVector> {
+        let mut state = self.lock();
+        let gsi = match state.free.pop() {
+            Some(gsi) => gsi,
+            None if state.next_gsi < MAX_GSI => {
+                state.next_gsi += 1;
+                state.next_gsi - 1
+            }
+            None => return Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+        };
+        let irqfd = EventFd::new(EFD_NONBLOCK)?;
+        if let Err(e) = self.vm.register_irqfd(&irqfd, gsi) {
+            state.free.push(gsi);
+            return Err(e.into());
+        }
+        Ok(MsiVector { gsi, irqfd })
+    }
+
+    fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()> {
+        let mut state = self.lock();
+        let changed = match msg {
+            Some(m) => state.msi.insert(gsi, m) != Some(m),
+            None => state.msi.remove(&gsi).is_some(),
+        };
+        if changed {
+            self.commit_locked(&state)?;
+        }
+        Ok(())
+    }
+
+    fn release(&self, vector: &MsiVector) -> io::Result<()> {
+        let mut state = self.lock();
+        let result = self.vm.unregister_irqfd(&vector.irqfd, vector.gsi).map_err(io::Error::from);
+        if state.msi.remove(&vector.gsi).is_some() {
+            self.commit_locked(&state)?;
+        }
+        state.free.push(vector.gsi);
+        result
+    }
+}
+
+/// Doorbells as KVM ioeventfds on MMIO addresses.
+struct IoEvents(Arc<VmFd>);
+
+impl IoEventRegistrar for IoEvents {
+    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        let addr = IoEventAddress::Mmio(addr);
+        match datamatch {
+            Some(v) => self.0.register_ioevent(fd, &addr, v),
+            None => self.0.register_ioevent(fd, &addr, NoDatamatch),
+        }
+        .map_err(io::Error::from)
+    }
+
+    fn unregister(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        let addr = IoEventAddress::Mmio(addr);
+        match datamatch {
+            Some(v) => self.0.unregister_ioevent(fd, &addr, v),
+            None => self.0.unregister_ioevent(fd, &addr, NoDatamatch),
+        }
+        .map_err(io::Error::from)
+    }
+}

@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+//! pvrdma-vmm: a KVM virtual machine monitor on rust-vmm crates.
+
+pub mod arch;
+pub mod cli;
+pub mod config;
+pub mod device_manager;
+pub mod kvm;
+pub mod memory;
+pub mod vcpu;
+pub mod vmm;
+
+/// "outer: inner: innermost", for one-line error messages.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// Each ioeventfd and irqfd holds a file descriptor; the default soft limit
+/// of 1024 runs out with a few hundred RDMA objects, so raise it to the
+/// hard limit.
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
+    if ok && lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            log::warn!("Could not raise the open-file limit: {}", std::io::Error::last_os_error());
+        }
+    }
+}

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+//! vCPU threads: each runs KVM_RUN, dispatches port and MMIO exits to the
+//! device buses, and parks on request (pause) until resumed.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use crate::device_manager::IoBus;
+
+/// Why a vCPU thread stopped the VM, for the event loop to turn into the
+/// VMM's exit code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VcpuExitReason {
+    /// KVM_EXIT_SHUTDOWN: a triple fault, i.e. the guest crashed.
+    TripleFault,
+    /// KVM could not run or emulate the guest.
+    Error(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("Failed to register the vCPU kick signal handler")]
+    Signal(#[source] vmm_sys_util::errno::Error),
+    #[error("Failed to spawn a vCPU thread")]
+    Spawn(#[source] std::io::Error),
+    #[error("vCPU {0} did not stop within {1:?}")]
+    PauseTimeout(u8, Duration),
+}
+
+#[derive(Debug, Default)]
+struct RunState {
+    pause_requested: bool,
+    paused: bool,
+    exit_requested: bool,
+}
+
+/// What the VMM and one vCPU thread share.
+#[derive(Debug, Default)]
+struct Control {
+    state: Mutex<RunState>,
+    changed: Condvar,
+}
+
+impl Control {
+    fn lock(&self) -> MutexGuard<'_, RunState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Reports vCPU-side VM exits to the event loop.
+#[derive(Debug)]
+pub struct ExitReporter {
+    pub evt: EventFd,
+    pub reason: Mutex<Option<VcpuExitReason>>,
+}
+
+impl ExitReporter {
+    fn report(&self, reason: VcpuExitReason) {
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        if let Err(e) = self.evt.write(1) {
+            log::error!("Failed to signal a vCPU exit: {e}");
+        }
+    }
+}
+
+pub struct VcpuHandle {
+    id: u8,
+    control: Arc<Control>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for VcpuHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VcpuHandle").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+extern "C" fn handle_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Nothing to do: delivery alone makes KVM_RUN return EINTR.
+}
+
+/// Installs the no-op handler for the kick signal (once per process).
+pub fn register_kick_signal() -> Result<(), VcpuError> {
+    register_signal_handler(SIGRTMIN(), handle_kick).map_err(VcpuError::Signal)
+}
+
+/// How often a pause re-sends the kick: a signal that lands just before
+/// KVM_RUN is entered is not seen, the next one is.
+const KICK_INTERVAL: Duration = Duration::from_millis(10);
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl VcpuHandle {
+    pub fn spawn(
+        id: u8,
+        fd: VcpuFd,
+        bus: Arc<IoBus>,
+        exits: Arc<ExitReporter>,
+    ) -> Result<Self, VcpuError> {
+        let control = Arc::new(Control::default());
+        let thread_control = control.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || run(id, fd, &bus, &exits, &thread_control))
+            .map_err(VcpuError::Spawn)?;
+        Ok(Self { id, control, thread: Some(thread) })
+    }
+
+    fn kick(&self) {
+        if let Some(t) = &self.thread {
+            if let Err(e) = t.kill(SIGRTMIN()) {
+                log::debug!("Kick of vcpu{} failed: {e}", self.id);
+            }
+        }
+    }
+
+    /// Asks the vCPU to stop after its current exit; returns once it has.
+    pub fn pause(&self) -> Result<(), VcpuError> {
+        self.control.lock().pause_requested = true;
+        let deadline = Instant::now() + PAUSE_TIMEOUT;
+        let mut state = self.control.lock();
+        while !state.paused && !self.finished() {
+            drop(state);
+            self.kick();
+            state = self.control.lock();
+            if Instant::now() > deadline {
+                return Err(VcpuError::PauseTimeout(self.id, PAUSE_TIMEOUT));
+            }
+            state = self
+                .control
+                .changed
+                .wait_timeout(state, KICK_INTERVAL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        Ok(())
+    }
+
+    pub fn resume(&self) {
+        let mut state = self.control.lock();
+        state.pause_requested = false;
+        self.control.changed.notify_all();
+        drop(state);
+    }
+
+    fn finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for VcpuHandle {
+    fn drop(&mut self) {
+        let mut state = self.control.lock();
+        state.exit_requested = true;
+        state.pause_requested = false;
+        self.control.changed.notify_all();
+        drop(state);
+        while !self.finished() {
+            self.kick();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Parks while a pause is requested. Returns false when the thread must end.
+fn wait_while_paused(control: &Control) -> bool {
+    let mut state = control.lock();
+    while state.pause_requested && !state.exit_requested {
+        if !state.paused {
+            state.paused = true;
+            control.changed.notify_all();
+        }
+        state = control.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+    }
+    state.paused = false;
+    !state.exit_requested
+}
+
+fn run(id: u8, mut fd: VcpuFd, bus: &IoBus, exits: &ExitReporter, control: &Control) {
+    while wait_while_paused(control) {
+        match fd.run() {
+            Ok(VcpuExit::IoIn(port, data)) => bus.pio_read(port, data),
+            Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
+            Ok(VcpuExit::MmioRead(addr, data)) => bus.mmio_read(addr, data),
+            Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
+            Ok(VcpuExit::Shutdown) => {
+                log::error!("vcpu{id}: guest triple fault");
+                exits.report(VcpuExitReason::TripleFault);
+                return;
+            }
+            Ok(VcpuExit::Hlt) => {
+                // With the in-kernel LAPIC this only follows an INIT; nothing to do.
+            }
+            Ok(exit @ (VcpuExit::FailEntry(..) | VcpuExit::InternalError)) => {
+                let msg = format!("vcpu{id}: KVM could not run the guest: {exit:?}");
+                log::error!("{msg}");
+                exits.report(VcpuExitReason::Error(msg));
+                return;
+            }
+            Ok(other) => log::warn!("vcpu{id}: unexpected exit {other:?}"),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) => {
+                let msg = format!("vcpu{id}: KVM_RUN failed: {e}");
+                log::error!("{msg}");
+                exits.report(VcpuExitReason::Error(msg));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The VMM's life cycle: build the VM from a `VmConfig`, boot it, then run
+//! the control loop that waits for the guest (power off, reset, crash),
+//! the console and, later, the API.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use legacy_devices::ExitSignal;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::{acpi, boot, cpu, layout};
+use crate::config::{SerialConfig, VmConfig};
+use crate::device_manager::{DeviceError, DeviceManager};
+use crate::kvm::{KvmError, Vm};
+use crate::memory::{self, GuestMemory, MemoryError};
+use crate::vcpu::{self, ExitReporter, VcpuError, VcpuExitReason, VcpuHandle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("Failed to create guest memory")]
+    Memory(#[source] MemoryError),
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error("Failed to open {0}")]
+    Open(String, #[source] std::io::Error),
+    #[error("Failed to load the kernel")]
+    Boot(#[source] boot::BootError),
+    #[error("Failed to write ACPI tables")]
+    Acpi(#[source] acpi::AcpiError),
+    #[error("Failed to set up vCPU {0}")]
+    Cpu(u8, #[source] cpu::CpuError),
+    #[error("Failed to create vCPU {0}")]
+    CreateVcpu(u8, #[source] kvm_ioctls::Error),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("Failed to create devices")]
+    Devices(#[source] DeviceError),
+    #[error("Failed to set up the control loop")]
+    EventLoop(#[source] std::io::Error),
+}
+
+/// How a VM ended. Each maps to a documented process exit code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The guest powered off (ACPI S5).
+    PowerOff,
+    /// The guest asked for a reset (reboot); the VMM ends, as Firecracker does.
+    Reset,
+    /// The guest triple-faulted.
+    GuestCrash,
+    /// KVM failed to run the guest.
+    Error(String),
+}
+
+/// Process exit codes, documented in `--help`.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_ERROR: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_GUEST_CRASH: i32 = 3;
+
+impl Outcome {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::PowerOff | Self::Reset => EXIT_OK,
+            Self::GuestCrash => EXIT_GUEST_CRASH,
+            Self::Error(_) => EXIT_ERROR,
+        }
+    }
+}
+
+pub struct Vmm {
+    config: VmConfig,
+    // Kept alive for the VM: KVM memory slots point into it.
+    _mem: GuestMemory,
+    _vm: Vm,
+    devices: DeviceManager,
+    vcpus: Vec<VcpuHandle>,
+    poweroff: EventFd,
+    reset: EventFd,
+    vcpu_exits: Arc<ExitReporter>,
+    booted_at: Instant,
+}
+
+impl std::fmt::Debug for Vmm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vmm").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+fn open(path: &std::path::Path) -> Result<File, VmmError> {
+    File::open(path).map_err(|e| VmmError::Open(path.display().to_string(), e))
+}
+
+fn eventfd() -> Result<EventFd, VmmError> {
+    EventFd::new(EFD_NONBLOCK).map_err(VmmError::EventLoop)
+}
+
+impl Vmm {
+    /// Builds the VM and starts its vCPUs.
+    pub fn boot(config: VmConfig) -> Result<Self, VmmError> {
+        let mut kernel = open(&config.kernel)?;
+        let mut initramfs = config.initramfs.as_deref().map(open).transpose()?;
+        let mem = memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?;
+        let vm = Vm::new(&mem)?;
+        vm.check_vcpu_count(config.cpus)?;
+
+        let poweroff = eventfd()?;
+        let reset = eventfd()?;
+        let exit = Arc::new(ExitSignal::new(
+            poweroff.try_clone().map_err(VmmError::EventLoop)?,
+            reset.try_clone().map_err(VmmError::EventLoop)?,
+        ));
+        let devices = DeviceManager::new(&config, &mem, &vm, exit).map_err(VmmError::Devices)?;
+
+        let entry = boot::load_kernel(&mem, &mut kernel, initramfs.as_mut(), &config.cmdline)
+            .map_err(VmmError::Boot)?;
+        acpi::create_acpi_tables(&mem, config.cpus, layout::mmio64_window(config.memory))
+            .map_err(VmmError::Acpi)?;
+        cpu::write_boot_tables(&mem).map_err(|e| VmmError::Cpu(0, e))?;
+
+        vcpu::register_kick_signal()?;
+        let vcpu_exits = Arc::new(ExitReporter { evt: eventfd()?, reason: Mutex::new(None) });
+        let mut vcpus = Vec::with_capacity(usize::from(config.cpus));
+        for id in 0..config.cpus {
+            let fd = vm.fd().create_vcpu(u64::from(id)).map_err(|e| VmmError::CreateVcpu(id, e))?;
+            let setup = || -> Result<(), cpu::CpuError> {
+                cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)?;
+                cpu::set_boot_msrs(&fd)?;
+                cpu::set_lint(&fd)?;
+                if id == 0 {
+                    // Application processors start from INIT/SIPI sent by the guest.
+                    cpu::set_boot_regs(&fd, entry.entry)?;
+                    cpu::set_boot_sregs(&fd)?;
+                    cpu::set_boot_fpu(&fd)?;
+                }
+                Ok(())
+            };
+            setup().map_err(|e| VmmError::Cpu(id, e))?;
+            vcpus.push(VcpuHandle::spawn(id, fd, devices.bus(), vcpu_exits.clone())?);
+        }
+        log::info!(
+            "Booted {} with {} vCPUs and {} MiB",
+            config.kernel.display(),
+            config.cpus,
+            config.memory >> 20
+        );
+        Ok(Self {
+            config,
+            _mem: mem,
+            _vm: vm,
+            devices,
+            vcpus,
+            poweroff,
+            reset,
+            vcpu_exits,
+            booted_at: Instant::now(),
+        })
+    }
+
+    pub fn pause(&self) -> Result<(), VcpuError> {
+        self.vcpus.iter().try_for_each(VcpuHandle::pause)
+    }
+
+    pub fn resume(&self) {
+        self.vcpus.iter().for_each(VcpuHandle::resume);
+    }
+
+    /// Runs until the guest ends; returns how it ended.
+    pub fn run(self) -> Result<Outcome, VmmError> {
+        const POWEROFF: u64 = 0;
+        const RESET: u64 = 1;
+        const VCPU_EXIT: u64 = 2;
+        const STDIN: u64 = 3;
+        let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
+        let add = |fd: i32, token: u64| {
+            epoll
+                .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+                .map_err(VmmError::EventLoop)
+        };
+        add(self.poweroff.as_raw_fd(), POWEROFF)?;
+        add(self.reset.as_raw_fd(), RESET)?;
+        add(self.vcpu_exits.evt.as_raw_fd(), VCPU_EXIT)?;
+        let stdin = std::io::stdin();
+        let mut stdin_open = self.config.serial == SerialConfig::Tty && add(stdin.as_raw_fd(), STDIN).is_ok();
+
+        let mut events = vec![EpollEvent::default(); 8];
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(VmmError::EventLoop(e)),
+            };
+            for event in events.iter().take(n) {
+                match event.data() {
+                    POWEROFF => return Ok(self.finish(Outcome::PowerOff)),
+                    RESET => return Ok(self.finish(Outcome::Reset)),
+                    VCPU_EXIT => {
+                        let reason = self.vcpu_exits.reason.lock().ok().and_then(|mut r| r.take());
+                        let outcome = match reason {
+                            Some(VcpuExitReason::TripleFault) => Outcome::GuestCrash,
+                            Some(VcpuExitReason::Error(e)) => Outcome::Error(e),
+                            None => continue,
+                        };
+                        return Ok(self.finish(outcome));
+                    }
+                    STDIN if stdin_open => {
+                        let mut buf = [0u8; 64];
+                        match stdin.lock().read(&mut buf) {
+                            Ok(0) | Err(_) => {
+                                let _ = epoll.ctl(ControlOperation::Delete, stdin.as_raw_fd(), EpollEvent::default());
+                                stdin_open = false;
+                            }
+                            Ok(n) => {
+                                let taken = self.devices.serial_input(buf.get(..n).unwrap_or_default());
+                                if taken < n {
+                                    log::warn!("Serial input FIFO full: {} bytes dropped", n - taken);
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn finish(self, outcome: Outcome) -> Outcome {
+        log::info!("VM ended after {:.1} s: {outcome:?}", self.booted_at.elapsed().as_secs_f64());
+        // Dropping the handles stops and joins every vCPU thread.
+        drop(self.vcpus);
+        outcome
+    }
+}
