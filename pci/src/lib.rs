@@ -70,7 +70,7 @@ mod msix;
 
 pub use bus::{PciBus, PciBusError};
 pub use configuration::{BarKind, BarSpec, PciConfiguration, PciHeader};
-pub use msix::{Msix, MsixError};
+pub use msix::{msix_pba_size, msix_table_size, Msix, MsixError, MAX_MSIX_VECTORS, MSIX_CAP_ID};
 
 /// A PCI function on the bus. Generic config-space behaviour (read-only
 /// fields, BAR sizing, the capability list, MSI-X control bits) lives in
