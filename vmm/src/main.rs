@@ -13,7 +13,7 @@ fn main() {
         .format_target(false)
         .init();
     vmm::raise_fd_limit();
-    let code = match Vmm::boot(cli.vm_config()) {
+    let code = match Vmm::boot(cli.vm_config(), cli.api_socket.as_deref()) {
         Ok(vmm) => match vmm.run() {
             Ok(outcome) => outcome.exit_code(),
             Err(e) => {

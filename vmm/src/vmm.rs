@@ -6,8 +6,11 @@
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use api::{ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, ResponseBody, VmState};
 
 use legacy_devices::ExitSignal;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -42,6 +45,8 @@ pub enum VmmError {
     Devices(#[source] DeviceError),
     #[error("Failed to set up the control loop")]
     EventLoop(#[source] std::io::Error),
+    #[error("Failed to start the API server")]
+    Api(#[source] api::ApiError),
 }
 
 /// How a VM ended. Each maps to a documented process exit code.
@@ -51,6 +56,8 @@ pub enum Outcome {
     PowerOff,
     /// The guest asked for a reset (reboot); the VMM ends, as Firecracker does.
     Reset,
+    /// `vm.shutdown` through the API.
+    ApiShutdown,
     /// The guest triple-faulted.
     GuestCrash,
     /// KVM failed to run the guest.
@@ -66,7 +73,7 @@ pub const EXIT_GUEST_CRASH: i32 = 3;
 impl Outcome {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::PowerOff | Self::Reset => EXIT_OK,
+            Self::PowerOff | Self::Reset | Self::ApiShutdown => EXIT_OK,
             Self::GuestCrash => EXIT_GUEST_CRASH,
             Self::Error(_) => EXIT_ERROR,
         }
@@ -84,12 +91,31 @@ pub struct Vmm {
     reset: EventFd,
     vcpu_exits: Arc<ExitReporter>,
     booted_at: Instant,
+    paused: bool,
+    api: Option<Api>,
+}
+
+/// The HTTP API's end in the control loop.
+struct Api {
+    evt: EventFd,
+    requests: Receiver<ApiMessage>,
+    // Dropping the handle stops the server thread and removes the socket.
+    _server: ApiServerHandle,
 }
 
 impl std::fmt::Debug for Vmm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Vmm").field("config", &self.config).finish_non_exhaustive()
     }
+}
+
+fn start_api(path: &std::path::Path) -> Result<Api, VmmError> {
+    let evt = eventfd()?;
+    let (sender, requests) = mpsc::channel();
+    let server = api::start_server(path, sender, evt.try_clone().map_err(VmmError::EventLoop)?)
+        .map_err(VmmError::Api)?;
+    log::info!("API listening on {}", path.display());
+    Ok(Api { evt, requests, _server: server })
 }
 
 fn open(path: &std::path::Path) -> Result<File, VmmError> {
@@ -101,8 +127,10 @@ fn eventfd() -> Result<EventFd, VmmError> {
 }
 
 impl Vmm {
-    /// Builds the VM and starts its vCPUs.
-    pub fn boot(config: VmConfig) -> Result<Self, VmmError> {
+    /// Builds the VM and starts its vCPUs; with `api_socket`, serves the
+    /// HTTP API there from the start.
+    pub fn boot(config: VmConfig, api_socket: Option<&std::path::Path>) -> Result<Self, VmmError> {
+        let api = api_socket.map(start_api).transpose()?;
         let mut kernel = open(&config.kernel)?;
         let mut initramfs = config.initramfs.as_deref().map(open).transpose()?;
         let mem = memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?;
@@ -159,23 +187,84 @@ impl Vmm {
             reset,
             vcpu_exits,
             booted_at: Instant::now(),
+            paused: false,
+            api,
         })
     }
 
-    pub fn pause(&self) -> Result<(), VcpuError> {
-        self.vcpus.iter().try_for_each(VcpuHandle::pause)
+    fn pause(&mut self) -> ApiResponse {
+        if self.paused {
+            return Err(ActionError::InvalidState("VM is already paused".into()));
+        }
+        if let Err(e) = self.vcpus.iter().try_for_each(VcpuHandle::pause) {
+            // Leave no vCPU half-stopped: the VM keeps running as before.
+            self.vcpus.iter().for_each(VcpuHandle::resume);
+            return Err(ActionError::Failed(crate::error_chain(&e)));
+        }
+        self.paused = true;
+        log::info!("VM paused");
+        Ok(ResponseBody::Empty)
     }
 
-    pub fn resume(&self) {
+    fn resume(&mut self) -> ApiResponse {
+        if !self.paused {
+            return Err(ActionError::InvalidState("VM is not paused".into()));
+        }
         self.vcpus.iter().for_each(VcpuHandle::resume);
+        self.paused = false;
+        log::info!("VM resumed");
+        Ok(ResponseBody::Empty)
+    }
+
+    fn info(&self) -> api::VmInfo {
+        let c = &self.config;
+        api::VmInfo {
+            state: if self.paused { VmState::Paused } else { VmState::Running },
+            config: api::VmConfigSummary {
+                cpus: u32::from(c.cpus),
+                memory_mib: c.memory >> 20,
+                kernel: c.kernel.to_string_lossy().into_owned(),
+                cmdline: c.cmdline.clone(),
+                disks: c
+                    .disks
+                    .iter()
+                    .map(|d| api::DiskSummary { path: d.path.to_string_lossy().into_owned(), readonly: d.readonly })
+                    .collect(),
+            },
+            uptime_ms: u64::try_from(self.booted_at.elapsed().as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Answers every queued API request. Returns true after `vm.shutdown`.
+    fn handle_api(&mut self) -> bool {
+        let Some(api) = &self.api else { return false };
+        // Read first, then drain: a request queued after the drain fires the eventfd again.
+        let _ = api.evt.read();
+        let messages: Vec<ApiMessage> = api.requests.try_iter().collect();
+        let mut shutdown = false;
+        for message in messages {
+            let response = match message.request {
+                ApiRequest::Ping => Ok(ResponseBody::Ping(api::VmmPing::current(Vec::new()))),
+                ApiRequest::VmInfo => Ok(ResponseBody::VmInfo(self.info())),
+                ApiRequest::Pause => self.pause(),
+                ApiRequest::Resume => self.resume(),
+                ApiRequest::Shutdown => {
+                    shutdown = true;
+                    Ok(ResponseBody::Empty)
+                }
+            };
+            message.respond(response);
+        }
+        shutdown
     }
 
     /// Runs until the guest ends; returns how it ended.
-    pub fn run(self) -> Result<Outcome, VmmError> {
+    pub fn run(mut self) -> Result<Outcome, VmmError> {
         const POWEROFF: u64 = 0;
         const RESET: u64 = 1;
         const VCPU_EXIT: u64 = 2;
         const STDIN: u64 = 3;
+        const API: u64 = 4;
         let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
         let add = |fd: i32, token: u64| {
             epoll
@@ -185,6 +274,9 @@ impl Vmm {
         add(self.poweroff.as_raw_fd(), POWEROFF)?;
         add(self.reset.as_raw_fd(), RESET)?;
         add(self.vcpu_exits.evt.as_raw_fd(), VCPU_EXIT)?;
+        if let Some(api) = &self.api {
+            add(api.evt.as_raw_fd(), API)?;
+        }
         let stdin = std::io::stdin();
         let mut stdin_open = self.config.serial == SerialConfig::Tty && add(stdin.as_raw_fd(), STDIN).is_ok();
 
@@ -207,6 +299,11 @@ impl Vmm {
                             None => continue,
                         };
                         return Ok(self.finish(outcome));
+                    }
+                    API => {
+                        if self.handle_api() {
+                            return Ok(self.finish(Outcome::ApiShutdown));
+                        }
                     }
                     STDIN if stdin_open => {
                         let mut buf = [0u8; 64];

@@ -52,7 +52,6 @@ pub fn set_cpuid(vcpu: &VcpuFd, supported: &CpuId, id: u8, count: u8) -> Result<
     vcpu.set_cpuid2(&cpuid).map_err(CpuError::SetCpuid)
 }
 
-const MSR_IA32_TSC: u32 = 0x10;
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;
 const MSR_IA32_SYSENTER_ESP: u32 = 0x175;
 const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
@@ -69,6 +68,9 @@ const MISC_ENABLE_FAST_STRING: u64 = 1;
 /// so guest RAM is cacheable before the kernel programs MTRRs itself.
 const MTRR_ENABLE_WB_DEFAULT: u64 = (1 << 11) | 6;
 
+/// The TSC is deliberately not written: KVM synchronises the TSCs of vCPUs
+/// as it creates them, and per-vCPU writes made a few milliseconds apart
+/// make Linux mark the TSC unstable.
 pub fn set_boot_msrs(vcpu: &VcpuFd) -> Result<(), CpuError> {
     let entry = |index, data| kvm_msr_entry { index, data, ..Default::default() };
     let entries = [
@@ -80,7 +82,6 @@ pub fn set_boot_msrs(vcpu: &VcpuFd) -> Result<(), CpuError> {
         entry(MSR_KERNEL_GS_BASE, 0),
         entry(MSR_SYSCALL_MASK, 0),
         entry(MSR_LSTAR, 0),
-        entry(MSR_IA32_TSC, 0),
         entry(MSR_IA32_MISC_ENABLE, MISC_ENABLE_FAST_STRING),
         entry(MSR_MTRR_DEF_TYPE, MTRR_ENABLE_WB_DEFAULT),
     ];
