@@ -1,0 +1,112 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Builds, or finds in the cache, everything the end-to-end tests boot, from Debian's packages only:
+# the stock guest kernel and its modules + out-of-tree vmw_pvrdma.ko, the guest initramfs, the
+# guest's ext4 root disk and the test host's (L1) initramfs. Installs the Debian packages it needs.
+#
+# Usage: resources/build-assets.sh
+#   stdout: one line, the assets directory; its assets.env lists every asset as KEY=absolute-path
+#   stderr: progress
+# Environment: PVRDMA_VMM_CACHE (default ~/.cache/pvrdma-vmm), PVRDMA_GUEST_KVER (default below).
+#
+# Cache: each stage lives in $CACHE/<stage>-<key>, the key a hash of the stage's recipe files, the
+# versions of the packages it uses and the keys of the stages it builds on; a stage is rebuilt only
+# when one of those changes. Downloaded .debs are kept in $CACHE/debs.
+set -euo pipefail
+RES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$RES/lib/common.sh"
+
+# Debian's kernel ABI name; headers and image must be the same. Any bookworm 6.1 ABI works.
+KVER=${PVRDMA_GUEST_KVER:-6.1.0-56-amd64}
+[[ -n ${PVRDMA_VMM_CACHE:-} || -n ${HOME:-} ]] || die "neither PVRDMA_VMM_CACHE nor HOME is set: no place for the cache"
+CACHE=${PVRDMA_VMM_CACHE:-$HOME/.cache/pvrdma-vmm}
+[[ $CACHE != *[[:space:]]* ]] || die "cache path '$CACHE' contains whitespace (assets.env and kernel command lines cannot carry it)"
+
+# Modules the guest loads at boot (their dependencies come from modules.dep, not from this list).
+GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma"
+# Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
+USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1
+  libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils)
+# Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
+HOST_PACKAGES=(qemu-system-x86 cpio e2fsprogs kmod gzip xz-utils make gcc "linux-headers-$KVER" linux-source-6.1)
+
+mkdir -p "$CACHE/debs"
+CACHE=$(cd "$CACHE" && pwd)
+DEBS=$CACHE/debs
+export RES KVER DEBS
+
+# One build at a time per cache (parallel test binaries may all call this script).
+exec 9>"$CACHE/.lock"
+if ! flock -n 9; then
+  log "another build-assets.sh holds $CACHE/.lock; waiting (up to 30 min)"
+  flock -w 1800 9 || die "timed out waiting for $CACHE/.lock"
+fi
+# Leftovers of an interrupted build (safe: we hold the lock).
+rm -rf "$CACHE"/.tmp-*
+
+ensure_installed "${HOST_PACKAGES[@]}"
+
+# stage_key NAME EXTRA FILE...: hash of NAME, EXTRA (versions, keys of input stages) and the
+# contents of FILEs (paths relative to resources/, so that every clone computes the same key).
+stage_key() {
+  local name=$1 extra=$2; shift 2
+  { echo "$name"; echo "$extra"; (cd "$RES" && sha256sum "$@"); } | sha256sum | cut -c1-16
+}
+
+# build_stage NAME DIR RECIPE [VAR=VALUE...]: make DIR with RECIPE unless it is complete. Built in a
+# temporary directory renamed at the end, so that an interrupted build never looks complete.
+build_stage() {
+  local name=$1 dir=$2 recipe=$3 tmp t0=$SECONDS; shift 3
+  if [[ -f $dir/.complete ]]; then
+    log "$name: cached in $dir"
+    return 0
+  fi
+  tmp=$(mktemp -d "$CACHE/.tmp-$name-XXXXXX")
+  log "$name: building with ${recipe#"$RES"/}"
+  env "$@" OUT="$tmp" bash "$recipe" >&2 || { rm -rf "$tmp"; die "$name: ${recipe#"$RES"/} failed (see above)"; }
+  touch "$tmp/.complete"
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  log "$name: built in $((SECONDS - t0)) s"
+}
+
+image_version=$(candidate_versions "linux-image-$KVER" | cut -d' ' -f2)
+userspace_versions=$(candidate_versions "${USERSPACE_PACKAGES[@]}")
+# Installed tools that shape the outputs: the module build's, and the image builders'.
+build_tools=$(for p in "linux-headers-$KVER" linux-source-6.1 make kmod; do echo "$p $(installed_version "$p")"; done
+  gcc --version | head -n1)
+image_tools=$(for p in kmod e2fsprogs cpio gzip; do echo "$p $(installed_version "$p")"; done)
+
+key=$(stage_key kernel "$KVER $image_version $build_tools" recipes/kernel.sh lib/common.sh)
+KERNEL_DIR=$CACHE/kernel-$key
+build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
+
+key=$(stage_key userspace "$userspace_versions" recipes/userspace.sh lib/common.sh)
+USERSPACE_DIR=$CACHE/userspace-$key
+build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions"
+
+key=$(stage_key guest "$KERNEL_DIR $USERSPACE_DIR $GUEST_MODULES $image_tools" recipes/guest.sh guest/init lib/common.sh)
+GUEST_DIR=$CACHE/guest-$key
+ROOTDISK_ID=pvrdma-rootdisk-$key
+build_stage guest "$GUEST_DIR" "$RES/recipes/guest.sh" KERNEL_DIR="$KERNEL_DIR" USERSPACE_DIR="$USERSPACE_DIR" \
+  GUEST_MODULES="$GUEST_MODULES" ROOTDISK_ID="$ROOTDISK_ID"
+
+key=$(stage_key l1 "$KERNEL_DIR $USERSPACE_DIR $image_tools" test-host/mk-l1-initramfs.sh test-host/l1-init lib/common.sh)
+L1_DIR=$CACHE/l1-$key
+build_stage l1 "$L1_DIR" "$RES/test-host/mk-l1-initramfs.sh" KERNEL_DIR="$KERNEL_DIR" USERSPACE_DIR="$USERSPACE_DIR"
+
+manifest="PVRDMA_KVER=$KVER
+PVRDMA_KERNEL=$KERNEL_DIR/boot/vmlinuz-$KVER
+PVRDMA_MODULES=$KERNEL_DIR/lib/modules/$KVER
+PVRDMA_GUEST_INITRAMFS=$GUEST_DIR/initramfs.cpio.gz
+PVRDMA_ROOTFS=$GUEST_DIR/rootfs.ext4
+PVRDMA_ROOTDISK_ID=$ROOTDISK_ID
+PVRDMA_USERSPACE=$USERSPACE_DIR/root
+PVRDMA_L1_INITRAMFS=$L1_DIR/initramfs.cpio.gz"
+ASSETS_DIR=$CACHE/assets-$(sha256sum <<<"$manifest" | cut -c1-16)
+if [[ ! -f $ASSETS_DIR/assets.env ]]; then
+  mkdir -p "$ASSETS_DIR"
+  printf '%s\nPVRDMA_ASSETS_DIR=%s\n' "$manifest" "$ASSETS_DIR" > "$ASSETS_DIR/assets.env.tmp"
+  mv "$ASSETS_DIR/assets.env.tmp" "$ASSETS_DIR/assets.env"
+fi
+echo "$ASSETS_DIR"

@@ -1,0 +1,34 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Stage "guest": the L2 guest's initramfs (busybox /init + kernel modules + the userspace tree) and
+# its raw ext4 root disk (userspace tree + an id file the guest prints to prove it read the disk).
+# Inputs (env): RES OUT KVER KERNEL_DIR USERSPACE_DIR GUEST_MODULES ROOTDISK_ID.
+# Output: OUT/initramfs.cpio.gz, OUT/rootfs.ext4
+set -euo pipefail
+. "$RES/lib/common.sh"
+LOG_TAG=guest
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+initrd=$work/initramfs
+cp -a "$USERSPACE_DIR/root" "$initrd"
+mkdir -p "$initrd"/{proc,sys,dev,tmp,run,mnt/root}
+# shellcheck disable=SC2086 # GUEST_MODULES is a list of module names
+copy_module_closure "$KERNEL_DIR" "$KVER" "$initrd" $GUEST_MODULES
+# shellcheck disable=SC2086
+printf '%s\n' $GUEST_MODULES > "$initrd/lib/modules/$KVER/required"
+install -m 0755 "$RES/guest/init" "$initrd/init"
+mk_cpio_gz "$initrd" "$OUT/initramfs.cpio.gz"
+log "initramfs: $(du -h "$OUT/initramfs.cpio.gz" | cut -f1)"
+
+disk=$work/rootdisk
+cp -a "$USERSPACE_DIR/root" "$disk"
+mkdir -p "$disk"/{proc,sys,dev,tmp,run}
+printf '%s\n' "$ROOTDISK_ID" > "$disk/etc/pvrdma-vmm-rootdisk"
+# Size: the tree plus 25% and 16 MiB for ext4's metadata and journal; built from the directory with
+# mkfs.ext4 -d (no loop mount, no root privileges needed for this step).
+kib=$(du -sk "$disk" | cut -f1)
+size_mib=$(( (kib * 5 / 4) / 1024 + 16 ))
+mkfs.ext4 -q -F -L pvrdma-root -E root_owner=0:0 -d "$disk" "$OUT/rootfs.ext4" "${size_mib}M"
+log "rootfs.ext4: ${size_mib} MiB"

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
+# Sourced by scripts that run inside the test host (L1, see l1-init): KVM and network set-up.
+# Every helper fails (non-zero) with a message on stderr, for callers under `set -euo pipefail`.
+
+if [[ ${PVRDMA_L1:-} != 1 ]]; then
+  echo "l1-common.sh: not inside the test host (PVRDMA_L1 is not 1); refusing to load kernel modules here" >&2
+  return 1
+fi
+
+l1_log() { echo "[L1 $(cut -d' ' -f1 /proc/uptime)] $*"; }
+
+# kvm_amd on L1's emulated EPYC (SVM + NPT) gives L1 a real /dev/kvm for the L2 guests.
+l1_setup_kvm() {
+  modprobe kvm_amd || { echo "l1_setup_kvm: modprobe kvm_amd failed" >&2; return 1; }
+  [[ -c /dev/kvm ]] || { echo "l1_setup_kvm: no /dev/kvm after loading kvm_amd" >&2; return 1; }
+  l1_log "kvm_amd loaded: /dev/kvm ready (nested=$(cat /sys/module/kvm_amd/parameters/nested))"
+}
+
+# l1_bridge NAME: an L1 bridge to join guests' TAP devices (a switch between L2 guests).
+l1_bridge() {
+  modprobe bridge || { echo "l1_bridge: modprobe bridge failed" >&2; return 1; }
+  ip link add "$1" type bridge && ip link set "$1" up
+}
+
+# l1_tap NAME [BRIDGE]: a TAP device for a VMM's NIC backend, up, optionally on BRIDGE.
+l1_tap() {
+  modprobe tun || { echo "l1_tap: modprobe tun failed" >&2; return 1; }
+  ip tuntap add dev "$1" mode tap && ip link set "$1" up
+  if [[ -n ${2:-} ]]; then ip link set "$1" master "$2"; fi
+}

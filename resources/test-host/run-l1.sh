@@ -1,0 +1,80 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Boots the test host (L1): Debian's stock 6.1 kernel under QEMU TCG with an emulated AMD CPU (SVM +
+# nested paging, so kvm_amd gives L1 a real /dev/kvm), the host's root shared read-only over 9p and
+# OUT shared read-write as /out. L1 runs SCRIPT (a host path) with bash and powers off.
+#
+# Usage: run-l1.sh --script PATH --out DIR [--timeout SECS] [--smp N] [--mem MIB] [--assets DIR]
+#   --smp: use 1 when the script runs more than one L2 guest (several nested guests under
+#          multi-threaded TCG hung or reset in 3 of 5 runs; single-threaded was 4 of 4 fine).
+# Output: the L1 console on stdout and in OUT/console.log (lines prefixed with host seconds since
+# start), QEMU's own messages in OUT/qemu-l1.stderr, the script's exit status in OUT/l1-rc.
+# Exit status: the script's; 124 if L1 hit the timeout; 125 if L1 ended without reporting one.
+set -euo pipefail
+RES=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=../lib/common.sh
+. "$RES/lib/common.sh"
+LOG_TAG=run-l1
+
+script='' out='' timeout=900 smp=2 mem=4096 assets=''
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --script) script=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --smp) smp=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --assets) assets=$2; shift 2 ;;
+    *) die "unknown argument '$1' (usage: run-l1.sh --script PATH --out DIR [--timeout SECS] [--smp N] [--mem MIB] [--assets DIR])" ;;
+  esac
+done
+[[ $script == /* && -r $script ]] || die "--script must be an absolute path to a readable file (L1 sees the host root at /): '$script'"
+[[ -n $out ]] || die "--out DIR is required"
+[[ $timeout =~ ^[0-9]+$ && $smp =~ ^[0-9]+$ && $mem =~ ^[0-9]+$ ]] || die "--timeout, --smp and --mem take whole numbers"
+command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found (resources/build-assets.sh installs qemu-system-x86)"
+[[ -n $assets ]] || assets=$("$RES/build-assets.sh")
+[[ -f $assets/assets.env ]] || die "$assets/assets.env not found (run resources/build-assets.sh)"
+# shellcheck source=/dev/null
+. "$assets/assets.env"
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+rm -f "$out/l1-rc"
+
+# L1 takes most of a CPU per vCPU for its whole run: one at a time per machine.
+exec 8>/tmp/pvrdma-vmm-l1.lock
+if ! flock -n 8; then
+  log "another L1 is running (lock /tmp/pvrdma-vmm-l1.lock); waiting up to 1 h"
+  flock -w 3600 8 || die "timed out waiting for the other L1"
+fi
+
+log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out"
+t0=${EPOCHREALTIME/./}
+set +e
+timeout -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-threads=on \
+  -accel tcg,thread=multi,tb-size=1024 -cpu EPYC -smp "$smp" -m "$mem" \
+  -display none -monitor none -no-reboot -nodefaults \
+  -chardev stdio,id=con,signal=off -serial chardev:con \
+  -kernel "$PVRDMA_KERNEL" -initrd "$PVRDMA_L1_INITRAMFS" \
+  -append "console=ttyS0 panic=-1 quiet l1script=$script l1modules=$PVRDMA_MODULES" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+  -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+  < /dev/null 2> "$out/qemu-l1.stderr" \
+  | while IFS= read -r line; do
+      now=${EPOCHREALTIME/./}
+      printf '[%4d.%02d] %s\n' $(((now - t0) / 1000000)) $(((now - t0) / 10000 % 100)) "${line%$'\r'}"
+    done | tee "$out/console.log"
+status=("${PIPESTATUS[@]}")
+set -e
+qemu_rc=${status[0]}
+if [[ $qemu_rc == 124 || $qemu_rc == 137 ]]; then
+  log "L1 TIMED OUT after ${timeout}s (console: $out/console.log)"
+  exit 124
+fi
+if [[ ! -s $out/l1-rc ]]; then
+  log "L1 ended (qemu rc=$qemu_rc) without reporting the script's exit status; see $out/console.log and $out/qemu-l1.stderr"
+  grep -m1 -h 'L1-ERROR' "$out/console.log" >&2 || true
+  exit 125
+fi
+rc=$(<"$out/l1-rc")
+log "L1 done in $(((${EPOCHREALTIME/./} - t0) / 1000000)) s, script rc=$rc"
+exit "$rc"
