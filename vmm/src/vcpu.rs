@@ -159,9 +159,11 @@ impl Drop for VcpuHandle {
         state.pause_requested = false;
         self.control.changed.notify_all();
         drop(state);
+        // Kick at the pause pace: each real-time signal is queued, and a
+        // flood keeps the thread in its handler instead of letting it exit.
         while !self.finished() {
             self.kick();
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(KICK_INTERVAL);
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();

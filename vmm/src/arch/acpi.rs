@@ -16,7 +16,9 @@ use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 use acpi_tables::Aml;
-use legacy_devices::{ACPI_PM_PORT, RESET_VALUE, SLEEP_TYPE_S5};
+use legacy_devices::{
+    ACPI_PM_PORT, RESET_VALUE, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN, SLEEP_TYPE_S5,
+};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::layout;
@@ -93,7 +95,26 @@ fn build_dsdt(mmio64: (u64, u64)) -> Vec<u8> {
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     s5.to_aml_bytes(&mut dsdt);
     pci0.to_aml_bytes(&mut dsdt);
+    dsdt.append_slice(&com1());
     dsdt.as_slice().to_vec()
+}
+
+/// COM1 as a PNP0501 device. In hardware-reduced mode Linux has no legacy
+/// PIC and maps no ISA IRQ by itself: without this the 8250 driver's IRQ 4
+/// never reaches IOAPIC pin 4 and interrupt-driven console output stalls.
+fn com1() -> Vec<u8> {
+    let irq = aml::Interrupt::new(true, true, false, false, SERIAL_IRQ);
+    let io = aml::IO::new(SERIAL_PORT, SERIAL_PORT, 1, SERIAL_PORT_LEN as u8);
+    let crs = aml::ResourceTemplate::new(vec![&io, &irq]);
+    let hid = aml::EISAName::new("PNP0501");
+    let uid = 0u8;
+    let names = [
+        aml::Name::new("_HID".into(), &hid),
+        aml::Name::new("_UID".into(), &uid),
+        aml::Name::new("_CRS".into(), &crs),
+    ];
+    let dev = aml::Device::new("_SB_.COM1".into(), names.iter().map(|n| n as &dyn Aml).collect());
+    bytes_of(&dev)
 }
 
 fn build_fadt(dsdt_addr: u64) -> Vec<u8> {
@@ -188,7 +209,7 @@ mod tests {
         assert_eq!(u32::from_le_bytes(madt[40..44].try_into().unwrap()), MADT_PCAT_COMPAT);
         // The DSDT names the S5 object and the PCI host bridge.
         let find = |needle: &[u8]| dsdt.windows(needle.len()).any(|w| w == needle);
-        assert!(find(b"_S5_") && find(b"PCI0") && find(b"_CRS"));
+        assert!(find(b"_S5_") && find(b"PCI0") && find(b"_CRS") && find(b"COM1"));
     }
 
     #[test]
