@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # GUEST_CMDLINE, EXIT_STATUS, VMM_PID: set here for the scenarios
+# Helpers for scenario scripts, sourced by the wrapper e2e::testhost generates (set -euo pipefail,
+# OUT and PVRDMA_ASSETS_ENV exported). Results go to $OUT/<name>.env as key=value lines that the
+# Rust test reads; waits are polls with a deadline, never open-ended.
+
+# shellcheck source=/dev/null
+. "$PVRDMA_ASSETS_ENV"
+
+# Kernel command line shared by every guest: serial console, and `quiet` because every console
+# byte is a trapped I/O write, very slow in a nested guest; panic=-1 turns a panic into a reset
+# (which ends the VMM) instead of a hang until the time limit.
+GUEST_CMDLINE="console=ttyS0 quiet panic=-1"
+
+now_us() { echo "${EPOCHREALTIME/./}"; }
+
+# since T0_US: seconds elapsed, one decimal.
+since() {
+  local d=$(($(now_us) - $1))
+  printf '%d.%d\n' $((d / 1000000)) $((d / 100000 % 10))
+}
+
+log() { echo "[scenario +$SECONDS s] $*"; }
+
+# record NAME key=value...: results for the Rust side, in $OUT/NAME.env.
+record() {
+  local file=$OUT/$1.env
+  shift
+  printf '%s\n' "$@" >> "$file"
+}
+
+# wait_for_line FILE ERE SECONDS [PID]: until a line of FILE matches ERE. Fails after SECONDS, or
+# as soon as process PID (the VMM writing FILE) is gone without the line having appeared.
+wait_for_line() {
+  local file=$1 re=$2 deadline=$(($(now_us) + $3 * 1000000)) pid=${4:-}
+  until grep -qE -- "$re" "$file" 2>/dev/null; do
+    if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+      grep -qE -- "$re" "$file" 2>/dev/null && return 0
+      log "wait_for_line: process $pid exited before /$re/ appeared in $file"
+      return 1
+    fi
+    if (($(now_us) >= deadline)); then
+      log "wait_for_line: no /$re/ in $file after $3 s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# wait_for_exit PID SECONDS: waits for background job PID and sets EXIT_STATUS to its exit
+# status; after SECONDS it kills the job and sets EXIT_STATUS=timeout.
+wait_for_exit() {
+  local pid=$1 deadline=$(($(now_us) + $2 * 1000000))
+  while kill -0 "$pid" 2>/dev/null; do
+    if (($(now_us) >= deadline)); then
+      log "process $pid still running after $2 s: killing it"
+      kill -KILL "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+      EXIT_STATUS=timeout
+      return 0
+    fi
+    sleep 0.2
+  done
+  EXIT_STATUS=0
+  wait "$pid" || EXIT_STATUS=$?
+}
+
+# last_tick FILE: the highest counter the tick-mode guest printed so far (0 if none).
+last_tick() {
+  local n
+  n=$(grep -oE 'PVRDMA-VMM-TICK n=[0-9]+' "$1" 2>/dev/null | tail -n1 | cut -d= -f2) || true
+  echo "${n:-0}"
+}
+
+# start_vmm NAME ARGS...: our VMM in the background with the stock guest kernel and initramfs,
+# 2 vCPUs and 512 MiB; its stdout/stderr in $OUT/NAME-vmm.log. Sets VMM_PID.
+start_vmm() {
+  local name=$1
+  shift
+  [[ -x ${PVRDMA_VMM_BIN:-} ]] || { log "PVRDMA_VMM_BIN is not set to an executable"; return 1; }
+  "$PVRDMA_VMM_BIN" --kernel "$PVRDMA_KERNEL" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus 2 --memory 512M \
+    "$@" > "$OUT/$name-vmm.log" 2>&1 &
+  VMM_PID=$!
+}
+
+# remote NAME SOCKET COMMAND: pvrdma-remote COMMAND (bounded), output appended to $OUT/NAME-remote.log;
+# prints its exit status.
+remote() {
+  local rc=0
+  echo "\$ pvrdma-remote $3" >> "$OUT/$1-remote.log"
+  timeout 60 "$PVRDMA_REMOTE_BIN" --api-socket "$2" "$3" >> "$OUT/$1-remote.log" 2>&1 || rc=$?
+  echo "$rc"
+}

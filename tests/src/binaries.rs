@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The binaries under test: `pvrdma-vmm` and its API client `pvrdma-remote`.
+//!
+//! They are built before the tests run (`cargo build --release --bins`; `.ci/run` does it) and
+//! found through `PVRDMA_VMM_BIN` / `PVRDMA_REMOTE_BIN`, else in `$CARGO_TARGET_DIR/release` or
+//! the workspace's `target/release`. A missing binary is an error that says how to build it.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::{announce, workspace_root, Error, Result};
+
+pub const VMM_ENV: &str = "PVRDMA_VMM_BIN";
+pub const REMOTE_ENV: &str = "PVRDMA_REMOTE_BIN";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmmBinaries {
+    pub vmm: PathBuf,
+    pub remote: PathBuf,
+}
+
+/// Finds both binaries and announces which ones (and how old) the tests will run.
+pub fn locate() -> Result<VmmBinaries> {
+    let release = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("release");
+    let bins = VmmBinaries {
+        vmm: find(VMM_ENV, &release, "pvrdma-vmm")?,
+        remote: find(REMOTE_ENV, &release, "pvrdma-remote")?,
+    };
+    announce(&format!(
+        "VMM under test: {} (built {})",
+        bins.vmm.display(),
+        age(&bins.vmm)
+    ));
+    Ok(bins)
+}
+
+fn find(env: &str, release: &Path, name: &str) -> Result<PathBuf> {
+    let (path, origin) = match std::env::var_os(env) {
+        Some(p) if !p.is_empty() => (PathBuf::from(p), format!("${env}")),
+        _ => (
+            release.join(name),
+            format!("the release target dir (or set {env})"),
+        ),
+    };
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(Error::new(format!(
+            "{name} not found at {} ({origin}): build it first with `cargo build --release --bins`",
+            path.display()
+        )))
+    }
+}
+
+/// "N min ago" from the file's mtime: a stale binary is the classic way to test the wrong code.
+fn age(path: &Path) -> String {
+    let elapsed = path
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| SystemTime::now().duration_since(t).ok());
+    match elapsed {
+        Some(d) => format!("{} min ago", d.as_secs() / 60),
+        None => "at an unknown time".to_string(),
+    }
+}
