@@ -1,0 +1,796 @@
+// SPDX-License-Identifier: Apache-2.0
+//! virtio-blk (VIRTIO 1.2 §5.2) over a raw image file, as a virtio-pci
+//! function.
+//!
+//! [`Block`] is what the VMM puts on the PCI bus. Inside, the transport
+//! drives a [`BlockDevice`] (features, config space, activate/reset), whose
+//! [`worker`] thread serves the single request queue.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+mod disk;
+mod request;
+#[cfg(test)]
+mod test_utils;
+mod worker;
+
+use std::mem::offset_of;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pci::{DeviceHooks, PciConfiguration, PciDevice};
+use virtio_bindings::virtio_blk::{
+    virtio_blk_config, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
+};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use self::disk::Disk;
+pub use self::disk::DiskError;
+pub use self::worker::SpawnError;
+use self::worker::{ActiveQueue, BlockWorker, SharedQueue, WorkerHandle};
+use crate::transport::common_cfg::feature_bit;
+use crate::transport::interrupt::Interrupt;
+use crate::transport::pci::{TransportError, VirtioPciDevice};
+use crate::transport::{ActivateError, VirtioDevice};
+
+/// Size of the one request queue. Linux uses the size offered; 256 lets
+/// 254-segment requests (`seg_max`) in flight without indirect descriptors.
+const QUEUE_SIZE: u16 = 256;
+
+/// PCI class "mass storage, other" (0x01/0x80): the device is not SCSI.
+const PCI_CLASS_STORAGE: u8 = 0x01;
+const PCI_SUBCLASS_STORAGE_OTHER: u8 = 0x80;
+
+/// The whole `struct virtio_blk_config` is exposed, zeros past `seg_max`
+/// (fields of features not offered): Linux's `vp_get` BUG()s on a config
+/// read past the advertised length, so a short structure would turn any
+/// driver that reads one more field into a guest crash.
+const CONFIG_LEN: usize = std::mem::size_of::<virtio_blk_config>();
+
+/// Each chain carries a header and a status descriptor besides the data,
+/// and must fit the queue: Linux limits its segments to this.
+const SEG_MAX: u32 = QUEUE_SIZE as u32 - 2;
+
+/// The device configuration: capacity and `seg_max`, the rest zero.
+/// `size_max` stays 0 because VIRTIO_BLK_F_SIZE_MAX is not offered: the
+/// bounce buffer copes with segments of any size.
+fn config_space(sectors: u64) -> [u8; CONFIG_LEN] {
+    let mut cfg = [0u8; CONFIG_LEN];
+    for (at, bytes) in [
+        (
+            offset_of!(virtio_blk_config, capacity),
+            &sectors.to_le_bytes()[..],
+        ),
+        (
+            offset_of!(virtio_blk_config, seg_max),
+            &SEG_MAX.to_le_bytes()[..],
+        ),
+    ] {
+        if let Some(dst) = at
+            .checked_add(bytes.len())
+            .and_then(|end| cfg.get_mut(at..end))
+        {
+            dst.copy_from_slice(bytes);
+        }
+    }
+    cfg
+}
+
+/// A virtio-blk disk as the user configured it (`--disk path=..,readonly=on`).
+#[derive(Clone, Debug)]
+pub struct BlockConfig {
+    /// Raw image file or block device; its size must be a multiple of 512.
+    pub path: PathBuf,
+    /// Open read-only, offer VIRTIO_BLK_F_RO, fail writes with IOERR.
+    pub readonly: bool,
+    /// Serial returned by GET_ID (`/sys/block/vdX/serial`); at most 20 bytes.
+    pub id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("Failed to open the disk")]
+    Disk(#[from] DiskError),
+    #[error("Failed to create an eventfd")]
+    EventFd(#[source] std::io::Error),
+    #[error("Failed to start the disk worker")]
+    Worker(#[from] SpawnError),
+    #[error("Failed to set up the virtio-pci function")]
+    Transport(#[from] TransportError),
+}
+
+/// The device half of virtio-blk: what the transport needs to know.
+pub(crate) struct BlockDevice<M> {
+    features: u64,
+    config: [u8; CONFIG_LEN],
+    queue_evts: [EventFd; 1],
+    queue_max_sizes: [u16; 1],
+    active: SharedQueue,
+    mem: M,
+    /// Stops and joins the worker thread when the device is dropped.
+    _worker: WorkerHandle,
+}
+
+impl<M> BlockDevice<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    fn new(config: &BlockConfig, mem: M) -> Result<Self, BlockError> {
+        let disk = Disk::open(&config.path, config.readonly, &config.id)?;
+        let mut features = feature_bit(VIRTIO_F_VERSION_1)
+            | feature_bit(VIRTIO_RING_F_EVENT_IDX)
+            | feature_bit(VIRTIO_BLK_F_FLUSH)
+            | feature_bit(VIRTIO_BLK_F_SEG_MAX);
+        if disk.readonly() {
+            features |= feature_bit(VIRTIO_BLK_F_RO);
+        }
+        let cfg = config_space(disk.sectors());
+        let queue_evt = EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?;
+        let kill_evt = EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?;
+        let worker_evt = queue_evt.try_clone().map_err(BlockError::EventFd)?;
+        let active: SharedQueue = Arc::new(Mutex::new(None));
+        log::info!(
+            "virtio-blk: {} ({} sectors{}, id {:?})",
+            config.path.display(),
+            disk.sectors(),
+            if disk.readonly() { ", read-only" } else { "" },
+            config.id
+        );
+        let worker = BlockWorker::new(mem.clone(), disk, worker_evt, kill_evt, active.clone());
+        Ok(Self {
+            features,
+            config: cfg,
+            queue_evts: [queue_evt],
+            queue_max_sizes: [QUEUE_SIZE],
+            active,
+            mem,
+            _worker: WorkerHandle::spawn(worker)?,
+        })
+    }
+}
+
+impl<M> VirtioDevice for BlockDevice<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    fn device_type(&self) -> u16 {
+        // VIRTIO_ID_BLOCK is 2.
+        u16::try_from(VIRTIO_ID_BLOCK).unwrap_or(0)
+    }
+
+    fn features(&self) -> u64 {
+        self.features
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_max_sizes
+    }
+
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_evts
+    }
+
+    fn config(&self) -> &[u8] {
+        &self.config
+    }
+
+    fn activate(&mut self, queues: Vec<Queue>, interrupt: Interrupt) -> Result<(), ActivateError> {
+        let [queue] =
+            <[Queue; 1]>::try_from(queues).map_err(|q| ActivateError::WrongQueueCount {
+                expected: 1,
+                got: q.len(),
+            })?;
+        if !queue.ready() {
+            return Err(ActivateError::QueueNotEnabled(0));
+        }
+        if !queue.is_valid(&*self.mem.memory()) {
+            return Err(ActivateError::QueueOutsideMemory(0));
+        }
+        *self.active.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(ActiveQueue { queue, interrupt });
+        // Serve anything the driver queued before DRIVER_OK.
+        let [queue_evt] = &self.queue_evts;
+        if let Err(e) = queue_evt.write(1) {
+            log::error!("virtio-blk: failed to kick the worker: {e}");
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        // Waits for the batch in progress: after this the worker is idle.
+        *self.active.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+/// A virtio-blk PCI function (vendor 0x1af4, device 0x1042).
+pub struct Block<M: GuestAddressSpace + Send + 'static> {
+    pci: VirtioPciDevice<BlockDevice<M>>,
+}
+
+impl<M> Block<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    /// Opens the image, starts the worker thread and builds the PCI function
+    /// (BAR, capabilities, MSI-X vectors from `hooks.msi`). Doorbells are
+    /// registered with `hooks.ioevents` once the guest enables the BAR.
+    pub fn new(config: &BlockConfig, mem: M, hooks: DeviceHooks) -> Result<Self, BlockError> {
+        let device = BlockDevice::new(config, mem)?;
+        let pci =
+            VirtioPciDevice::new(device, PCI_CLASS_STORAGE, PCI_SUBCLASS_STORAGE_OTHER, hooks)?;
+        Ok(Self { pci })
+    }
+}
+
+impl<M> PciDevice for Block<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    fn config(&self) -> &PciConfiguration {
+        self.pci.config()
+    }
+
+    fn config_mut(&mut self) -> &mut PciConfiguration {
+        self.pci.config_mut()
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        self.pci.read_bar(bar, offset, data);
+    }
+
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
+        self.pci.write_bar(bar, offset, data);
+    }
+
+    fn config_written(&mut self, reg: usize) {
+        self.pci.config_written(reg);
+    }
+
+    fn bar_moved(&mut self, bar: usize, old: u64, new: u64) {
+        self.pci.bar_moved(bar, old, new);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The whole function through a real `PciBus`: config space over
+    //! 0xCF8/0xCFC, registers over MMIO, a driver-side split ring in guest
+    //! memory, and mocks standing in for KVM's irqfds and ioeventfds.
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )]
+
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use pci::PciBus;
+    use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
+    use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
+    use vm_memory::bitmap::{AtomicBitmap, Bitmap};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+    use vmm_sys_util::tempfile::TempFile;
+
+    use super::test_utils::*;
+    use super::*;
+
+    /// Production's memory type, behind an `Arc` (a `GuestAddressSpace`).
+    type TestMem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+
+    const SLOT: u32 = 1;
+    const MMIO64: (u64, u64) = (0x1_0000_0000, 0x1000_0000);
+    // The BAR layout, and `virtio_pci_common_cfg` offsets from the spec.
+    const ISR: u64 = 0x1000;
+    const DEVICE: u64 = 0x2000;
+    const NOTIFY: u64 = 0x3000;
+    const MSIX_TABLE: u64 = 0x4000;
+    const DEVICE_FEATURE_SELECT: u64 = 0x00;
+    const DEVICE_FEATURE: u64 = 0x04;
+    const DRIVER_FEATURE_SELECT: u64 = 0x08;
+    const DRIVER_FEATURE: u64 = 0x0c;
+    const CONFIG_MSIX_VECTOR: u64 = 0x10;
+    const NUM_QUEUES: u64 = 0x12;
+    const DEVICE_STATUS: u64 = 0x14;
+    const QUEUE_SELECT: u64 = 0x16;
+    const QUEUE_SIZE: u64 = 0x18;
+    const QUEUE_MSIX_VECTOR: u64 = 0x1a;
+    const QUEUE_ENABLE: u64 = 0x1c;
+    const QUEUE_NOTIFY_OFF: u64 = 0x1e;
+    const QUEUE_DESC: u64 = 0x20;
+    const QUEUE_DRIVER: u64 = 0x28;
+    const QUEUE_DEVICE: u64 = 0x30;
+    const ACKNOWLEDGE: u8 = 1;
+    const DRIVER: u8 = 2;
+    const DRIVER_OK: u8 = 4;
+    const FEATURES_OK: u8 = 8;
+    const NEEDS_RESET: u8 = 0x40;
+    const NO_VECTOR: u64 = 0xffff;
+    const VERSION_1: u64 = 1 << 32;
+    const EVENT_IDX: u64 = 1 << 29;
+    // The driver's ring.
+    const DESC_TABLE: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const QSIZE: u16 = 16;
+    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+
+    struct Harness {
+        bus: PciBus,
+        mem: TestMem,
+        router: Arc<MockRouter>,
+        ioevents: Arc<MockIoEvents>,
+        bar: u64,
+        file: TempFile,
+        /// Requests the driver has made available so far.
+        avail_idx: u16,
+    }
+
+    impl Harness {
+        fn new(readonly: bool) -> Self {
+            let file = image(64);
+            let mem: TestMem = Arc::new(guest_memory());
+            let router = Arc::new(MockRouter::default());
+            let ioevents = Arc::new(MockIoEvents::default());
+            let hooks = DeviceHooks {
+                msi: router.clone(),
+                ioevents: ioevents.clone(),
+            };
+            let config = BlockConfig {
+                path: file.as_path().to_owned(),
+                readonly,
+                id: "disk0".into(),
+            };
+            let block = Block::new(&config, mem.clone(), hooks).unwrap();
+            let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), MMIO64);
+            let bars = bus
+                .add_device(SLOT as u8, 0, Arc::new(Mutex::new(block)))
+                .unwrap();
+            assert_eq!(bars, vec![(0, MMIO64.0)]);
+            let mut h = Self {
+                bus,
+                mem,
+                router,
+                ioevents,
+                bar: MMIO64.0,
+                file,
+                avail_idx: 0,
+            };
+            // The guest's PCI core: memory decoding and bus mastering on.
+            h.cfg_write(1, 0, &[0x06, 0x00]);
+            h
+        }
+
+        fn cfg_select(&mut self, reg: u32) {
+            let address = 0x8000_0000 | SLOT << 11 | reg << 2;
+            self.bus.pio_write(0xcf8, &address.to_le_bytes());
+        }
+
+        fn cfg_read(&mut self, reg: u32) -> u32 {
+            self.cfg_select(reg);
+            let mut data = [0u8; 4];
+            self.bus.pio_read(0xcfc, &mut data);
+            u32::from_le_bytes(data)
+        }
+
+        fn cfg_write(&mut self, reg: u32, offset: u16, data: &[u8]) {
+            self.cfg_select(reg);
+            self.bus.pio_write(0xcfc + offset, data);
+        }
+
+        fn read(&self, offset: u64, len: usize) -> u64 {
+            let mut data = vec![0u8; len];
+            assert!(self.bus.mmio_read(self.bar + offset, &mut data));
+            let mut bytes = [0u8; 8];
+            bytes[..len].copy_from_slice(&data);
+            u64::from_le_bytes(bytes)
+        }
+
+        fn write(&self, offset: u64, len: usize, value: u64) {
+            assert!(self
+                .bus
+                .mmio_write(self.bar + offset, &value.to_le_bytes()[..len]));
+        }
+
+        fn status(&self) -> u8 {
+            self.read(DEVICE_STATUS, 1) as u8
+        }
+
+        /// Each capability as (offset, first 20 bytes).
+        fn capabilities(&mut self) -> Vec<(u32, Vec<u8>)> {
+            let mut caps = Vec::new();
+            let mut ptr = self.cfg_read(0x34 / 4) & 0xff;
+            while ptr != 0 {
+                let bytes: Vec<u8> = (0..5)
+                    .flat_map(|i| self.cfg_read(ptr / 4 + i).to_le_bytes())
+                    .collect();
+                let next = u32::from(bytes[1]);
+                caps.push((ptr, bytes));
+                ptr = next;
+            }
+            caps
+        }
+
+        /// Programs both MSI-X entries (unmasked) and enables MSI-X, as
+        /// Linux's `pci_enable_msix` does.
+        fn enable_msix(&mut self) {
+            for i in 0..2u64 {
+                let entry = MSIX_TABLE + 16 * i;
+                self.write(entry, 4, 0xfee0_0000);
+                self.write(entry + 4, 4, 0);
+                self.write(entry + 8, 4, 0x30 + i);
+                self.write(entry + 12, 4, 0);
+            }
+            let (cap, _) = self
+                .capabilities()
+                .into_iter()
+                .find(|(_, b)| b[0] == pci::MSIX_CAP_ID)
+                .unwrap();
+            self.cfg_write(cap / 4, 2, &[0x00, 0x80]);
+        }
+
+        /// Reset, ACKNOWLEDGE, DRIVER, features, FEATURES_OK; returns status.
+        fn negotiate(&self, features: u64) -> u8 {
+            self.write(DEVICE_STATUS, 1, 0);
+            self.write(DEVICE_STATUS, 1, ACKNOWLEDGE.into());
+            self.write(DEVICE_STATUS, 1, (ACKNOWLEDGE | DRIVER).into());
+            self.write(DRIVER_FEATURE_SELECT, 4, 0);
+            self.write(DRIVER_FEATURE, 4, features & 0xffff_ffff);
+            self.write(DRIVER_FEATURE_SELECT, 4, 1);
+            self.write(DRIVER_FEATURE, 4, features >> 32);
+            self.write(
+                DEVICE_STATUS,
+                1,
+                (ACKNOWLEDGE | DRIVER | FEATURES_OK).into(),
+            );
+            self.status()
+        }
+
+        /// Sets up queue 0 at `desc` (64-bit addresses as two dword
+        /// writes, as Linux does) with MSI-X vector 1, and enables it.
+        fn setup_queue(&mut self, desc: u64) {
+            for a in [AVAIL, USED] {
+                self.mem.write_slice(&[0; 0x200], GuestAddress(a)).unwrap();
+            }
+            self.avail_idx = 0;
+            self.write(QUEUE_SELECT, 2, 0);
+            self.write(QUEUE_SIZE, 2, QSIZE.into());
+            for (reg, addr) in [
+                (QUEUE_DESC, desc),
+                (QUEUE_DRIVER, AVAIL),
+                (QUEUE_DEVICE, USED),
+            ] {
+                self.write(reg, 4, addr & 0xffff_ffff);
+                self.write(reg + 4, 4, addr >> 32);
+            }
+            self.write(QUEUE_MSIX_VECTOR, 2, 1);
+            assert_eq!(self.read(QUEUE_MSIX_VECTOR, 2), 1);
+            self.write(QUEUE_ENABLE, 2, 1);
+        }
+
+        /// The whole driver bring-up; returns the final status.
+        fn start(&mut self, features: u64, desc: u64) -> u8 {
+            self.enable_msix();
+            assert_ne!(self.negotiate(features) & FEATURES_OK, 0);
+            self.write(CONFIG_MSIX_VECTOR, 2, 0);
+            self.setup_queue(desc);
+            let status = self.status() | DRIVER_OK;
+            self.write(DEVICE_STATUS, 1, status.into());
+            self.status()
+        }
+
+        /// Makes a 512-byte request (descriptors 0-2) available.
+        fn submit(&mut self, request_type: u32, sector: u64) {
+            let m = &*self.mem;
+            write_header(m, HDR, request_type, sector);
+            let data_flags = if request_type == VIRTIO_BLK_T_IN {
+                W
+            } else {
+                0
+            };
+            for (i, d) in [
+                desc(HDR, 16, NEXT, 1),
+                desc(DATA, 512, data_flags | NEXT, 2),
+                desc(STATUS, 1, W, 0),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                m.write_obj(d, GuestAddress(DESC_TABLE + 16 * i as u64))
+                    .unwrap();
+            }
+            let slot = u64::from(self.avail_idx % QSIZE);
+            m.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * slot))
+                .unwrap();
+            self.avail_idx = self.avail_idx.wrapping_add(1);
+            m.write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
+                .unwrap();
+        }
+
+        fn used_idx(&self) -> u16 {
+            self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
+        }
+
+        fn request_status(&self) -> u8 {
+            self.mem.read_obj(GuestAddress(STATUS)).unwrap()
+        }
+
+        /// The queue's registered ioeventfd, as (address, eventfd).
+        fn ioevent(&self) -> Option<(u64, vmm_sys_util::eventfd::EventFd)> {
+            let registered = self.ioevents.registered.lock().unwrap();
+            assert!(registered.len() <= 1);
+            registered
+                .first()
+                .map(|(a, fd)| (*a, fd.try_clone().unwrap()))
+        }
+    }
+
+    /// Polls `cond` until it holds; panics after 5 s.
+    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn identity_capabilities_and_config() {
+        let mut h = Harness::new(false);
+        assert_eq!(h.cfg_read(0), 0x1042_1af4);
+        assert_eq!(h.cfg_read(2), 0x0180_0001, "class 01/80, revision 1");
+        assert_eq!(h.cfg_read(11), 0x0040_1af4);
+        let caps = h.capabilities();
+        let virtio: Vec<_> = caps
+            .iter()
+            .filter(|(_, b)| b[0] == 0x09)
+            .map(|(_, b)| {
+                let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+                (b[3], b[4], word(8), word(12), b[2])
+            })
+            .collect();
+        // (cfg_type, bar, offset, length, cap_len)
+        assert_eq!(
+            virtio,
+            vec![
+                (1, 0, 0, 0x38, 16),
+                (3, 0, 0x1000, 1, 16),
+                (2, 0, 0x3000, 4, 20),
+                (4, 0, 0x2000, 96, 16)
+            ]
+        );
+        let notify = caps
+            .iter()
+            .find(|(_, b)| b[0] == 0x09 && b[3] == 2)
+            .unwrap();
+        assert_eq!(
+            &notify.1[16..20],
+            &4u32.to_le_bytes(),
+            "notify_off_multiplier"
+        );
+        let (_, msix) = caps.iter().find(|(_, b)| b[0] == pci::MSIX_CAP_ID).unwrap();
+        assert_eq!(
+            u16::from_le_bytes([msix[2], msix[3]]) & 0x7ff,
+            1,
+            "2 vectors"
+        );
+        assert_eq!(
+            &msix[4..12],
+            &[0x00, 0x40, 0, 0, 0x00, 0x60, 0, 0],
+            "BAR 0 table/PBA"
+        );
+
+        h.write(DEVICE_FEATURE_SELECT, 4, 1);
+        let high = h.read(DEVICE_FEATURE, 4);
+        h.write(DEVICE_FEATURE_SELECT, 4, 0);
+        let features = h.read(DEVICE_FEATURE, 4) | high << 32;
+        // No VIRTIO_BLK_F_RO on a writable disk.
+        let want = VERSION_1 | EVENT_IDX | 1 << VIRTIO_BLK_F_FLUSH | 1 << VIRTIO_BLK_F_SEG_MAX;
+        assert_eq!(features, want);
+        assert_eq!(h.read(NUM_QUEUES, 2), 1);
+        assert_eq!(h.read(QUEUE_SIZE, 2), 256);
+        assert_eq!(h.read(QUEUE_NOTIFY_OFF, 2), 0);
+        assert_eq!(h.read(DEVICE, 8), 64, "capacity in sectors");
+        assert_eq!(h.read(DEVICE + 4, 4), 0, "high half read alone");
+        assert_eq!(h.read(DEVICE + 12, 4), 254, "seg_max");
+        assert_eq!(h.read(DEVICE + 92, 4), 0, "fields of features not offered");
+        assert_eq!(h.read(DEVICE + 96, 4), 0, "past the config reads nothing");
+        // Config and ISR are read-only; outside the regions nothing happens.
+        h.write(DEVICE, 4, 0xdead);
+        assert_eq!(h.read(DEVICE, 4), 64);
+        assert_eq!(h.read(0x7000, 4), 0);
+
+        // Offsets from the bindings, so a layout slip shows here.
+        assert_eq!(
+            &config_space(3)[..16],
+            &[3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 254, 0, 0, 0]
+        );
+
+        let mut ro = Harness::new(true);
+        ro.write(DEVICE_FEATURE_SELECT, 4, 0);
+        assert_ne!(ro.read(DEVICE_FEATURE, 4) & (1 << VIRTIO_BLK_F_RO), 0);
+        assert_eq!(ro.cfg_read(0), 0x1042_1af4);
+    }
+
+    #[test]
+    fn feature_negotiation_over_mmio() {
+        let h = Harness::new(false);
+        // Not offered (VIRTIO_BLK_F_RO on a writable disk), then legacy (no VERSION_1).
+        assert_eq!(
+            h.negotiate(VERSION_1 | 1 << VIRTIO_BLK_F_RO),
+            ACKNOWLEDGE | DRIVER
+        );
+        assert_eq!(h.negotiate(1 << VIRTIO_BLK_F_FLUSH), ACKNOWLEDGE | DRIVER);
+        assert_eq!(
+            h.negotiate(VERSION_1 | EVENT_IDX),
+            ACKNOWLEDGE | DRIVER | FEATURES_OK
+        );
+    }
+
+    #[test]
+    fn notify_serves_request_and_fires_msix() {
+        let mut h = Harness::new(false);
+        assert_eq!(
+            h.start(VERSION_1, DESC_TABLE),
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK
+        );
+        assert!(
+            h.router.routed(1),
+            "queue vector routed once unmasked and enabled"
+        );
+        let (addr, ioevent) = h.ioevent().expect("doorbell registered as ioeventfd");
+        assert_eq!(addr, h.bar + NOTIFY);
+
+        // A notify that reaches the VMM as MMIO (Linux writes the queue index, 16 bits).
+        h.submit(VIRTIO_BLK_T_IN, 5);
+        h.write(NOTIFY, 2, 0);
+        wait_until("MSI-X vector 1", || h.router.fired(1) > 0);
+        assert_eq!(h.used_idx(), 1);
+        assert_eq!(h.request_status(), 0);
+        let got: Vec<u8> = (0..512)
+            .map(|i| h.mem.read_obj(GuestAddress(DATA + i)).unwrap())
+            .collect();
+        assert_eq!(got, (5 * 512..6 * 512).map(pattern).collect::<Vec<_>>());
+        // The device's write into guest RAM is in the dirty log (migration).
+        let region = h.mem.find_region(GuestAddress(DATA)).unwrap();
+        assert!(region.bitmap().dirty_at(DATA as usize));
+        assert_eq!(h.router.fired(0), 0, "no config interrupt");
+
+        // ISR: queue bit set, cleared by the read.
+        assert_eq!(h.read(ISR, 1), 1);
+        assert_eq!(h.read(ISR, 1), 0);
+
+        // A notify through the ioeventfd, as KVM delivers it: a write.
+        h.mem.write_slice(&[0x77; 512], GuestAddress(DATA)).unwrap();
+        h.submit(VIRTIO_BLK_T_OUT, 9);
+        ioevent.write(1).unwrap();
+        wait_until("MSI-X vector 1 again", || h.router.fired(1) > 0);
+        assert_eq!(h.used_idx(), 2);
+        assert_eq!(h.request_status(), 0);
+        let file = std::fs::read(h.file.as_path()).unwrap();
+        assert!(file[9 * 512..10 * 512].iter().all(|b| *b == 0x77));
+    }
+
+    #[test]
+    fn event_idx_device_works_end_to_end() {
+        let mut h = Harness::new(false);
+        h.start(VERSION_1 | EVENT_IDX, DESC_TABLE);
+        // used_event (after the avail ring) left at 0: interrupt on the first.
+        h.submit(VIRTIO_BLK_T_IN, 1);
+        h.write(NOTIFY, 2, 0);
+        wait_until("MSI-X vector 1", || h.router.fired(1) > 0);
+        let avail_event: u16 = h
+            .mem
+            .read_obj(GuestAddress(USED + 4 + 8 * u64::from(QSIZE)))
+            .unwrap();
+        assert_eq!(
+            avail_event, 1,
+            "device asks to be notified of the next buffer"
+        );
+    }
+
+    #[test]
+    fn reset_stops_the_device_and_clears_state() {
+        let mut h = Harness::new(false);
+        h.start(VERSION_1, DESC_TABLE);
+        h.write(DEVICE_STATUS, 1, 0);
+        assert_eq!(h.status(), 0);
+        assert_eq!(h.read(QUEUE_ENABLE, 2), 0);
+        assert_eq!(h.read(QUEUE_MSIX_VECTOR, 2), NO_VECTOR);
+        assert_eq!(h.read(CONFIG_MSIX_VECTOR, 2), NO_VECTOR);
+        assert_eq!(h.read(DRIVER_FEATURE, 4), 0);
+        assert_eq!(h.read(QUEUE_DESC, 8), 0);
+
+        // A notify after reset is not served. (Bounded wait for an absence.)
+        h.submit(VIRTIO_BLK_T_IN, 0);
+        h.write(NOTIFY, 2, 0);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(h.used_idx(), 0);
+        assert_eq!(h.router.fired(1), 0);
+
+        // Brought up again, it serves as before.
+        h.start(VERSION_1, DESC_TABLE);
+        h.submit(VIRTIO_BLK_T_IN, 0);
+        h.write(NOTIFY, 2, 0);
+        wait_until("MSI-X vector 1", || h.router.fired(1) > 0);
+        assert_eq!(h.used_idx(), 1);
+    }
+
+    #[test]
+    fn queue_outside_memory_needs_reset() {
+        let mut h = Harness::new(false);
+        let status = h.start(VERSION_1, MEM_SIZE + 0x1000);
+        assert_eq!(
+            status,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK | NEEDS_RESET
+        );
+        assert_eq!(h.router.fired(0), 1, "config change interrupt");
+        assert_eq!(h.read(ISR, 1), 2, "ISR config bit");
+        // Reset clears it.
+        h.write(DEVICE_STATUS, 1, 0);
+        assert_eq!(h.status(), 0);
+    }
+
+    #[test]
+    fn corrupt_ring_needs_reset() {
+        let mut h = Harness::new(false);
+        h.start(VERSION_1, DESC_TABLE);
+        h.mem.write_obj(QSIZE + 1, GuestAddress(AVAIL + 2)).unwrap();
+        h.write(NOTIFY, 2, 0);
+        wait_until("config interrupt", || h.router.fired(0) > 0);
+        assert_ne!(h.status() & NEEDS_RESET, 0);
+        assert_eq!(h.used_idx(), 0);
+    }
+
+    #[test]
+    fn ioeventfd_follows_memory_decoding_and_bar_moves() {
+        let mut h = Harness::new(false);
+        h.start(VERSION_1, DESC_TABLE);
+        assert_eq!(h.ioevent().unwrap().0, MMIO64.0 + NOTIFY);
+        // Decoding off: the doorbell must not catch writes any more.
+        h.cfg_write(1, 0, &[0x00, 0x00]);
+        assert!(h.ioevent().is_none());
+        // Move the BAR as Linux does (low dword, then high), decoding back on.
+        let new_base = MMIO64.0 + 0x10_0000;
+        h.cfg_write(4, 0, &(new_base as u32 | 0x4).to_le_bytes());
+        h.cfg_write(5, 0, &((new_base >> 32) as u32).to_le_bytes());
+        h.cfg_write(1, 0, &[0x06, 0x00]);
+        h.bar = new_base;
+        assert_eq!(h.ioevent().unwrap().0, new_base + NOTIFY);
+        h.submit(VIRTIO_BLK_T_IN, 0);
+        h.ioevent().unwrap().1.write(1).unwrap();
+        wait_until("MSI-X vector 1", || h.router.fired(1) > 0);
+
+        // Without ioeventfds (registration fails), MMIO notifies still work.
+        h.cfg_write(1, 0, &[0x00, 0x00]);
+        h.ioevents.fail.store(true, Ordering::SeqCst);
+        h.cfg_write(1, 0, &[0x06, 0x00]);
+        assert!(h.ioevent().is_none());
+        h.submit(VIRTIO_BLK_T_IN, 0);
+        h.write(NOTIFY, 2, 0);
+        wait_until("MSI-X vector 1 via MMIO", || h.router.fired(1) > 0);
+        assert_eq!(h.used_idx(), 2);
+    }
+
+    #[test]
+    fn drop_unregisters_and_stops_the_worker() {
+        let mut h = Harness::new(false);
+        h.start(VERSION_1, DESC_TABLE);
+        assert!(h.ioevent().is_some());
+        let ioevents = h.ioevents.clone();
+        // The bus holds the only reference to the device; dropping it must
+        // join the worker (a hang fails the test) and remove the doorbell.
+        drop(h);
+        assert!(ioevents.registered.lock().unwrap().is_empty());
+    }
+}
