@@ -12,10 +12,11 @@ use legacy_devices::{
     AcpiPm, ExitSignal, I8042, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042_PORT,
     I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
 };
-use pci::PciBus;
+use pci::{DeviceHooks, PciBus};
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::device_manager::{IoManager, PioManager};
 use vm_device::DevicePio;
+use virtio_devices::{Block, BlockConfig};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::layout;
@@ -35,6 +36,10 @@ pub enum DeviceError {
     Pio(&'static str, #[source] vm_device::bus::Error),
     #[error("Failed to add a PCI device")]
     Pci(#[source] pci::PciBusError),
+    #[error("No free PCI slot left for {0}")]
+    NoSlot(&'static str),
+    #[error("Failed to create the disk for {0}")]
+    Disk(String, #[source] virtio_devices::BlockError),
 }
 
 /// Port 0xCF8..0xCFF: PCI configuration mechanism #1.
@@ -97,6 +102,12 @@ pub struct DeviceManager {
     serial: Arc<Mutex<Serial>>,
 }
 
+/// The GET_ID serial of disk `index`: what the guest sees in
+/// /sys/block/vdX/serial (20 bytes at most).
+fn disk_id(index: usize) -> String {
+    format!("pvrdma-vmm-disk{index}")
+}
+
 impl std::fmt::Debug for DeviceManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DeviceManager")
@@ -127,7 +138,7 @@ fn register_pio<D: DevicePio + Send + Sync + 'static>(
 impl DeviceManager {
     pub fn new(
         config: &VmConfig,
-        _mem: &GuestMemory,
+        mem: &Arc<GuestMemory>,
         vm: &Vm,
         exit: Arc<ExitSignal>,
     ) -> Result<Self, DeviceError> {
@@ -142,6 +153,17 @@ impl DeviceManager {
         let mmio32 = (layout::MMIO_HOLE_START, layout::MMIO32_END - layout::MMIO_HOLE_START);
         let pci = Arc::new(Mutex::new(PciBus::new(mmio32, layout::mmio64_window(config.memory))));
         register_pio(&mut pio, "PCI config", PCI_CONFIG_PORT, PCI_CONFIG_PORT_LEN, PciConfigIo(pci.clone()))?;
+
+        let hooks = DeviceHooks { msi: vm.msi_router(), ioevents: vm.ioevent_registrar() };
+        for (index, disk) in config.disks.iter().enumerate() {
+            let cfg = BlockConfig { path: disk.path.clone(), readonly: disk.readonly, id: disk_id(index) };
+            let block = Block::new(&cfg, mem.clone(), hooks.clone())
+                .map_err(|e| DeviceError::Disk(disk.path.display().to_string(), e))?;
+            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("virtio-blk"))?;
+            bus.add_device(slot, 0, Arc::new(Mutex::new(block))).map_err(DeviceError::Pci)?;
+            log::info!("virtio-blk {} at 00:{slot:02x}.0{}", disk.path.display(), if disk.readonly { " (read-only)" } else { "" });
+        }
 
         Ok(Self { bus: Arc::new(IoBus { pio, pci }), serial })
     }

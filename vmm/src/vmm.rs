@@ -83,7 +83,7 @@ impl Outcome {
 pub struct Vmm {
     config: VmConfig,
     // Kept alive for the VM: KVM memory slots point into it.
-    _mem: GuestMemory,
+    _mem: Arc<GuestMemory>,
     _vm: Vm,
     devices: DeviceManager,
     vcpus: Vec<VcpuHandle>,
@@ -133,7 +133,7 @@ impl Vmm {
         let api = api_socket.map(start_api).transpose()?;
         let mut kernel = open(&config.kernel)?;
         let mut initramfs = config.initramfs.as_deref().map(open).transpose()?;
-        let mem = memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?;
+        let mem = Arc::new(memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?);
         let vm = Vm::new(&mem)?;
         vm.check_vcpu_count(config.cpus)?;
 
