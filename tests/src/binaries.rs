@@ -19,30 +19,38 @@ pub struct VmmBinaries {
     pub remote: PathBuf,
 }
 
-/// Finds both binaries and announces which ones (and how old) the tests will run.
+/// Finds both binaries and announces which VMM (and how old) the tests will run.
 pub fn locate() -> Result<VmmBinaries> {
-    let release = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-        .join("release");
-    let bins = VmmBinaries {
-        vmm: find(VMM_ENV, &release, "pvrdma-vmm")?,
-        remote: find(REMOTE_ENV, &release, "pvrdma-remote")?,
-    };
-    announce(&format!(
-        "VMM under test: {} (built {})",
-        bins.vmm.display(),
-        age(&bins.vmm)
-    ));
-    Ok(bins)
+    Ok(VmmBinaries {
+        vmm: vmm()?,
+        remote: find(REMOTE_ENV, "pvrdma-remote")?,
+    })
 }
 
-fn find(env: &str, release: &Path, name: &str) -> Result<PathBuf> {
+/// Finds `pvrdma-vmm` alone (for users that drive no API) and announces it.
+pub fn vmm() -> Result<PathBuf> {
+    let path = find(VMM_ENV, "pvrdma-vmm")?;
+    announce(&format!(
+        "VMM under test: {} (built {})",
+        path.display(),
+        age(&path)
+    ));
+    Ok(path)
+}
+
+fn release_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("release")
+}
+
+fn find(env: &str, name: &str) -> Result<PathBuf> {
     let (path, origin) = match std::env::var_os(env) {
         Some(p) if !p.is_empty() => (PathBuf::from(p), format!("${env}")),
         _ => (
-            release.join(name),
-            format!("the release target dir (or set {env})"),
+            release_dir().join(name),
+            format!("in the release target dir; or set {env}"),
         ),
     };
     if path.is_file() {

@@ -1,2 +1,155 @@
 // SPDX-License-Identifier: Apache-2.0
-fn main() {}
+//! Boot benchmark (issue 2 baseline): time from VMM start to the guest's first `/init` line, our
+//! VMM against QEMU's microvm, same kernel + initramfs, same test host; medians and their ratio.
+//!
+//! Usage: `cargo run --release -p e2e --bin bench-boot -- [--runs N]` (default 5 measured runs
+//! per VMM after one warm-up). Without a built pvrdma-vmm it measures QEMU alone and says why.
+//! Inside the nested test host every figure is ~50x native: only the ratio means something.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use e2e::testhost::{self, Scenario};
+use e2e::{assets, binaries};
+
+const QEMU: &str = "qemu-microvm";
+const OURS: &str = "pvrdma-vmm";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench-boot: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_runs() -> Result<u32, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => Ok(5),
+        [flag, n] if flag == "--runs" => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("--runs {n}: expected a positive number")),
+        _ => Err("usage: bench-boot [--runs N]".to_string()),
+    }
+}
+
+fn run() -> Result<(), String> {
+    let runs = parse_runs()?;
+    let assets = assets::get().map_err(|e| e.to_string())?;
+    let mut vmms = vec![QEMU];
+    let mut env = Vec::new();
+    match binaries::vmm() {
+        Ok(vmm) => {
+            vmms.push(OURS);
+            env.push(("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string()));
+        }
+        Err(e) => eprintln!("bench-boot: {OURS} not measured: {e}"),
+    }
+    env.push(("RUNS".to_string(), runs.to_string()));
+    env.push(("VMMS".to_string(), vmms.join(" ")));
+    let boots = u64::from(runs + 1) * vmms.len() as u64;
+    let scenario = Scenario {
+        name: "bench-boot".to_string(),
+        env,
+        timeout: Duration::from_secs(60 + boots * 300),
+        // Several L2 guests in one L1: single-threaded TCG (see Scenario::l1_cpus).
+        l1_cpus: 1,
+    };
+    let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
+    if outcome.exit_code != Some(0) {
+        return Err(format!("scenario failed\n{}", outcome.context()));
+    }
+    let tsv_path = outcome.file("bench.tsv");
+    let tsv = fs::read_to_string(&tsv_path).map_err(|e| format!("{}: {e}", tsv_path.display()))?;
+    let samples = measured_samples(&tsv);
+
+    println!(
+        "boot to first /init line, {runs} runs after a warm-up, mode {}:",
+        outcome.mode
+    );
+    let mut medians = BTreeMap::new();
+    for vmm in &vmms {
+        match samples.get(*vmm).filter(|s| !s.is_empty()) {
+            Some(s) => {
+                let m = median(s);
+                println!(
+                    "  {vmm:<13} median {m:7.3} s  min {:7.3}  max {:7.3}  ({} good runs of {runs})",
+                    s[0],
+                    s[s.len() - 1],
+                    s.len()
+                );
+                medians.insert(*vmm, m);
+            }
+            None => println!("  {vmm:<13} no good run (see {})", outcome.dir.display()),
+        }
+    }
+    match (medians.get(OURS), medians.get(QEMU)) {
+        (Some(ours), Some(qemu)) => println!("  ratio {OURS} / {QEMU}: {:.2}", ours / qemu),
+        _ => println!("  ratio {OURS} / {QEMU}: n/a"),
+    }
+    if medians.contains_key(QEMU) {
+        Ok(())
+    } else {
+        Err(format!(
+            "QEMU produced no good run: the baseline is missing\n{}",
+            outcome.context()
+        ))
+    }
+}
+
+/// Seconds to the init marker per VMM, sorted, for the measured runs (run >= 1) that reached the
+/// marker and exited 0.
+fn measured_samples(tsv: &str) -> BTreeMap<String, Vec<f64>> {
+    let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in tsv.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        if let [vmm, run, init, _exit_s, "0"] = fields.as_slice() {
+            if let (Ok(run), Ok(init)) = (run.parse::<u32>(), init.parse::<f64>()) {
+                if run >= 1 {
+                    samples.entry((*vmm).to_string()).or_default().push(init);
+                }
+            }
+        }
+    }
+    for s in samples.values_mut() {
+        s.sort_by(f64::total_cmp);
+    }
+    samples
+}
+
+/// Median of a sorted, non-empty slice.
+fn median(sorted: &[f64]) -> f64 {
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_skip_warm_up_failures_and_missing_markers() {
+        let tsv = "qemu-microvm\t0\t9.0\t10\t0\nqemu-microvm\t1\t3.0\t4\t0\nqemu-microvm\t2\t2.0\t3\t0\n\
+                   pvrdma-vmm\t1\tNA\t300\ttimeout\npvrdma-vmm\t2\t5.0\t6\t1\npvrdma-vmm\t3\t4.0\t5\t0\n";
+        let s = measured_samples(tsv);
+        assert_eq!(s["qemu-microvm"], vec![2.0, 3.0]);
+        assert_eq!(s["pvrdma-vmm"], vec![4.0]);
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
+        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
+    }
+}
