@@ -50,7 +50,9 @@ fi
 log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out"
 t0=${EPOCHREALTIME/./}
 set +e
-timeout -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-threads=on \
+# --foreground keeps QEMU in this script's process group, so that whoever runs this script can stop
+# all of it by killing that group (plain timeout would move QEMU into a group of its own).
+timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-threads=on \
   -accel tcg,thread=multi,tb-size=1024 -cpu EPYC -smp "$smp" -m "$mem" \
   -display none -monitor none -no-reboot -nodefaults \
   -chardev stdio,id=con,signal=off -serial chardev:con \

@@ -9,7 +9,6 @@
 
 BENCH_LIMIT=${BENCH_LIMIT:-300}
 BENCH_CMDLINE="$GUEST_CMDLINE pvtest=bench"
-WORK=$(mktemp -d)
 
 # rtc=on: without a CMOS RTC, Linux's rtc_cmos probe spins on the missing chip for ~6 s of a
 # nested guest's boot; the baseline should be QEMU at its best, not at its default.

@@ -12,7 +12,6 @@
 
 # A stock kernel reaches /init in 24-35 s of L1 time; with margin for a loaded CI machine.
 BOOT_LIMIT=${BOOT_LIMIT:-300}
-WORK=$(mktemp -d)
 
 phase_reference() {
   local t0 rc=0

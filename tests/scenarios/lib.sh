@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # GUEST_CMDLINE, EXIT_STATUS, VMM_PID: set here for the scenarios
+# shellcheck disable=SC2034 # GUEST_CMDLINE, WORK, EXIT_STATUS, VMM_PID: set here for the scenarios
 # Helpers for scenario scripts, sourced by the wrapper e2e::testhost generates (set -euo pipefail,
 # OUT and PVRDMA_ASSETS_ENV exported). Results go to $OUT/<name>.env as key=value lines that the
 # Rust test reads; waits are polls with a deadline, never open-ended.
@@ -12,6 +12,10 @@
 # byte is a trapped I/O write, very slow in a nested guest; panic=-1 turns a panic into a reset
 # (which ends the VMM) instead of a hang until the time limit.
 GUEST_CMDLINE="console=ttyS0 quiet panic=-1"
+
+# Scratch space (sockets, stamps); in DIRECT mode also the end of any VMM left running by a failed step.
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 now_us() { echo "${EPOCHREALTIME/./}"; }
 

@@ -6,7 +6,7 @@
 //! (`/out` inside L1, the host directory it maps to otherwise). In TEST-HOST mode the wrapper also
 //! loads kvm_amd through `resources/test-host/l1-common.sh`, and `run-l1.sh` boots L1 to run it.
 //! Each run gets `target/e2e-runs/<name>/` (replaced by the next run of the same scenario):
-//! `scenario.sh`, `run.log` (runner messages) and `out/` (results and `console.log`).
+//! `scenario.sh`, `run.log` (TEST-HOST: run-l1.sh's messages) and `out/` (results, `console.log`).
 
 use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
@@ -55,16 +55,23 @@ impl Outcome {
         self.out.join(name)
     }
 
-    /// Where to look, for failure messages: mode, run directory, the end of the console.
+    /// Where to look, for failure messages: mode, run directory, the end of the console and of
+    /// the runner's messages (TEST-HOST mode: why L1 ended).
     pub fn context(&self) -> String {
-        format!(
+        let mut s = format!(
             "[mode {}, run dir {}, scenario exit {:?} after {:.0} s]\n{}",
             self.mode,
             self.dir.display(),
             self.exit_code,
             self.elapsed.as_secs_f64(),
             tail_of(&self.file("console.log"), 40)
-        )
+        );
+        let runner_log = self.dir.join("run.log");
+        if runner_log.exists() {
+            s.push('\n');
+            s += &tail_of(&runner_log, 4);
+        }
+        s
     }
 }
 
@@ -81,10 +88,9 @@ pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
     let script = dir.join("scenario.sh");
     fs::write(&script, wrapper(scenario, mode, assets, &out)?)
         .map_err(|e| io_error("write", &script, &e))?;
-    let log_path = dir.join("run.log");
-    let log = File::create(&log_path).map_err(|e| io_error("create", &log_path, &e))?;
-
-    let mut cmd = match mode {
+    // Where the runner's output goes: in TEST-HOST mode run-l1.sh's own messages (it copies the L1
+    // console to out/console.log itself); in DIRECT mode the script's output is the console.
+    let (mut cmd, log_path) = match mode {
         Mode::TestHost => {
             let mut c = Command::new("bash");
             c.arg(resources_dir().join("test-host/run-l1.sh"))
@@ -98,28 +104,27 @@ pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
                 .arg(scenario.l1_cpus.to_string())
                 .arg("--assets")
                 .arg(&assets.dir);
-            c
+            (c, dir.join("run.log"))
         }
         Mode::Direct => {
-            // run-l1.sh would tee the console to out/console.log; here the script's output is it.
-            let console = out.join("console.log");
             let mut c = Command::new("timeout");
             c.arg("-k")
                 .arg("15")
                 .arg(scenario.timeout.as_secs().to_string())
                 .arg("bash")
                 .arg(&script);
-            c.stdout(File::create(&console).map_err(|e| io_error("create", &console, &e))?);
-            c
+            (c, out.join("console.log"))
         }
     };
-    if mode == Mode::TestHost {
-        cmd.stdout(
-            log.try_clone()
-                .map_err(|e| io_error("reopen", &log_path, &e))?,
-        );
-    }
-    cmd.stderr(log).stdin(Stdio::null()).process_group(0);
+    let log = File::create(&log_path).map_err(|e| io_error("create", &log_path, &e))?;
+    let log2 = log
+        .try_clone()
+        .map_err(|e| io_error("reopen", &log_path, &e))?;
+    // Own process group: on a timeout, killing it stops the runner and every VMM it started.
+    cmd.stdout(log)
+        .stderr(log2)
+        .stdin(Stdio::null())
+        .process_group(0);
 
     announce(&format!(
         "scenario {}: running in {mode} mode (limit {} s), logs in {}",
@@ -135,7 +140,7 @@ pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
         &mut child,
         scenario.timeout + RUNNER_GRACE,
         &scenario.name,
-        &dir,
+        &log_path,
     )?;
     let outcome = Outcome {
         mode,
@@ -153,7 +158,7 @@ pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
     Ok(outcome)
 }
 
-fn wait_for_exit(child: &mut Child, limit: Duration, name: &str, dir: &Path) -> Result<ExitStatus> {
+fn wait_for_exit(child: &mut Child, limit: Duration, name: &str, log: &Path) -> Result<ExitStatus> {
     let waited = wait_until(
         &format!("scenario {name} to finish"),
         limit,
@@ -168,11 +173,7 @@ fn wait_for_exit(child: &mut Child, limit: Duration, name: &str, dir: &Path) -> 
             .arg(format!("-{}", child.id()))
             .status();
         let _ = child.wait();
-        Error::new(format!(
-            "{e}; killed it. Logs: {}\n{}",
-            dir.display(),
-            tail_of(&dir.join("run.log"), 30)
-        ))
+        Error::new(format!("{e}; killed it\n{}", tail_of(log, 30)))
     })
 }
 
