@@ -58,6 +58,7 @@ stage_key() {
 build_stage() {
   local name=$1 dir=$2 recipe=$3 tmp t0=$SECONDS; shift 3
   if [[ -f $dir/.complete ]]; then
+    touch "$dir/.complete"   # last use, for prune_unused
     log "$name: cached in $dir"
     return 0
   fi
@@ -109,4 +110,13 @@ if [[ ! -f $ASSETS_DIR/assets.env ]]; then
   printf '%s\nPVRDMA_ASSETS_DIR=%s\n' "$manifest" "$ASSETS_DIR" > "$ASSETS_DIR/assets.env.tmp"
   mv "$ASSETS_DIR/assets.env.tmp" "$ASSETS_DIR/assets.env"
 fi
+touch "$ASSETS_DIR/.complete"
+
+# Every recipe change leaves a stage behind (a kernel stage is 400 MB). Drop the stages no run has
+# used for a week: old enough that no test still reads them (other checkouts of another revision
+# just rebuild theirs).
+find "$CACHE" -mindepth 2 -maxdepth 2 -name .complete -mtime +7 -printf '%h\n' | while read -r old; do
+  log "pruning $old (unused for a week)"
+  rm -rf "$old"
+done
 echo "$ASSETS_DIR"

@@ -20,11 +20,29 @@ apt_update_once() {
 
 # Candidate version of each package, from the local apt lists ("pkg version" lines, input order).
 # Updates the lists once if a package is unknown (fresh machine, or lists older than the archive).
+# A package the archive no longer has (Debian drops an old kernel ABI when a new one lands) is
+# still usable from a .deb downloaded earlier into $DEBS.
 candidate_versions() {
-  local out
-  out=$(candidate_versions_from_lists "$@") || { apt_update_once; out=$(candidate_versions_from_lists "$@"); } \
-    || die "not in the apt archive: $out (for the guest kernel, PVRDMA_GUEST_KVER selects another ABI: apt-cache search linux-image-6.1)"
-  printf '%s\n' "$out"
+  local out pkg ver lines=''
+  out=$(candidate_versions_from_lists "$@") && { printf '%s\n' "$out"; return 0; }
+  apt_update_once
+  out=$(candidate_versions_from_lists "$@") && { printf '%s\n' "$out"; return 0; }
+  for pkg in "$@"; do
+    ver=$(candidate_versions_from_lists "$pkg" | cut -d' ' -f2) || ver=$(cached_deb_version "$pkg") \
+      || die "package '$pkg' is not in the apt archive nor in $DEBS (for the guest kernel, PVRDMA_GUEST_KVER selects another ABI: apt-cache search linux-image-6.1)"
+    lines+="$pkg $ver"$'\n'
+  done
+  printf '%s' "$lines"
+}
+
+# Version of the newest .deb of a package in $DEBS (fails if there is none).
+cached_deb_version() {
+  local f ver
+  f=$(compgen -G "$DEBS/${1}_*.deb" | sort -V | tail -n1) || true
+  [[ -n $f ]] || return 1
+  ver=$(dpkg-deb -f "$f" Version)
+  log "$1 is no longer in the apt archive: using the downloaded $(basename "$f")"
+  echo "$ver"
 }
 
 # Prints "pkg version" lines, or the unknown package names and fails.

@@ -62,7 +62,6 @@ impl KeyValues {
 /// A guest's serial console log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SerialLog {
-    path: PathBuf,
     text: String,
 }
 
@@ -71,13 +70,8 @@ impl SerialLog {
         let bytes = fs::read(path)
             .map_err(|e| Error::new(format!("cannot read {}: {e}", path.display())))?;
         Ok(Self {
-            path: path.to_path_buf(),
             text: String::from_utf8_lossy(&bytes).into_owned(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// The rest of the first line carrying `marker` (after it, trimmed). Kernel messages may share
@@ -134,7 +128,6 @@ mod tests {
     #[test]
     fn markers_are_found_inside_lines_and_fields_by_key() {
         let log = SerialLog {
-            path: PathBuf::from("serial.log"),
             text: "[    1.0] x\n[ 3.2] ata1: PVRDMA-VMM-GUEST cpus=2 mem_kb=4000 kernel=6.1\r\nROOTDISK-OK id-1 mode=ro\n"
                 .to_string(),
         };
