@@ -3,7 +3,17 @@
 //! vmxnet3 at function 0 owns it (the guest programs its MAC and brings it
 //! up), PVRDMA at function 1 follows it (port state, RoCE source MAC and
 //! GIDs), exactly as a RoCE NIC shares one wire between Ethernet and RDMA.
+//!
+//! The wire itself is a [`FrameBackend`]: a [`Tap`] in production, which
+//! every function of the port may send through.
 
+mod backend;
 mod port;
+mod tap;
 
+pub use backend::{
+    FrameBackend, VnetHdr, MAX_FRAME_LEN, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN,
+    VNET_HDR_GSO_NONE, VNET_HDR_GSO_TCPV4, VNET_HDR_GSO_TCPV6, VNET_HDR_LEN,
+};
 pub use port::{Port, PortEvent, PortState};
+pub use tap::{Tap, TapError};
