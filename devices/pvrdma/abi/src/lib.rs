@@ -1,0 +1,81 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The guest-visible ABI of VMware's paravirtual RDMA device (PCI 15ad:0820)
+//! as the unmodified Linux `vmw_pvrdma` driver and rdma-core's
+//! `libvmw_pvrdma` use it. Source of truth: `docs/pvrdma-abi.md`.
+//!
+//! Definitions only: register offsets ([`regs`]), the device shared region
+//! and capabilities ([`dsr`]), the command channel ([`cmd`]), verbs
+//! attribute structures ([`verbs`]), ring entries and work requests
+//! ([`wqe`]) and the ring index arithmetic of `pvrdma_ring.h` ([`ring`]).
+//! Every wire structure is `#[repr(C)]` with integer fields and explicit
+//! reserved padding; its size is checked at compile time against the ABI
+//! and, by [`wire_struct!`], against the sum of its fields (no hidden
+//! padding), which is what makes the `ByteValued` impls sound.
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+/// Declares a wire structure: `#[repr(C)]`, integer fields, `Default` as
+/// all-zeroes, a compile-time check of its ABI size and of the absence of
+/// implicit padding, and the `ByteValued` impl those checks justify.
+macro_rules! wire_struct {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident = $size:literal {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: $ty ),*
+        }
+
+        const _: () = assert!(::core::mem::size_of::<$name>() == $size, "ABI size");
+        const _: () = assert!(
+            0 $( + ::core::mem::size_of::<$ty>() )* == $size,
+            "implicit padding"
+        );
+
+        // SAFETY: `$name` is `repr(C)`, its fields are integers, integer
+        // arrays or other wire structs, and the assertions above prove that
+        // they fill all `$size` bytes, so there is no padding and every bit
+        // pattern is a valid value.
+        unsafe impl ::vm_memory::ByteValued for $name {}
+
+        impl Default for $name {
+            fn default() -> Self {
+                <Self as ::vm_memory::ByteValued>::zeroed()
+            }
+        }
+    };
+}
+
+pub mod cmd;
+pub mod dsr;
+pub mod regs;
+pub mod ring;
+pub mod verbs;
+pub mod wqe;
+
+/// The guest page size: the driver and the provider use 4 KiB pages for
+/// every ring, page directory and UAR page (PVRDMA is x86-only).
+pub const PAGE_SIZE: u64 = 4096;
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+
+/// Page directory geometry (`pvrdma_pdir`): one directory page of table
+/// GPAs, each table page holding this many data-page GPAs.
+pub const PDIR_ENTRIES_PER_PAGE: u32 = 512;
+/// `PVRDMA_PAGE_DIR_MAX_PAGES`: one directory of 512 tables of 512 pages.
+pub const PDIR_MAX_PAGES: u32 = PDIR_ENTRIES_PER_PAGE * PDIR_ENTRIES_PER_PAGE;
+
+/// `PVRDMA_UAR_HANDLE_MASK`: object handles are 24-bit everywhere.
+pub const HANDLE_MASK: u32 = 0x00ff_ffff;
+/// IB queue pair numbers are 24-bit.
+pub const QPN_MASK: u32 = 0x00ff_ffff;
