@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::config::{self, DiskConfig, SerialConfig, VmConfig};
+use crate::config::{self, ConfigError, DiskConfig, NetConfig, PvrdmaConfig, SerialConfig, VmConfig};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -42,6 +42,15 @@ pub struct Cli {
     #[arg(long, value_name = "path=FILE[,readonly=on]")]
     pub disk: Vec<DiskConfig>,
 
+    /// A vmxnet3 NIC on a TAP device (created if absent): tap=NAME,mac=MAC[,mtu=N]. Repeatable.
+    #[arg(long, value_name = "tap=NAME,mac=MAC[,mtu=N]")]
+    pub net: Vec<NetConfig>,
+
+    /// The PVRDMA slot: vmxnet3 (function 0) on TAP NAME plus PVRDMA (function 1) sharing its
+    /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]. At most one per VM.
+    #[arg(long, value_name = "tap=NAME,mac=MAC[,gid=roce-v2|roce-v1]")]
+    pub pvrdma: Vec<PvrdmaConfig>,
+
     /// Serial console (COM1): tty (stdout, input from stdin), file=PATH, or off.
     #[arg(long, value_name = "tty|file=PATH|off", default_value = "tty")]
     pub serial: SerialConfig,
@@ -56,16 +65,24 @@ pub struct Cli {
 }
 
 impl Cli {
-    pub fn vm_config(&self) -> VmConfig {
-        VmConfig {
+    /// The VM configuration, with the checks that span several options.
+    pub fn vm_config(&self) -> Result<VmConfig, ConfigError> {
+        if self.pvrdma.len() > 1 {
+            return Err(ConfigError::TooManyPvrdma);
+        }
+        let cfg = VmConfig {
             kernel: self.kernel.clone(),
             initramfs: self.initramfs.clone(),
             cmdline: self.cmdline.clone(),
             cpus: self.cpus,
             memory: self.memory,
             disks: self.disk.clone(),
+            nets: self.net.clone(),
+            pvrdma: self.pvrdma.first().cloned(),
             serial: self.serial.clone(),
-        }
+        };
+        cfg.validate()?;
+        Ok(cfg)
     }
 }
 
@@ -88,7 +105,7 @@ mod tests {
             "--serial", "file=/tmp/s", "--api-socket", "/tmp/api", "--log-level", "debug",
         ])
         .unwrap();
-        let cfg = cli.vm_config();
+        let cfg = cli.vm_config().unwrap();
         assert_eq!((cfg.cpus, cfg.memory, cfg.disks.len()), (2, 1 << 30, 2));
         assert!(cfg.disks[0].readonly && !cfg.disks[1].readonly);
         assert_eq!(cfg.serial, SerialConfig::File("/tmp/s".into()));

@@ -23,6 +23,16 @@ pub enum ConfigError {
     BadValue { key: &'static str, value: String, expected: &'static str },
     #[error("--serial must be tty, off or file=PATH, got '{0}'")]
     Serial(String),
+    #[error("invalid MAC address '{0}' (expected six hex bytes like 52:54:00:12:34:56, unicast)")]
+    Mac(String),
+    #[error("invalid TAP name '{0}' (1-15 characters, no '/', whitespace or ',')")]
+    TapName(String),
+    #[error("MTU must be between {min} and {max}, got '{got}'")]
+    Mtu { min: u16, max: u16, got: String },
+    #[error("TAP '{0}' is used by more than one NIC")]
+    DuplicateTap(String),
+    #[error("only one --pvrdma device per VM is supported")]
+    TooManyPvrdma,
 }
 
 /// `K`/`M`/`G`-suffixed byte counts (powers of 1024); bare numbers are MiB,
@@ -142,6 +152,108 @@ impl FromStr for SerialConfig {
     }
 }
 
+/// A unicast MAC address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl FromStr for MacAddr {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ConfigError::Mac(s.to_string());
+        let mut mac = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut mac {
+            let part = parts.next().filter(|p| p.len() == 2).ok_or_else(err)?;
+            *byte = u8::from_str_radix(part, 16).map_err(|_| err())?;
+        }
+        // A multicast source MAC (bit 0 of the first byte) is never valid.
+        if parts.next().is_some() || mac[0] & 1 != 0 {
+            return Err(err());
+        }
+        Ok(Self(mac))
+    }
+}
+
+/// IFNAMSIZ - 1: the longest interface name Linux accepts.
+const MAX_TAP_NAME: usize = 15;
+
+fn parse_tap_name(v: &str) -> Result<String, ConfigError> {
+    let ok = !v.is_empty() && v.len() <= MAX_TAP_NAME && !v.contains(['/', ',']) && !v.contains(char::is_whitespace);
+    if ok { Ok(v.to_string()) } else { Err(ConfigError::TapName(v.to_string())) }
+}
+
+/// MTU range the vmxnet3 model supports (rev 1: up to 9000).
+pub const MIN_MTU: u16 = 68;
+pub const MAX_MTU: u16 = 9000;
+
+/// A vmxnet3 NIC on a TAP device: `--net tap=NAME,mac=MAC[,mtu=N]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    pub tap: String,
+    pub mac: MacAddr,
+    /// MTU given to a TAP the VMM creates; `None` keeps the kernel's default.
+    pub mtu: Option<u16>,
+}
+
+/// Which RoCE GIDs the PVRDMA port exposes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GidType {
+    #[default]
+    RoceV2,
+    RoceV1,
+}
+
+/// The PVRDMA slot: vmxnet3 at function 0 on `net`'s TAP, PVRDMA at
+/// function 1. `--pvrdma tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PvrdmaConfig {
+    pub net: NetConfig,
+    pub gid: GidType,
+}
+
+fn parse_nic(s: &str, what: &'static str, allowed: &[&str], expected: &'static str) -> Result<(NetConfig, Option<GidType>), ConfigError> {
+    let (mut tap, mut mac, mut mtu, mut gid) = (None, None, None, None);
+    for (k, v) in parse_kv(s, what, allowed, expected)? {
+        match k {
+            "tap" => tap = Some(parse_tap_name(v)?),
+            "mac" => mac = Some(v.parse()?),
+            "mtu" => {
+                let err = || ConfigError::Mtu { min: MIN_MTU, max: MAX_MTU, got: v.to_string() };
+                let n: u16 = v.parse().map_err(|_| err())?;
+                mtu = Some(Some(n).filter(|n| (MIN_MTU..=MAX_MTU).contains(n)).ok_or_else(err)?);
+            }
+            _ => {
+                gid = Some(match v {
+                    "roce-v2" => GidType::RoceV2,
+                    "roce-v1" => GidType::RoceV1,
+                    _ => return Err(ConfigError::BadValue { key: "gid", value: v.to_string(), expected: "roce-v2 or roce-v1" }),
+                })
+            }
+        }
+    }
+    let tap = tap.ok_or(ConfigError::MissingKey { what, key: "tap" })?;
+    let mac = mac.ok_or(ConfigError::MissingKey { what, key: "mac" })?;
+    Ok((NetConfig { tap, mac, mtu }, gid))
+}
+
+impl FromStr for NetConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(parse_nic(s, "--net", &["tap", "mac", "mtu"], "tap=, mac=, mtu=")?.0)
+    }
+}
+
+impl FromStr for PvrdmaConfig {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (net, gid) = parse_nic(s, "--pvrdma", &["tap", "mac", "mtu", "gid"], "tap=, mac=, mtu=, gid=")?;
+        Ok(Self { net, gid: gid.unwrap_or_default() })
+    }
+}
+
 /// Everything needed to build and boot a VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -151,7 +263,22 @@ pub struct VmConfig {
     pub cpus: u8,
     pub memory: u64,
     pub disks: Vec<DiskConfig>,
+    pub nets: Vec<NetConfig>,
+    pub pvrdma: Option<PvrdmaConfig>,
     pub serial: SerialConfig,
+}
+
+impl VmConfig {
+    /// Checks what single options cannot: every NIC has its own TAP.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut taps: Vec<&str> = self.nets.iter().map(|n| n.tap.as_str()).collect();
+        taps.extend(self.pvrdma.iter().map(|p| p.net.tap.as_str()));
+        taps.sort_unstable();
+        match taps.windows(2).find(|w| w[0] == w[1]) {
+            Some(w) => Err(ConfigError::DuplicateTap(w[0].to_string())),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +317,52 @@ mod tests {
         assert!(matches!("path=".parse::<DiskConfig>(), Err(ConfigError::MissingKey { .. })));
         assert!(matches!("path=/a,ro=1".parse::<DiskConfig>(), Err(ConfigError::UnknownKey { .. })));
         assert!(matches!("path=/a,readonly=yes".parse::<DiskConfig>(), Err(ConfigError::BadValue { .. })));
+    }
+
+    #[test]
+    fn nics() {
+        let n: NetConfig = "tap=tap0,mac=52:54:00:12:34:56,mtu=9000".parse().unwrap();
+        assert_eq!(n, NetConfig { tap: "tap0".into(), mac: MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]), mtu: Some(9000) });
+        let p: PvrdmaConfig = "tap=t1,mac=02:00:00:00:00:01".parse().unwrap();
+        assert_eq!((p.gid, p.net.mtu), (GidType::RoceV2, None));
+        let p: PvrdmaConfig = "tap=t1,mac=02:00:00:00:00:01,gid=roce-v1".parse().unwrap();
+        assert_eq!(p.gid, GidType::RoceV1);
+        for bad in [
+            "mac=52:54:00:12:34:56",
+            "tap=t0",
+            "tap=t0,mac=01:00:00:00:00:01",
+            "tap=t0,mac=52:54:00:12:34",
+            "tap=t0,mac=52:54:00:12:34:56:78",
+            "tap=t0,mac=52:54:00:12:34:5g",
+            "tap=t0,mac=52:54:00:12:34:56,mtu=10000",
+            "tap=t0,mac=52:54:00:12:34:56,mtu=0",
+            "tap=,mac=52:54:00:12:34:56",
+            "tap=a/b,mac=52:54:00:12:34:56",
+            "tap=0123456789abcdef,mac=52:54:00:12:34:56",
+            "tap=t0,mac=52:54:00:12:34:56,gid=roce-v2",
+        ] {
+            assert!(bad.parse::<NetConfig>().is_err(), "{bad}");
+        }
+        assert!("tap=t0,mac=52:54:00:12:34:56,gid=ib".parse::<PvrdmaConfig>().is_err());
+    }
+
+    #[test]
+    fn taps_must_be_distinct() {
+        let net = |tap: &str| NetConfig { tap: tap.into(), mac: MacAddr([2, 0, 0, 0, 0, 1]), mtu: None };
+        let mut cfg = VmConfig {
+            kernel: "/k".into(),
+            initramfs: None,
+            cmdline: String::new(),
+            cpus: 1,
+            memory: 512 << 20,
+            disks: vec![],
+            nets: vec![net("a"), net("b")],
+            pvrdma: Some(PvrdmaConfig { net: net("c"), gid: GidType::RoceV2 }),
+            serial: SerialConfig::Off,
+        };
+        assert_eq!(cfg.validate(), Ok(()));
+        cfg.pvrdma = Some(PvrdmaConfig { net: net("a"), gid: GidType::RoceV2 });
+        assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
     }
 
     #[test]

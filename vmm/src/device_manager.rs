@@ -38,6 +38,8 @@ pub enum DeviceError {
     Pci(#[source] pci::PciBusError),
     #[error("No free PCI slot left for {0}")]
     NoSlot(&'static str),
+    #[error("{0} is not available in this build yet")]
+    Unsupported(&'static str),
     #[error("Failed to create the disk for {0}")]
     Disk(String, #[source] virtio_devices::BlockError),
 }
@@ -142,6 +144,12 @@ impl DeviceManager {
         vm: &Vm,
         exit: Arc<ExitSignal>,
     ) -> Result<Self, DeviceError> {
+        if !config.nets.is_empty() {
+            return Err(DeviceError::Unsupported("--net (vmxnet3)"));
+        }
+        if config.pvrdma.is_some() {
+            return Err(DeviceError::Unsupported("--pvrdma"));
+        }
         let mut pio = IoManager::new();
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
         register_irqfd(vm.fd(), &serial_irq, SERIAL_IRQ)?;

@@ -13,7 +13,14 @@ fn main() {
         .format_target(false)
         .init();
     vmm::raise_fd_limit();
-    let code = match Vmm::boot(cli.vm_config(), cli.api_socket.as_deref()) {
+    let config = match cli.vm_config() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(EXIT_USAGE);
+        }
+    };
+    let code = match Vmm::boot(config, cli.api_socket.as_deref()) {
         Ok(vmm) => match vmm.run() {
             Ok(outcome) => outcome.exit_code(),
             Err(e) => {

@@ -21,7 +21,7 @@ fn help_documents_every_flag_and_exit_codes() {
     let help = String::from_utf8_lossy(&out.stdout);
     for flag in [
         "--kernel", "--initramfs", "--cmdline", "--cpus", "--memory", "--disk", "--serial",
-        "--api-socket", "--log-level",
+        "--api-socket", "--log-level", "--net", "--pvrdma",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
@@ -41,6 +41,18 @@ fn bad_values_are_one_line_errors_with_usage_exit_code() {
         (&["--kernel", "/k", "--log-level", "loud"], "--log-level"),
         (&["--cpus", "1"], "--kernel"),
         (&["--kernel", "/k", "--bogus"], "--bogus"),
+        (&["--kernel", "/k", "--net", "tap=t0"], "--net needs mac="),
+        (&["--kernel", "/k", "--net", "tap=t0,mac=01:02:03:04:05:06"], "invalid MAC address"),
+        (&["--kernel", "/k", "--net", "tap=t0,mac=02:00:00:00:00:01,mtu=9001"], "MTU must be between"),
+        (&["--kernel", "/k", "--pvrdma", "tap=t0,mac=02:00:00:00:00:01,gid=ib"], "invalid value 'ib' for gid"),
+        (
+            &["--kernel", "/k", "--net", "tap=t0,mac=02:00:00:00:00:01", "--pvrdma", "tap=t0,mac=02:00:00:00:00:02"],
+            "TAP 't0' is used by more than one NIC",
+        ),
+        (
+            &["--kernel", "/k", "--pvrdma", "tap=t0,mac=02:00:00:00:00:01", "--pvrdma", "tap=t1,mac=02:00:00:00:00:02"],
+            "only one --pvrdma device per VM",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);
