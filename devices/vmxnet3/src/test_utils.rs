@@ -1,0 +1,336 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Test helpers: mocks for the hypervisor hooks and the backend, the
+//! memory layout of a fake driver, and frame builders.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use net_port::{FrameBackend, VnetHdr};
+use pci::{MsiMessage, MsiRouter, MsiVector, Msix, PciConfiguration};
+use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// An `MsiRouter` whose GSI `n` is vector `n`; keeps a copy of each irqfd
+/// so a test can see which vector fired.
+#[derive(Default)]
+pub(crate) struct MockRouter {
+    irqfds: Mutex<Vec<EventFd>>,
+}
+
+impl MockRouter {
+    /// Times vector `index` fired since the last call.
+    pub(crate) fn fired(&self, index: usize) -> u64 {
+        self.irqfds.lock().unwrap()[index].read().unwrap_or(0)
+    }
+
+    /// Programs and unmasks every table entry and enables MSI-X, as Linux's
+    /// `pci_enable_msix` does (the capability is the function's first).
+    pub(crate) fn enable_all(&self, config: &mut PciConfiguration, msix: &mut Msix) {
+        for v in 0..u64::from(msix.vectors()) {
+            for (off, value) in [(0, 0xfee0_0000u32), (4, 0), (8, 0x40 + v as u32), (12, 0)] {
+                msix.write_table(v * 16 + off, &value.to_le_bytes());
+            }
+        }
+        let cap = config.read_reg(0x34 / 4) as usize & 0xff;
+        config.write_reg(cap / 4, 3, &[0x80]);
+        msix.config_written(config);
+        assert!(msix.enabled());
+    }
+}
+
+impl MsiRouter for MockRouter {
+    fn allocate(&self) -> io::Result<MsiVector> {
+        let irqfd = EventFd::new(EFD_NONBLOCK)?;
+        let mut irqfds = self.irqfds.lock().unwrap();
+        irqfds.push(irqfd.try_clone()?);
+        Ok(MsiVector {
+            gsi: irqfds.len() as u32 - 1,
+            irqfd,
+        })
+    }
+
+    fn set_route(&self, _gsi: u32, _msg: Option<MsiMessage>) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn release(&self, _vector: &MsiVector) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An `IoEventRegistrar` that records registrations with a copy of the
+/// eventfd, so a test can signal a doorbell as KVM would.
+#[derive(Default)]
+pub(crate) struct MockIoEvents {
+    pub(crate) registered: Mutex<Vec<(u64, EventFd)>>,
+}
+
+impl pci::IoEventRegistrar for MockIoEvents {
+    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        assert_eq!(datamatch, None);
+        self.registered
+            .lock()
+            .unwrap()
+            .push((addr, fd.try_clone()?));
+        Ok(())
+    }
+
+    fn unregister(&self, _fd: &EventFd, addr: u64, _datamatch: Option<u32>) -> io::Result<()> {
+        let mut registered = self.registered.lock().unwrap();
+        let before = registered.len();
+        registered.retain(|(a, _)| *a != addr);
+        assert_eq!(registered.len() + 1, before, "unregistered {addr:#x} once");
+        Ok(())
+    }
+}
+
+/// A backend in memory: frames sent are recorded, frames injected are
+/// received, and an eventfd is readable while any are queued.
+pub(crate) struct MockBackend {
+    sent: Mutex<Vec<(VnetHdr, Vec<u8>)>>,
+    inbox: Mutex<VecDeque<(VnetHdr, Vec<u8>)>>,
+    rx_evt: EventFd,
+    link: AtomicBool,
+    pub(crate) fail_send: AtomicBool,
+}
+
+impl MockBackend {
+    pub(crate) fn new(link: bool) -> Self {
+        MockBackend {
+            sent: Mutex::default(),
+            inbox: Mutex::default(),
+            rx_evt: EventFd::new(EFD_NONBLOCK).unwrap(),
+            link: AtomicBool::new(link),
+            fail_send: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn inject_with(&self, hdr: VnetHdr, frame: Vec<u8>) {
+        let mut inbox = self.inbox.lock().unwrap();
+        inbox.push_back((hdr, frame));
+        self.rx_evt.write(1).unwrap();
+    }
+
+    pub(crate) fn inject(&self, frame: Vec<u8>) {
+        self.inject_with(VnetHdr::default(), frame);
+    }
+
+    /// Frames sent since the last call.
+    pub(crate) fn take_sent(&self) -> Vec<(VnetHdr, Vec<u8>)> {
+        std::mem::take(&mut *self.sent.lock().unwrap())
+    }
+
+    pub(crate) fn set_link(&self, up: bool) {
+        self.link.store(up, Ordering::SeqCst);
+    }
+}
+
+impl FrameBackend for MockBackend {
+    fn send(&self, hdr: &VnetHdr, frame: &[u8]) -> io::Result<()> {
+        if self.fail_send.load(Ordering::SeqCst) {
+            return Err(io::Error::other("mock backend refuses"));
+        }
+        self.sent.lock().unwrap().push((*hdr, frame.to_vec()));
+        Ok(())
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
+        let mut inbox = self.inbox.lock().unwrap();
+        match inbox.pop_front() {
+            Some((hdr, frame)) => {
+                buf[..frame.len()].copy_from_slice(&frame);
+                Ok(Some((hdr, frame.len())))
+            }
+            None => {
+                let _ = self.rx_evt.read();
+                Ok(None)
+            }
+        }
+    }
+
+    fn rx_fd(&self) -> RawFd {
+        self.rx_evt.as_raw_fd()
+    }
+
+    fn link_up(&self) -> bool {
+        self.link.load(Ordering::SeqCst)
+    }
+}
+
+/// Where the fake driver puts DriverShared.
+pub(crate) const SHARED: u64 = 0x1000;
+const QUEUE_TABLE: u64 = 0x2000;
+const TX_AREA: u64 = 0x10_0000;
+const RX_AREA: u64 = 0x20_0000;
+/// Room for one ring of 4096 entries.
+const RING_ROOM: u64 = 0x1_0000;
+
+/// What a driver puts in DriverShared and the queue descriptors; tests
+/// change fields to make it hostile.
+#[derive(Clone, Debug)]
+pub(crate) struct DriverLayout {
+    pub(crate) magic: u32,
+    pub(crate) num_tx: u8,
+    pub(crate) num_rx: u8,
+    pub(crate) mtu: u32,
+    pub(crate) num_intrs: u8,
+    pub(crate) event_intr: u8,
+    pub(crate) auto_mask: bool,
+    pub(crate) tx_intr: Vec<u8>,
+    pub(crate) rx_intr: Vec<u8>,
+    pub(crate) ring_size: u32,
+    pub(crate) rx_comp_size: u32,
+    pub(crate) tx_ring_base: Vec<u64>,
+    pub(crate) queue_table: u64,
+}
+
+impl DriverLayout {
+    /// Linux's interrupt plan with shared TX/RX vectors: queue `i` uses
+    /// vector `i`, the event vector comes last.
+    pub(crate) fn new(num_tx: u8, num_rx: u8, ring_size: u32, mtu: u32) -> Self {
+        let vectors = num_tx.max(num_rx);
+        DriverLayout {
+            magic: 0xbabe_fee1,
+            num_tx,
+            num_rx,
+            mtu,
+            num_intrs: vectors + 1,
+            event_intr: vectors,
+            auto_mask: true,
+            tx_intr: (0..num_tx).collect(),
+            rx_intr: (0..num_rx).collect(),
+            ring_size,
+            rx_comp_size: 2 * ring_size,
+            tx_ring_base: (0..u64::from(num_tx))
+                .map(|q| TX_AREA + q * 2 * RING_ROOM)
+                .collect(),
+            queue_table: QUEUE_TABLE,
+        }
+    }
+
+    pub(crate) fn queue_desc(&self, i: usize) -> u64 {
+        self.queue_table + 256 * i as u64
+    }
+
+    pub(crate) fn tx_ring(&self, q: usize) -> u64 {
+        self.tx_ring_base
+            .get(q)
+            .copied()
+            .unwrap_or(TX_AREA + q as u64 * 2 * RING_ROOM)
+    }
+
+    pub(crate) fn tx_comp(&self, q: usize) -> u64 {
+        TX_AREA + q as u64 * 2 * RING_ROOM + RING_ROOM
+    }
+
+    pub(crate) fn rx_ring(&self, q: usize, ring: usize) -> u64 {
+        RX_AREA + q as u64 * 4 * RING_ROOM + ring as u64 * RING_ROOM
+    }
+
+    pub(crate) fn rx_comp(&self, q: usize) -> u64 {
+        RX_AREA + q as u64 * 4 * RING_ROOM + 2 * RING_ROOM
+    }
+
+    /// Writes DriverShared and the queue descriptors (rings stay as they are).
+    pub(crate) fn write<M: GuestMemory>(&self, mem: &M) {
+        let at = |off: u64| GuestAddress(SHARED + off);
+        mem.write_slice(&[0; 720], at(0)).unwrap();
+        mem.write_obj(self.magic, at(0)).unwrap();
+        mem.write_obj(self.queue_table, at(40)).unwrap();
+        mem.write_obj(self.mtu, at(56)).unwrap();
+        mem.write_obj(self.num_tx, at(62)).unwrap();
+        mem.write_obj(self.num_rx, at(63)).unwrap();
+        mem.write_obj(u8::from(self.auto_mask), at(80)).unwrap();
+        mem.write_obj(self.num_intrs, at(81)).unwrap();
+        mem.write_obj(self.event_intr, at(82)).unwrap();
+        // intrCtrl DISABLE_ALL, as Linux leaves it at activation.
+        mem.write_obj(1u32, at(108)).unwrap();
+        for q in 0..usize::from(self.num_tx) {
+            let d = self.queue_desc(q);
+            if !mem.check_range(GuestAddress(d), 256, vm_memory::Permissions::Write) {
+                continue;
+            }
+            let at = |off: u64| GuestAddress(d + off);
+            mem.write_slice(&[0; 256], at(0)).unwrap();
+            mem.write_obj(self.tx_ring(q), at(16)).unwrap();
+            mem.write_obj(self.tx_comp(q), at(32)).unwrap();
+            mem.write_obj(self.ring_size, at(56)).unwrap();
+            mem.write_obj(self.ring_size, at(60)).unwrap();
+            mem.write_obj(self.ring_size, at(64)).unwrap();
+            mem.write_obj(self.tx_intr.get(q).copied().unwrap_or(0), at(72))
+                .unwrap();
+        }
+        for q in 0..usize::from(self.num_rx) {
+            let d = self.queue_desc(usize::from(self.num_tx) + q);
+            if !mem.check_range(GuestAddress(d), 256, vm_memory::Permissions::Write) {
+                continue;
+            }
+            let at = |off: u64| GuestAddress(d + off);
+            mem.write_slice(&[0; 256], at(0)).unwrap();
+            mem.write_obj(self.rx_ring(q, 0), at(16)).unwrap();
+            mem.write_obj(self.rx_ring(q, 1), at(24)).unwrap();
+            mem.write_obj(self.rx_comp(q), at(32)).unwrap();
+            mem.write_obj(self.ring_size, at(56)).unwrap();
+            mem.write_obj(self.ring_size, at(60)).unwrap();
+            mem.write_obj(self.rx_comp_size, at(64)).unwrap();
+            mem.write_obj(self.rx_intr.get(q).copied().unwrap_or(0), at(72))
+                .unwrap();
+        }
+    }
+}
+
+/// An Ethernet header to 02:00:00:00:00:01 from 02:00:00:00:00:02.
+fn ethernet(ethertype: u16) -> Vec<u8> {
+    let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2];
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f
+}
+
+fn tcp_header(flags: u8) -> [u8; 20] {
+    let mut tcp = [0u8; 20];
+    tcp[..4].copy_from_slice(&[0x30, 0x39, 0x00, 0x50]);
+    tcp[12] = 5 << 4;
+    tcp[13] = flags | 0x10;
+    tcp
+}
+
+/// A TCP/IPv4 frame with `payload` bytes and extra TCP `flags`.
+pub(crate) fn tcp4_frame(payload: usize, flags: u8) -> Vec<u8> {
+    let mut f = ethernet(0x0800);
+    let total = (40 + payload) as u16;
+    let [t0, t1] = total.to_be_bytes();
+    f.extend_from_slice(&[
+        0x45, 0, t0, t1, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ]);
+    f.extend_from_slice(&tcp_header(flags));
+    f.extend((0..payload).map(|i| (i % 251) as u8));
+    f
+}
+
+/// A TCP/IPv6 frame with `payload` bytes.
+pub(crate) fn tcp6_frame(payload: usize) -> Vec<u8> {
+    let mut f = ethernet(0x86dd);
+    let [l0, l1] = ((20 + payload) as u16).to_be_bytes();
+    f.extend_from_slice(&[0x60, 0, 0, 0, l0, l1, 6, 64]);
+    f.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    f.extend_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+    f.extend_from_slice(&tcp_header(0));
+    f.extend((0..payload).map(|i| (i % 251) as u8));
+    f
+}
+
+/// A frame of `len` bytes with a pattern seeded by `seed`.
+pub(crate) fn frame(len: usize, seed: u8) -> Vec<u8> {
+    let mut f = ethernet(0x88b5);
+    f.extend((0..len.saturating_sub(14)).map(|i| (i as u8).wrapping_add(seed)));
+    f
+}

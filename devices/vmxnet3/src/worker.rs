@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The data path: one thread per device running an event-manager loop.
+//!
+//! It wakes on the TX doorbells (KVM ioeventfds on `TXPROD[q]`, or the
+//! register path signalling the same eventfds), on frames from the backend,
+//! on port link changes, and on a timer polling the backend's link state.
+//! All of guest memory it touches is reached through the activated
+//! [`Active`] state under the [`DeviceState`] lock, which it holds for a
+//! whole batch: QUIESCE_DEV and RESET_DEV take that lock and clear it, so
+//! once they return the worker no longer reads the rings or writes guest
+//! memory.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use event_manager::{
+    EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
+};
+use log::error;
+use net_port::{FrameBackend, Port, VnetHdr, MAX_FRAME_LEN};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemory};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::interrupt::Interrupts;
+use crate::metrics::Vmxnet3Metrics;
+use crate::regs::{ECR_LINK, ECR_RQERR, ECR_TQERR, MAX_RX_QUEUES, MAX_TX_QUEUES};
+use crate::ring::QueueFault;
+use crate::rx::RxQueue;
+use crate::shared::{update_ecr, write_queue_status, DeviceConf, QueueId};
+use crate::stats::{RxStats, TxStats};
+use crate::tx::{TxContext, TxQueue, TX_BUF_LEN};
+
+const KILL_EVENT: u32 = 0;
+const BACKEND_EVENT: u32 = 1;
+const LINK_EVENT: u32 = 2;
+const CARRIER_TIMER: u32 = 3;
+/// TX queue `q`'s doorbell is `TX_EVENT_BASE + q`.
+const TX_EVENT_BASE: u32 = 8;
+/// Frames taken from the backend per wake-up before doorbells get a turn.
+const RX_BATCH: usize = 256;
+/// How often the backend's link state is polled (a TAP has no cheaper
+/// notification short of a netlink socket).
+pub(crate) const CARRIER_POLL: Duration = Duration::from_secs(1);
+/// Header bytes allowed on top of the MTU (`VMXNET3_MAX_ETH_HDR_SIZE`).
+const MAX_ETH_HDR: usize = 22;
+
+/// What ACTIVATE_DEV set up, until QUIESCE_DEV or RESET_DEV.
+#[derive(Debug)]
+pub(crate) struct Active {
+    shared: GuestAddress,
+    mtu: u16,
+    event_intr: u8,
+    pub(crate) tx: Vec<TxQueue>,
+    pub(crate) rx: Vec<RxQueue>,
+}
+
+impl Active {
+    pub(crate) fn new(conf: DeviceConf) -> Self {
+        let queues = conf.rx.len();
+        Active {
+            shared: conf.shared,
+            mtu: conf.mtu,
+            event_intr: conf.event_intr,
+            tx: conf.tx.into_iter().map(TxQueue::new).collect(),
+            rx: conf
+                .rx
+                .into_iter()
+                .enumerate()
+                .map(|(i, q)| RxQueue::new(q, i, queues))
+                .collect(),
+        }
+    }
+
+    /// Sets `bits` in DriverShared `ecr` and raises the event interrupt.
+    pub(crate) fn post_event<M: GuestMemory>(&self, mem: &M, intr: &Interrupts, bits: u32) {
+        if let Err(e) = update_ecr(mem, self.shared, bits, 0) {
+            error!("vmxnet3: cannot post event {bits:#x}: {e}");
+            return;
+        }
+        intr.trigger(self.event_intr);
+    }
+
+    /// ECR write: the driver acknowledges `bits`.
+    pub(crate) fn ack_events<M: GuestMemory>(&self, mem: &M, bits: u32) {
+        if let Err(e) = update_ecr(mem, self.shared, 0, bits) {
+            error!("vmxnet3: cannot acknowledge events {bits:#x}: {e}");
+        }
+    }
+}
+
+/// What the register side (vCPU threads) and the worker share.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceState {
+    pub(crate) active: Option<Active>,
+    /// Guest-visible statistics, per queue, for the device's lifetime.
+    pub(crate) tx_stats: [TxStats; MAX_TX_QUEUES],
+    pub(crate) rx_stats: [RxStats; MAX_RX_QUEUES],
+    /// The link state the guest last read (GET_LINK): a LINK event is due
+    /// whenever the carrier differs from it.
+    pub(crate) reported_link: bool,
+}
+
+pub(crate) type SharedState = Arc<Mutex<DeviceState>>;
+
+pub(crate) fn lock(state: &Mutex<DeviceState>) -> MutexGuard<'_, DeviceState> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Stops the faulted queue `id` of `active` and tells the driver (queue
+/// status, then TQERR or RQERR), which resets the device in response.
+fn stop_queue<M: GuestMemory>(
+    active: &mut Active,
+    mem: &M,
+    intr: &Interrupts,
+    metrics: &Vmxnet3Metrics,
+    id: QueueId,
+    fault: &QueueFault,
+) {
+    let (desc, bit) = match id {
+        QueueId::Tx(q) => {
+            let Some(queue) = active.tx.get_mut(q) else {
+                return;
+            };
+            queue.stopped = true;
+            count_warn!(metrics.tx_queue_error, "{id} stopped: {fault}");
+            (queue.conf.desc, ECR_TQERR)
+        }
+        QueueId::Rx(q) => {
+            let Some(queue) = active.rx.get_mut(q) else {
+                return;
+            };
+            queue.stopped = true;
+            count_warn!(metrics.rx_queue_error, "{id} stopped: {fault}");
+            (queue.conf.desc, ECR_RQERR)
+        }
+    };
+    if let Err(e) = write_queue_status(mem, desc, true, fault.code()) {
+        error!("vmxnet3: cannot write the status of {id}: {e}");
+    }
+    active.post_event(mem, intr, bit);
+}
+
+/// Everything the worker is built from.
+pub(crate) struct WorkerParts<M> {
+    pub(crate) mem: M,
+    pub(crate) backend: Arc<dyn FrameBackend>,
+    pub(crate) port: Arc<Port>,
+    pub(crate) state: SharedState,
+    pub(crate) intr: Arc<Interrupts>,
+    pub(crate) metrics: Arc<Vmxnet3Metrics>,
+    /// One per TX queue.
+    pub(crate) tx_evts: Vec<EventFd>,
+    pub(crate) link_evt: EventFd,
+    pub(crate) kill_evt: EventFd,
+}
+
+/// The event subscriber that owns the data path.
+pub(crate) struct Worker<M> {
+    p: WorkerParts<M>,
+    carrier_timer: TimerFd,
+    /// The backend's link state at the last poll.
+    backend_link: bool,
+    tx_buf: Vec<u8>,
+    rx_buf: Vec<u8>,
+    stopped: bool,
+}
+
+impl<M: GuestAddressSpace> Worker<M> {
+    pub(crate) fn new(parts: WorkerParts<M>) -> Result<Self, SpawnError> {
+        let mut carrier_timer = TimerFd::new().map_err(SpawnError::Timer)?;
+        carrier_timer
+            .reset(CARRIER_POLL, Some(CARRIER_POLL))
+            .map_err(SpawnError::Timer)?;
+        Ok(Worker {
+            backend_link: parts.port.state().carrier,
+            p: parts,
+            carrier_timer,
+            tx_buf: vec![0; TX_BUF_LEN],
+            rx_buf: vec![0; MAX_FRAME_LEN],
+            stopped: false,
+        })
+    }
+
+    fn handle_tx(&mut self, q: usize) {
+        let Some(evt) = self.p.tx_evts.get(q) else {
+            return;
+        };
+        // The count is irrelevant: one pass serves everything posted.
+        let _ = evt.read();
+        let mut guard = lock(&self.p.state);
+        let st = &mut *guard;
+        let (Some(active), Some(stats)) = (st.active.as_mut(), st.tx_stats.get_mut(q)) else {
+            return;
+        };
+        let Some(queue) = active.tx.get_mut(q).filter(|queue| !queue.stopped) else {
+            return;
+        };
+        let mem = self.p.mem.memory();
+        let mut ctx = TxContext {
+            mem: &*mem,
+            backend: &*self.p.backend,
+            metrics: &self.p.metrics,
+            buf: &mut self.tx_buf,
+        };
+        match queue.process(&mut ctx, stats) {
+            Ok(pass) => {
+                if pass.completed {
+                    self.p.intr.trigger(queue.conf.intr);
+                }
+                // Come back after the other events.
+                if pass.more {
+                    if let Err(e) = evt.write(1) {
+                        error!("vmxnet3: cannot requeue TX queue {q}: {e}");
+                    }
+                }
+            }
+            Err(fault) => stop_queue(
+                active,
+                &*mem,
+                &self.p.intr,
+                &self.p.metrics,
+                QueueId::Tx(q),
+                &fault,
+            ),
+        }
+    }
+
+    /// Takes a batch of frames from the backend. On an error the backend
+    /// is dropped from the loop for good (a TAP only fails when its
+    /// interface is gone) rather than spinning on it.
+    fn handle_backend(&mut self, events: EventSet, ops: &mut EventOps) {
+        let mut guard = lock(&self.p.state);
+        let st = &mut *guard;
+        let mem = self.p.mem.memory();
+        let mut delivered = false;
+        let mut broken = events.intersects(EventSet::ERROR | EventSet::HANG_UP);
+        for _ in 0..RX_BATCH {
+            match self.p.backend.recv(&mut self.rx_buf) {
+                Ok(Some((hdr, len))) => {
+                    let frame = self.rx_buf.get(..len).unwrap_or_default();
+                    delivered |= receive(st, &*mem, &self.p.intr, &self.p.metrics, &hdr, frame);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.p.metrics.rx_backend_error.inc();
+                    error!("vmxnet3: backend receive failed, reception stops: {e}");
+                    broken = true;
+                    break;
+                }
+            }
+        }
+        if delivered {
+            if let Some(queue) = st.active.as_ref().and_then(|a| a.rx.first()) {
+                self.p.intr.trigger(queue.conf.intr);
+            }
+        }
+        if broken {
+            let fd = self.p.backend.rx_fd();
+            if let Err(e) = ops.remove(Events::empty_raw(fd)) {
+                error!("vmxnet3: cannot stop watching the backend: {e}");
+            }
+        }
+    }
+
+    fn handle_link(&mut self) {
+        let _ = self.p.link_evt.read();
+        let carrier = self.p.port.state().carrier;
+        let st = lock(&self.p.state);
+        if let Some(active) = st.active.as_ref() {
+            if carrier != st.reported_link {
+                self.p.metrics.link_events.inc();
+                active.post_event(&*self.p.mem.memory(), &self.p.intr, ECR_LINK);
+            }
+        }
+    }
+
+    /// The backend is the carrier's source, but only its changes are
+    /// passed on, so a carrier set through the port by someone else (an
+    /// API) stands until the backend itself changes.
+    fn poll_carrier(&mut self) {
+        let _ = self.carrier_timer.wait();
+        let up = self.p.backend.link_up();
+        if up != self.backend_link {
+            self.backend_link = up;
+            self.p.port.set_carrier(up);
+        }
+    }
+}
+
+/// Every frame from the backend comes through here. This is the place
+/// where RoCE v2 frames (UDP port 4791) for the guest's addresses will be
+/// diverted to the RDMA engine of the PVRDMA function; all others go to
+/// the guest's RX queue 0 (RSS is not emulated: one queue serves every
+/// flow). Returns whether the frame was delivered.
+fn receive<M: GuestMemory>(
+    st: &mut DeviceState,
+    mem: &M,
+    intr: &Interrupts,
+    metrics: &Vmxnet3Metrics,
+    hdr: &VnetHdr,
+    frame: &[u8],
+) -> bool {
+    if !hdr.is_plain() {
+        count_warn!(
+            metrics.rx_bad_vnet_hdr,
+            "backend frame with offload work left: {hdr:?}"
+        );
+        return false;
+    }
+    let (Some(active), Some(stats)) = (st.active.as_mut(), st.rx_stats.first_mut()) else {
+        metrics.rx_inactive.inc();
+        return false;
+    };
+    if frame.len() > usize::from(active.mtu).saturating_add(MAX_ETH_HDR) {
+        count_warn!(
+            metrics.rx_too_large,
+            "{}-byte frame exceeds the guest MTU {}",
+            frame.len(),
+            active.mtu
+        );
+        return false;
+    }
+    let Some(queue) = active.rx.first_mut().filter(|queue| !queue.stopped) else {
+        metrics.rx_inactive.inc();
+        return false;
+    };
+    match queue.deliver(mem, frame, metrics, stats) {
+        Ok(delivered) => delivered,
+        Err(fault) => {
+            stop_queue(active, mem, intr, metrics, QueueId::Rx(0), &fault);
+            false
+        }
+    }
+}
+
+impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
+    fn init(&mut self, ops: &mut EventOps) {
+        let mut events = vec![
+            Events::with_data(&self.p.kill_evt, KILL_EVENT, EventSet::IN),
+            Events::with_data_raw(self.p.backend.rx_fd(), BACKEND_EVENT, EventSet::IN),
+            Events::with_data(&self.p.link_evt, LINK_EVENT, EventSet::IN),
+            Events::with_data(&self.carrier_timer, CARRIER_TIMER, EventSet::IN),
+        ];
+        for (q, evt) in (TX_EVENT_BASE..).zip(&self.p.tx_evts) {
+            events.push(Events::with_data(evt, q, EventSet::IN));
+        }
+        for event in events {
+            if let Err(e) = ops.add(event) {
+                error!(
+                    "vmxnet3: failed to watch worker event {}: {e}",
+                    event.data()
+                );
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        match events.data() {
+            KILL_EVENT => self.stopped = true,
+            BACKEND_EVENT => self.handle_backend(events.event_set(), ops),
+            LINK_EVENT => self.handle_link(),
+            CARRIER_TIMER => self.poll_carrier(),
+            data => match data
+                .checked_sub(TX_EVENT_BASE)
+                .and_then(|q| usize::try_from(q).ok())
+            {
+                Some(q) => self.handle_tx(q),
+                None => error!("vmxnet3: unexpected worker event {data}"),
+            },
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("Failed to create an eventfd")]
+    EventFd(#[source] std::io::Error),
+    #[error("Failed to create the carrier poll timer")]
+    Timer(#[source] vmm_sys_util::errno::Error),
+    #[error("Failed to create the worker event loop")]
+    EventManager(#[source] event_manager::Error),
+    #[error("Failed to start the worker thread")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Owns the worker thread; dropping it stops and joins the thread.
+#[derive(Debug)]
+pub(crate) struct WorkerHandle {
+    kill_evt: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    pub(crate) fn spawn<M>(parts: WorkerParts<M>) -> Result<Self, SpawnError>
+    where
+        M: GuestAddressSpace + Send + 'static,
+    {
+        let kill_evt = parts.kill_evt.try_clone().map_err(SpawnError::EventFd)?;
+        let worker = Worker::new(parts)?;
+        let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
+        let id = manager.add_subscriber(worker);
+        let thread = thread::Builder::new()
+            .name("vmxnet3".to_owned())
+            .spawn(move || run(manager, id))
+            .map_err(SpawnError::Thread)?;
+        Ok(WorkerHandle {
+            kill_evt,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.kill_evt.write(1) {
+            // Joining would hang forever; leave the thread to process exit.
+            error!("vmxnet3: failed to stop the worker: {e}");
+            return;
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                error!("vmxnet3: worker thread panicked");
+            }
+        }
+    }
+}
+
+fn run<M: GuestAddressSpace>(mut manager: EventManager<Worker<M>>, id: SubscriberId) {
+    loop {
+        if let Err(e) = manager.run() {
+            error!("vmxnet3: worker event loop failed: {e}");
+            return;
+        }
+        if manager.subscriber_mut(id).map_or(true, |w| w.stopped) {
+            return;
+        }
+    }
+}
