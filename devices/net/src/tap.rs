@@ -18,9 +18,10 @@
 //!   deliver partial-checksum or 64 KiB frames to its guest.
 //! - Non-blocking, for an epoll-driven worker.
 //!
-//! Bringing the interface up, its MTU and attaching it to a bridge are the
-//! host administrator's business (as with QEMU's `-netdev tap`); the link
-//! the guest sees follows the interface's operational state.
+//! Bringing the interface up and attaching it to a bridge are the host
+//! administrator's business (as with QEMU's `-netdev tap`); the link the
+//! guest sees follows the interface's operational state. The VMM may give a
+//! TAP it created an MTU ([`Tap::created`], [`Tap::set_mtu`]).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -63,6 +64,13 @@ pub enum TapError {
     },
     #[error("Failed to create a socket to query interface flags")]
     Socket(#[source] io::Error),
+    #[error("Failed to set the MTU of TAP {name} to {mtu}")]
+    Mtu {
+        name: String,
+        mtu: u16,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// An attached TAP interface. Dropping it detaches (and deletes a TAP that
@@ -73,6 +81,8 @@ pub struct Tap {
     /// Socket for SIOCGIFFLAGS: the tun fd does not answer interface ioctls.
     ctl: OwnedFd,
     name: String,
+    /// The interface did not exist before `open`.
+    created: bool,
 }
 
 /// `struct ifreq` with the interface name filled in.
@@ -105,6 +115,10 @@ impl Tap {
         {
             return Err(TapError::InvalidName(name.to_owned()));
         }
+        let cname =
+            std::ffi::CString::new(name).map_err(|_| TapError::InvalidName(name.to_owned()))?;
+        // SAFETY: `cname` is a NUL-terminated string that outlives the call.
+        let created = unsafe { libc::if_nametoindex(cname.as_ptr()) } == 0;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -147,16 +161,41 @@ impl Tap {
                 .map_err(TapError::Socket)?;
         // SAFETY: `raw` is a freshly created socket that nothing else owns.
         let ctl = unsafe { OwnedFd::from_raw_fd(raw) };
-        log::info!("tap: attached to {name}");
+        log::info!(
+            "tap: {} {name}",
+            if created { "created" } else { "attached to" }
+        );
         Ok(Tap {
             file,
             ctl,
             name: name.to_owned(),
+            created,
         })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether `open` created the interface (it goes away with the VMM),
+    /// rather than attaching to one that existed.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Sets the interface's MTU (needs CAP_NET_ADMIN).
+    pub fn set_mtu(&self, mtu: u16) -> Result<(), TapError> {
+        let mut req = ifreq(&self.name);
+        req.ifr_ifru.ifru_mtu = libc::c_int::from(mtu);
+        // SAFETY: SIOCSIFMTU reads the name and MTU from `req`, a valid
+        // `struct ifreq` that outlives the call.
+        check(unsafe { libc::ioctl(self.ctl.as_raw_fd(), libc::SIOCSIFMTU as _, &req) })
+            .map(drop)
+            .map_err(|source| TapError::Mtu {
+                name: self.name.clone(),
+                mtu,
+                source,
+            })
     }
 
     /// The interface flags (IFF_UP, IFF_RUNNING, ...).
@@ -362,7 +401,11 @@ mod tests {
             )
         });
         assert_eq!(tap.name(), name);
+        assert!(tap.created());
         assert!(std::path::Path::new(&format!("/sys/class/net/{name}")).exists());
+        tap.set_mtu(9000).unwrap();
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu")).unwrap();
+        assert_eq!(mtu.trim(), "9000");
         assert!(!tap.link_up(), "a new TAP is down");
         assert!(tap.recv(&mut vec![0; MAX_FRAME_LEN]).unwrap().is_none());
 
@@ -433,6 +476,7 @@ mod tests {
         drop(tap);
         assert!(std::path::Path::new(&format!("/sys/class/net/{name}")).exists());
         let again = Tap::open(&name).unwrap();
+        assert!(!again.created());
         assert_ne!(
             ioctl_flags(again.ctl.as_raw_fd(), &name, None) & libc::IFF_UP as libc::c_short,
             0,

@@ -367,7 +367,11 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         lock(&self.state).active = Some(Active::new(conf));
         self.port.set_mtu(mtu);
         self.port.set_active(true);
-        info!("vmxnet3: activated with {tx_queues} TX and {rx_queues} RX queues, MTU {mtu}");
+        count_log!(
+            Info,
+            self.metrics.activate_ok,
+            "activated with {tx_queues} TX and {rx_queues} RX queues, MTU {mtu}"
+        );
         // Packets the driver posted before activating.
         for queue in 0..tx_queues {
             self.kick_tx(queue);
@@ -379,7 +383,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
     /// the rings (it takes the state lock for each batch).
     fn handle_quiesce(&mut self) -> u32 {
         if lock(&self.state).active.take().is_some() {
-            info!("vmxnet3: quiesced");
+            count_log!(Info, self.metrics.quiesce_ok, "quiesced");
         }
         self.port.set_active(false);
         0
@@ -1079,6 +1083,12 @@ mod tests {
         h.activate(1, 1, 1500);
         assert!(h.port.state().active);
         assert_eq!(h.cmd(UPDATE_RX_MODE), 0);
+        let c = h.counters();
+        assert_eq!(
+            (c.activate_ok, c.quiesce_ok),
+            (2, 1),
+            "RESET after QUIESCE stops nothing"
+        );
     }
 
     #[test]
@@ -1472,6 +1482,24 @@ mod tests {
             frame(60, 0),
         );
         wait_until("bad vnet header", || h.counters().rx_bad_vnet_hdr == 1);
+    }
+
+    #[test]
+    fn backend_failure_stops_reception_without_spinning() {
+        let mut h = Harness::new();
+        h.activate(1, 1, 1500);
+        h.post_rx(0, 0, 10, 1536, |_| false);
+        h.backend
+            .fail_recv
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Readable for good: a worker that kept polling would count on.
+        h.backend.inject(frame(60, 0));
+        wait_until("receive error", || h.counters().rx_backend_error == 1);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(h.counters().rx_backend_error, 1);
+        // TX is unaffected.
+        h.send_one(0, &frame(60, 1), Sop::default());
+        h.wait_tx_completions(0, 1);
     }
 
     #[test]

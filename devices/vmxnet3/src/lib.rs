@@ -10,11 +10,14 @@
 //!
 //! ```text
 //! let tap = Arc::new(Tap::open("tap0")?);              // --net tap=tap0,mac=..
+//! if let (true, Some(mtu)) = (tap.created(), mtu) {    // ..,mtu=N
+//!     tap.set_mtu(mtu)?;
+//! }
 //! let port = Arc::new(Port::new(mac, false));          // shared with PVRDMA
 //! let nic = Vmxnet3::new(&Vmxnet3Config { mac, multifunction: true },
 //!                        port.clone(), tap.clone(), guest_mem, hooks)?;
-//! let nic = Arc::new(Mutex::new(nic));
-//! bus.add_device(slot, 0, nic.clone())?;               // PVRDMA at (slot, 1)
+//! let counters = nic.metrics();                        // for vm.counters
+//! bus.add_device(slot, 0, Arc::new(Mutex::new(nic)))?; // PVRDMA at (slot, 1)
 //! ```
 //!
 //! `new` sets the port's MAC and carrier and starts the device's worker

@@ -3,9 +3,9 @@
 //! through [`Vmxnet3Metrics::counters`]. Every frame the device does not
 //! deliver is counted under the reason it was dropped.
 //!
-//! Conditions a guest (or a peer) can trigger at will are also logged, but
-//! only when their count reaches a power of two ([`count_warn!`]), so the
-//! log grows with the logarithm of the abuse and still shows it continues.
+//! Events a guest (or a peer) can trigger at will are also logged, but only
+//! when their count reaches a power of two ([`count_log!`]), so the log
+//! grows with the logarithm of the abuse and still shows it continues.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -90,8 +90,12 @@ metrics! {
     /// RX queues stopped with RQERR: a buffer descriptor the device
     /// cannot use.
     rx_queue_error,
+    /// ACTIVATE_DEV commands that started the device.
+    activate_ok,
     /// ACTIVATE_DEV commands refused (CMD reads non-zero).
     activate_rejected,
+    /// QUIESCE_DEV or RESET_DEV commands that stopped an active device.
+    quiesce_ok,
     /// Commands the device does not know (answered with 0).
     cmd_unknown,
     /// Register accesses that are not a 32-bit access to a register.
@@ -100,15 +104,26 @@ metrics! {
     link_events,
 }
 
-/// Counts a guest-triggerable event on `$counter` and logs it at `warn!`
-/// when the count is a power of two.
-macro_rules! count_warn {
-    ($counter:expr, $($arg:tt)+) => {{
+/// Counts a guest-triggerable event on `$counter` and logs it at `$level`
+/// (a `log::Level` variant) when the count is a power of two.
+macro_rules! count_log {
+    ($level:ident, $counter:expr, $($arg:tt)+) => {{
         let seen = $counter.inc();
         if seen.is_power_of_two() {
-            log::warn!("vmxnet3: {} (occurrence {seen})", format_args!($($arg)+));
+            log::log!(
+                log::Level::$level,
+                "vmxnet3: {} (occurrence {seen})",
+                format_args!($($arg)+)
+            );
         }
     }};
+}
+
+/// [`count_log!`] at `warn!`, for what a well-behaved guest never does.
+macro_rules! count_warn {
+    ($($arg:tt)+) => {
+        count_log!(Warn, $($arg)+)
+    };
 }
 
 #[cfg(test)]

@@ -101,6 +101,7 @@ pub(crate) struct MockBackend {
     rx_evt: EventFd,
     link: AtomicBool,
     pub(crate) fail_send: AtomicBool,
+    pub(crate) fail_recv: AtomicBool,
 }
 
 impl MockBackend {
@@ -111,6 +112,7 @@ impl MockBackend {
             rx_evt: EventFd::new(EFD_NONBLOCK).unwrap(),
             link: AtomicBool::new(link),
             fail_send: AtomicBool::new(false),
+            fail_recv: AtomicBool::new(false),
         }
     }
 
@@ -144,6 +146,9 @@ impl FrameBackend for MockBackend {
     }
 
     fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(VnetHdr, usize)>> {
+        if self.fail_recv.load(Ordering::SeqCst) {
+            return Err(io::Error::other("TAP detached"));
+        }
         let mut inbox = self.inbox.lock().unwrap();
         match inbox.pop_front() {
             Some((hdr, frame)) => {

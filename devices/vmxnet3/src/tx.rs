@@ -18,8 +18,8 @@
 //! against the frame first, so the kernel's own checks never fire.
 
 use net_port::{
-    FrameBackend, VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN, VNET_HDR_GSO_TCPV4,
-    VNET_HDR_GSO_TCPV6,
+    FrameBackend, VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN, VNET_HDR_GSO_NONE,
+    VNET_HDR_GSO_TCPV4, VNET_HDR_GSO_TCPV6,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
@@ -410,7 +410,7 @@ fn send(
     let len = u64::try_from(frame.len()).unwrap_or(u64::MAX);
     m.tx_frames.inc();
     m.tx_bytes.add(len);
-    let tso = hdr.gso_type != 0;
+    let tso = hdr.gso_type != VNET_HDR_GSO_NONE;
     let (segments, wire_bytes) = if tso {
         m.tx_tso_frames.inc();
         let header = u64::from(hdr.hdr_len);
