@@ -42,7 +42,7 @@ const TX_EVENT_BASE: u32 = 8;
 const RX_BATCH: usize = 256;
 /// How often the backend's link state is polled (a TAP has no cheaper
 /// notification short of a netlink socket).
-pub(crate) const CARRIER_POLL: Duration = Duration::from_secs(1);
+const CARRIER_POLL: Duration = Duration::from_secs(1);
 /// Header bytes allowed on top of the MTU (`VMXNET3_MAX_ETH_HDR_SIZE`).
 const MAX_ETH_HDR: usize = 22;
 
