@@ -1,10 +1,66 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The PVRDMA PCI function (VMware 15ad:0820) of pvrdma-vmm.
+//! The PVRDMA PCI function (VMware 15ad:0820) of pvrdma-vmm: what the
+//! unmodified Linux `vmw_pvrdma` driver and rdma-core's `libvmw_pvrdma`
+//! talk to. The guest-visible ABI is `docs/pvrdma-abi.md`; its structures
+//! are in the `pvrdma-abi` crate.
+//!
+//! # Wiring
+//!
+//! ```text
+//! let port = Arc::new(net_port::Port::new(mac, carrier));      // shared with vmxnet3
+//! let vmxnet3 = ...;                                              // function 0, multifunction
+//! let rdma = Pvrdma::new(&PvrdmaConfig { gid_type, ..Default::default() },
+//!                        port.clone(), guest_mem.clone(), hooks)?;
+//! bus.add_device(slot, 0, vmxnet3)?;
+//! bus.add_device(slot, 1, Arc::new(Mutex::new(rdma)))?;
+//! ```
+//!
+//! The function has three BARs: BAR0 (8 KiB, 32-bit) holds the MSI-X table
+//! (3 vectors: command response, async events, CQ notifications) and PBA,
+//! BAR1 (4 KiB, 32-bit) the registers, BAR2 (64-bit, `max_uar` pages, not
+//! prefetchable) the UAR doorbell pages. There is no INTx. `new` starts a
+//! worker thread (dropping the device stops it); every doorbell is an
+//! ioeventfd with datamatch registered through `hooks.ioevents` while
+//! memory decoding is on, one eventfd per QP, two per CQ and one per SRQ,
+//! plus one device-wide: raise RLIMIT_NOFILE accordingly.
+//!
+//! # Structure
+//!
+//! - [`regs`](crate::regs) the register BAR, [`dsr`](crate::dsr) the DSR
+//!   handshake, [`cmd`](crate::cmd) the command channel, one `handle_*` per
+//!   command in [`objects`](crate::objects) and [`port`](crate::port);
+//! - [`pdir`](crate::pdir) page directories, [`ring`](crate::ring) rings;
+//! - [`uar`](crate::uar) doorbells, [`worker`](crate::worker) the thread
+//!   that handles them, [`events`](crate::events) interrupts and the event
+//!   rings;
+//! - [`namespace`] every identifier the guest sees, deterministic and
+//!   saveable for migration.
 
+#[macro_use]
+mod metrics;
+
+mod caps;
+mod cmd;
 mod config;
+mod device;
+mod dsr;
+mod events;
 pub mod namespace;
+mod objects;
 mod pdir;
+mod port;
+mod regs;
 mod ring;
+mod state;
+mod uar;
+mod worker;
+
+#[cfg(feature = "test-utils")]
+pub mod sim_driver;
+#[cfg(feature = "test-utils")]
+pub mod test_utils;
 
 pub use config::{GidType, Limits, LimitsError, PvrdmaConfig};
+pub use device::{Pvrdma, PvrdmaError};
 pub use namespace::{IdAllocatorState, Namespace, NamespaceError, NamespaceState};
+pub use worker::SpawnError;

@@ -146,15 +146,6 @@ impl IdAllocator {
         self.used.remove(&id)
     }
 
-    pub(crate) fn in_use(&self) -> usize {
-        self.used.len()
-    }
-
-    fn clear(&mut self) {
-        self.used.clear();
-        self.cursor = self.first;
-    }
-
     fn state(&self) -> IdAllocatorState {
         IdAllocatorState {
             first: self.first,
@@ -269,22 +260,6 @@ impl Namespace {
             mr: MrKeys::new(limits.max_mr),
             gsi_qp: false,
         }
-    }
-
-    /// Forgets every allocation (device RESET): the guest starts over.
-    pub(crate) fn clear(&mut self) {
-        for ids in [
-            &mut self.ctx,
-            &mut self.pd,
-            &mut self.cq,
-            &mut self.qp,
-            &mut self.srq,
-            &mut self.qpn,
-            &mut self.mr.ids,
-        ] {
-            ids.clear();
-        }
-        self.gsi_qp = false;
     }
 
     pub fn save(&self) -> NamespaceState {

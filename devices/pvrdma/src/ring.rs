@@ -81,11 +81,6 @@ impl Ring {
         self.geometry
     }
 
-    /// Data pages mapped, for resource accounting.
-    pub(crate) fn pages(&self) -> usize {
-        self.data.len()
-    }
-
     /// Guest address of the entry at ring index `idx`.
     fn entry(&self, idx: u32) -> Option<GuestAddress> {
         let offset = u64::from(self.geometry.slot(idx)).checked_mul(u64::from(self.stride))?;

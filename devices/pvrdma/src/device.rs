@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+//! [`Pvrdma`]: the PCI function, its BARs and capabilities, and the glue
+//! between the bus (vCPU threads), the shared state and the worker.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use net_port::{Port, PortEvent};
+use pci::{
+    BarKind, BarSpec, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration, PciDevice,
+    PciHeader,
+};
+use pvrdma_abi::regs::{
+    BAR_MSIX, BAR_REG, BAR_UAR, NUM_VECTORS, PCI_DEVICE_ID_PVRDMA, PCI_VENDOR_ID_VMWARE,
+};
+use pvrdma_abi::PAGE_SIZE;
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::config::{LimitsError, PvrdmaConfig};
+use crate::events::Interrupts;
+use crate::metrics::Metrics;
+use crate::regs;
+use crate::state::{Env, Shared, State};
+use crate::uar::{self, Hub};
+use crate::worker::{SpawnError, Worker, WorkerHandle};
+
+/// PCI class "network controller, InfiniBand" (lspci: "Infiniband
+/// controller", as VMware's PVRDMA shows up).
+const PCI_CLASS_NETWORK: u8 = 0x02;
+const PCI_SUBCLASS_INFINIBAND: u8 = 0x07;
+/// VMware's hardware reports revision 1.
+const PCI_REVISION: u8 = 1;
+/// BAR0: MSI-X table at 0, PBA at 4 KiB.
+const MSIX_BAR_SIZE: u64 = 0x2000;
+const MSIX_TABLE_OFFSET: u64 = 0;
+const MSIX_PBA_OFFSET: u64 = 0x1000;
+/// BAR1: the registers, in one page.
+const REG_BAR_SIZE: u64 = 0x1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PvrdmaError {
+    #[error("Invalid PVRDMA limits")]
+    Limits(#[from] LimitsError),
+    #[error("Failed to declare a BAR")]
+    Bar(#[source] PciBusError),
+    #[error("Failed to set up MSI-X")]
+    Msix(#[source] MsixError),
+    #[error("Failed to create an eventfd")]
+    EventFd(#[source] io::Error),
+    #[error("Failed to start the doorbell worker")]
+    Worker(#[from] SpawnError),
+}
+
+/// The PVRDMA function (15ad:0820). Put it at function 1 of the slot whose
+/// function 0 is the vmxnet3 sharing `port`.
+pub struct Pvrdma<M: GuestAddressSpace> {
+    config: PciConfiguration,
+    mem: M,
+    shared: Arc<Shared>,
+    /// Signalled by the port listener; the listener holds it weakly.
+    _link_notifier: Arc<EventFd>,
+    /// Stops and joins the worker on drop.
+    _worker: WorkerHandle,
+}
+
+impl<M: GuestAddressSpace> std::fmt::Debug for Pvrdma<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pvrdma")
+            .field("shared", &self.shared)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pci_config(
+    config: &PvrdmaConfig,
+    hooks: &DeviceHooks,
+) -> Result<(PciConfiguration, Msix), PvrdmaError> {
+    let mut pci = PciConfiguration::new(PciHeader {
+        vendor_id: PCI_VENDOR_ID_VMWARE,
+        device_id: PCI_DEVICE_ID_PVRDMA,
+        revision: PCI_REVISION,
+        class: PCI_CLASS_NETWORK,
+        subclass: PCI_SUBCLASS_INFINIBAND,
+        prog_if: 0,
+        subsystem_vendor_id: PCI_VENDOR_ID_VMWARE,
+        subsystem_id: PCI_DEVICE_ID_PVRDMA,
+        multifunction: false,
+        // No INTx: without MSI-X the driver has no async or CQ interrupts,
+        // so probing fails cleanly instead.
+        interrupt_pin: 0,
+    });
+    let uar_size = u64::from(config.limits.max_uar).saturating_mul(PAGE_SIZE);
+    for (index, size, kind) in [
+        (BAR_MSIX, MSIX_BAR_SIZE, BarKind::Mmio32),
+        (BAR_REG, REG_BAR_SIZE, BarKind::Mmio32),
+        // 64-bit, not prefetchable: doorbell writes must not be merged.
+        (BAR_UAR, uar_size, BarKind::Mmio64),
+    ] {
+        pci.add_bar(BarSpec {
+            index,
+            size,
+            kind,
+            prefetchable: false,
+        })
+        .map_err(PvrdmaError::Bar)?;
+    }
+    let msix = Msix::new(
+        &mut pci,
+        Arc::clone(&hooks.msi),
+        NUM_VECTORS,
+        BAR_MSIX,
+        MSIX_TABLE_OFFSET as u32,
+        MSIX_PBA_OFFSET as u32,
+    )
+    .map_err(PvrdmaError::Msix)?;
+    Ok((pci, msix))
+}
+
+impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
+    /// Creates the function and starts its worker thread. `mem` is guest
+    /// memory (every device write goes through it, so dirty tracking sees
+    /// it); `hooks` give it MSI-X vectors and doorbell ioeventfds.
+    pub fn new(
+        config: &PvrdmaConfig,
+        port: Arc<Port>,
+        mem: M,
+        hooks: DeviceHooks,
+    ) -> Result<Self, PvrdmaError> {
+        config.limits.check()?;
+        let (pci, msix) = pci_config(config, &hooks)?;
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(hooks.ioevents, Arc::clone(&metrics)).map_err(PvrdmaError::EventFd)?;
+        let link = EventFd::new(EFD_NONBLOCK).map_err(PvrdmaError::EventFd)?;
+        let notifier = Arc::new(link.try_clone().map_err(PvrdmaError::EventFd)?);
+        let weak = Arc::downgrade(&notifier);
+        // Once the device is gone the listener finds nothing to signal.
+        port.subscribe(move |event| {
+            if let (PortEvent::Link(_), Some(fd)) = (event, weak.upgrade()) {
+                if let Err(e) = fd.write(1) {
+                    log::warn!("pvrdma: failed to signal a link change: {e}");
+                }
+            }
+        });
+        let shared = Arc::new(Shared {
+            env: Env {
+                config: config.clone(),
+                port,
+                irq: Interrupts::new(msix),
+                metrics,
+                hub: Arc::new(hub),
+            },
+            state: Mutex::new(State::new()),
+        });
+        let worker = WorkerHandle::spawn(Worker::new(mem.clone(), Arc::clone(&shared), link)?)?;
+        Ok(Self {
+            config: pci,
+            mem,
+            shared,
+            _link_notifier: notifier,
+            _worker: worker,
+        })
+    }
+}
+
+impl<M: GuestAddressSpace> Pvrdma<M> {
+    /// The device's counters, by name (see the `metrics` module).
+    pub fn metrics(&self) -> Vec<(&'static str, u64)> {
+        self.shared.env.metrics.snapshot()
+    }
+
+    /// Registers doorbells where BAR2 is decoded now, or nowhere.
+    fn sync_uar(&mut self) {
+        let base = if self.config.memory_enabled() {
+            self.config.bar_address(BAR_UAR)
+        } else {
+            None
+        };
+        let mut state = self.shared.lock();
+        if state.uar_base == base {
+            return;
+        }
+        state.uar_base = base;
+        if let Some(session) = state.session.as_mut() {
+            session.objects.rebase_doorbells(base);
+        }
+    }
+}
+
+impl<M: GuestAddressSpace + Send> PciDevice for Pvrdma<M> {
+    fn config(&self) -> &PciConfiguration {
+        &self.config
+    }
+
+    fn config_mut(&mut self) -> &mut PciConfiguration {
+        &mut self.config
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        match bar {
+            BAR_MSIX if offset < MSIX_PBA_OFFSET => {
+                self.shared.env.irq.msix().read_table(offset, data)
+            }
+            BAR_MSIX => self
+                .shared
+                .env
+                .irq
+                .msix()
+                .read_pba(offset.saturating_sub(MSIX_PBA_OFFSET), data),
+            BAR_REG => regs::read(&self.shared, offset, data),
+            _ => {
+                // UAR pages are write-only (CVE-2018-20191: reads must work).
+                guest_warn!(
+                    self.shared.env.metrics.uar_read,
+                    "read of BAR {bar} at {offset:#x}"
+                );
+                data.fill(0xff);
+            }
+        }
+    }
+
+    fn write_bar(&mut self, bar: usize, offset: u64, data: &[u8]) {
+        match bar {
+            BAR_MSIX if offset < MSIX_PBA_OFFSET => {
+                self.shared.env.irq.msix().write_table(offset, data)
+            }
+            BAR_REG => {
+                let mem = self.mem.memory();
+                let bar2 = self.config.bar_address(BAR_UAR);
+                regs::write(&self.shared, &*mem, bar2, offset, data);
+            }
+            BAR_UAR => {
+                let state = self.shared.lock();
+                let objects = state.session.as_ref().map(|s| &s.objects);
+                uar::handle_write(objects, &self.shared.env.metrics, offset, data);
+            }
+            // The PBA is read-only.
+            _ => guest_warn!(
+                self.shared.env.metrics.reg_invalid,
+                "write of BAR {bar} at {offset:#x}"
+            ),
+        }
+    }
+
+    fn config_written(&mut self, _reg: usize) {
+        self.shared.env.irq.msix().config_written(&self.config);
+        // Memory decoding may have changed.
+        self.sync_uar();
+    }
+
+    fn bar_moved(&mut self, bar: usize, _old: u64, _new: u64) {
+        if bar == BAR_UAR {
+            self.sync_uar();
+        }
+    }
+}

@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Completion queues: CREATE_CQ / RESIZE_CQ / DESTROY_CQ, the arm
+//! doorbells, and writing completions.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::mem::size_of;
+
+use pvrdma_abi::cmd::{CreateCqReq, CreateCqResp, DestroyCqReq, ResizeCqReq, ResizeCqResp};
+use pvrdma_abi::ring::{RingGeometry, RX_OFFSET};
+use pvrdma_abi::wqe::{event, Cqe};
+use vm_memory::GuestMemory;
+
+use super::ctx::{release_ctx, take_ctx};
+use super::{get, Refs};
+use crate::cmd::{check, CmdError};
+use crate::config::pages_for;
+use crate::events::EventRings;
+use crate::pdir::PageDir;
+use crate::ring::{ProducerRing, Ring, RingError};
+use crate::state::{Ctx, Env};
+use crate::uar::{Doorbell, Doorbells};
+
+/// Bytes of one CQE.
+const CQE_SIZE: u32 = size_of::<Cqe>() as u32;
+
+/// What the guest asked to be notified about (`ib_req_notify_cq`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arm {
+    None,
+    /// ARM_SOL: solicited completions and errors.
+    Solicited,
+    /// ARM: any completion.
+    Any,
+}
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) gen: u64,
+    pub(crate) ctx: u32,
+    pub(crate) ring: ProducerRing,
+    pub(crate) arm: Arm,
+    /// Overflowed or its ring state went bad: CQ_ERR was posted and no
+    /// more CQEs are written, as rather than overwrite.
+    pub(crate) broken: bool,
+    /// QPs using it.
+    pub(crate) refs: Refs,
+    pub(crate) pages: u64,
+    pub(crate) doorbells: Doorbells,
+}
+
+pub(crate) fn handle_create_cq<M: GuestMemory>(
+    cx: &mut Ctx<'_, M>,
+    req: &CreateCqReq,
+) -> Result<CreateCqResp, CmdError> {
+    let limits = &cx.env.config.limits;
+    let page = cx.s.objects.uar_page(req.ctx_handle)?;
+    check(
+        req.cqe.is_power_of_two() && req.cqe <= limits.max_cqe,
+        "CQ size",
+    )?;
+    let data_pages = pages_for(req.cqe, CQE_SIZE).ok_or(CmdError::Invalid("CQ size"))?;
+    let total = data_pages
+        .checked_add(1)
+        .ok_or(CmdError::Invalid("CQ size"))?;
+    check(req.nchunks >= total, "CQ page count")?;
+    cx.s.objects.check_pages(limits, total.into())?;
+    let pdir = PageDir::new(cx.mem, req.pdir_dma, req.nchunks)?;
+    let pages = pdir.pages(cx.mem, 0..total)?;
+    let (&header, data) = pages
+        .split_first()
+        .ok_or(CmdError::Invalid("CQ page count"))?;
+    let ring = RingGeometry::new(req.cqe)
+        .and_then(|g| Ring::new(header, RX_OFFSET, data.to_vec(), g, CQE_SIZE))
+        .ok_or(CmdError::Invalid("CQ geometry"))?;
+
+    let handle = cx.s.ns.cq.alloc().ok_or(CmdError::Exhausted("CQs"))?;
+    let gen = cx.s.objects.next_gen();
+    let kinds = [Doorbell::CqArm, Doorbell::CqArmSol, Doorbell::CqPoll];
+    let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, &kinds, cx.uar_base) {
+        Ok(d) => d,
+        Err(e) => {
+            cx.s.ns.cq.free(handle);
+            return Err(CmdError::Doorbell(e));
+        }
+    };
+    take_ctx(&mut cx.s.objects, req.ctx_handle);
+    cx.s.objects.add_pages(total.into());
+    cx.s.objects.cqs.insert(
+        handle,
+        Cq {
+            gen,
+            ctx: req.ctx_handle,
+            ring: ProducerRing::new(ring),
+            arm: Arm::None,
+            broken: false,
+            refs: Refs::default(),
+            pages: total.into(),
+            doorbells,
+        },
+    );
+    Ok(CreateCqResp {
+        cq_handle: handle,
+        cqe: req.cqe,
+        ..Default::default()
+    })
+}
+
+/// The driver never resizes (its verb is unimplemented); a resize to the
+/// current size succeeds, anything else would need a new buffer the
+/// command cannot describe.
+pub(crate) fn handle_resize_cq<M>(
+    cx: &mut Ctx<'_, M>,
+    req: &ResizeCqReq,
+) -> Result<ResizeCqResp, CmdError> {
+    let cq = get(&cx.s.objects.cqs, "CQ", req.cq_handle)?;
+    let size = cq.ring.ring().geometry().max_elems();
+    if req.cqe != size {
+        return Err(CmdError::Unsupported("CQ resize"));
+    }
+    Ok(ResizeCqResp {
+        cqe: size,
+        ..Default::default()
+    })
+}
+
+pub(crate) fn handle_destroy_cq<M>(
+    cx: &mut Ctx<'_, M>,
+    req: &DestroyCqReq,
+) -> Result<(), CmdError> {
+    let handle = req.cq_handle;
+    let cq = get(&cx.s.objects.cqs, "CQ", handle)?;
+    cq.refs.check_unused("CQ", handle)?;
+    let (ctx, pages) = (cq.ctx, cq.pages);
+    cx.s.objects.cqs.remove(&handle);
+    release_ctx(&mut cx.s.objects, ctx);
+    cx.s.objects.sub_pages(pages);
+    cx.s.ns.cq.free(handle);
+    Ok(())
+}
+
+impl Cq {
+    /// ARM / ARM_SOL doorbell: the guest just found the CQ empty (or
+    /// wants the next completion) and asks for a notification.
+    pub(crate) fn handle_arm<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+        solicited: bool,
+    ) {
+        env.metrics.doorbell_cq_arm.inc();
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.ring.check(mem) {
+            self.fail(mem, env, events, handle, &e);
+            return;
+        }
+        self.arm = match (self.arm, solicited) {
+            (Arm::Any, _) | (_, false) => Arm::Any,
+            _ => Arm::Solicited,
+        };
+    }
+
+    /// Writes a completion and notifies the guest if it armed the CQ for
+    /// it. Errors count as solicited.
+    pub(crate) fn post<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+        cqe: &Cqe,
+        solicited: bool,
+    ) {
+        if self.broken {
+            return;
+        }
+        if let Err(e) = self.ring.push(mem, cqe) {
+            self.fail(mem, env, events, handle, &e);
+            return;
+        }
+        env.metrics.cqe_posted.inc();
+        let notify = match self.arm {
+            Arm::Any => true,
+            Arm::Solicited => solicited,
+            Arm::None => false,
+        };
+        if notify {
+            self.arm = Arm::None;
+            events.post_cq_notify(mem, &env.irq, &env.metrics, handle);
+        }
+    }
+
+    /// The CQ cannot take completions any more: post CQ_ERR once.
+    fn fail<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+        e: &RingError,
+    ) {
+        let counter = match e {
+            RingError::Full => &env.metrics.cq_overflow,
+            _ => &env.metrics.ring_invalid,
+        };
+        guest_warn!(counter, "cq={handle} broken: {e}");
+        self.broken = true;
+        self.arm = Arm::None;
+        events.post_async(mem, &env.irq, &env.metrics, event::CQ_ERR, handle);
+    }
+}

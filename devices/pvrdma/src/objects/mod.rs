@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The verbs objects of one session and the rules that tie them together.
+//!
+//! Ownership: every object belongs to a context, the kernel's (handle 0,
+//! UAR page 0) or a user context (its own UAR page). CQs name their
+//! context directly; PDs too; QPs, SRQs and MRs through their PD. A QP may
+//! only use CQs and an SRQ of its own context.
+//!
+//! References: a context is used by its PDs and CQs, a PD by its MRs, QPs
+//! and SRQs, a CQ and an SRQ by their QPs. An object in use refuses
+//! destruction (EBUSY), so a handle is never freed, and so never reused,
+//! while something still names it.
+//!
+//! Every create validates everything first and inserts the object last; an
+//! object under construction owns what it acquired (page lists, doorbells)
+//! and releases it on drop, so a failed create leaves nothing behind.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+pub(crate) mod cq;
+pub(crate) mod ctx;
+pub(crate) mod gid;
+pub(crate) mod mr;
+pub(crate) mod qp;
+pub(crate) mod qp_modify;
+pub(crate) mod srq;
+
+use std::collections::BTreeMap;
+
+use crate::cmd::CmdError;
+use crate::config::Limits;
+use crate::uar::{Doorbells, Owner};
+
+/// The kernel's context: always there, owns UAR page 0.
+pub(crate) const KERNEL_CTX: u32 = 0;
+
+/// Every object of a session.
+#[derive(Debug)]
+pub(crate) struct Objects {
+    pub(crate) ctxs: BTreeMap<u32, ctx::Context>,
+    pub(crate) pds: BTreeMap<u32, ctx::Pd>,
+    pub(crate) cqs: BTreeMap<u32, cq::Cq>,
+    pub(crate) qps: BTreeMap<u32, qp::Qp>,
+    pub(crate) srqs: BTreeMap<u32, srq::Srq>,
+    pub(crate) mrs: BTreeMap<u32, mr::Mr>,
+    pub(crate) gids: gid::GidTable,
+    /// Guest pages all objects map, against `Limits::max_mapped_pages`.
+    mapped_pages: u64,
+    /// Creation counter: tells a new object from an old one with the same
+    /// handle (the worker may see a late doorbell of the old one).
+    next_gen: u64,
+}
+
+impl Objects {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        Self {
+            ctxs: BTreeMap::new(),
+            pds: BTreeMap::new(),
+            cqs: BTreeMap::new(),
+            qps: BTreeMap::new(),
+            srqs: BTreeMap::new(),
+            mrs: BTreeMap::new(),
+            gids: gid::GidTable::new(limits.gid_tbl_len),
+            mapped_pages: 0,
+            next_gen: 0,
+        }
+    }
+
+    pub(crate) fn next_gen(&mut self) -> u64 {
+        self.next_gen = self.next_gen.wrapping_add(1);
+        self.next_gen
+    }
+
+    /// Fails unless `pages` more guest pages fit the per-VM budget.
+    pub(crate) fn check_pages(&self, limits: &Limits, pages: u64) -> Result<(), CmdError> {
+        match self.mapped_pages.checked_add(pages) {
+            Some(total) if total <= limits.max_mapped_pages => Ok(()),
+            _ => Err(CmdError::Exhausted("mappable pages")),
+        }
+    }
+
+    /// Accounts `pages` of a created object (checked by `check_pages`).
+    pub(crate) fn add_pages(&mut self, pages: u64) {
+        self.mapped_pages = self.mapped_pages.saturating_add(pages);
+    }
+
+    /// Releases `pages` of a destroyed object.
+    pub(crate) fn sub_pages(&mut self, pages: u64) {
+        self.mapped_pages = self.mapped_pages.saturating_sub(pages);
+    }
+
+    /// The UAR page of context `ctx`, which must exist.
+    pub(crate) fn uar_page(&self, ctx: u32) -> Result<u32, CmdError> {
+        if ctx == KERNEL_CTX {
+            return Ok(0);
+        }
+        get(&self.ctxs, "context", ctx).map(|c| c.uar_index)
+    }
+
+    /// The doorbells of object `handle` of kind `owner`.
+    pub(crate) fn doorbells(&self, owner: Owner, handle: u32) -> Option<&Doorbells> {
+        match owner {
+            Owner::Qp => self.qps.get(&handle).map(|o| &o.doorbells),
+            Owner::Cq => self.cqs.get(&handle).map(|o| &o.doorbells),
+            Owner::Srq => self.srqs.get(&handle).map(|o| &o.doorbells),
+        }
+    }
+
+    /// Moves every doorbell to BAR2 `base` (BAR moved, decoding toggled).
+    pub(crate) fn rebase_doorbells(&mut self, base: Option<u64>) {
+        let qps = self.qps.values_mut().map(|o| &mut o.doorbells);
+        let cqs = self.cqs.values_mut().map(|o| &mut o.doorbells);
+        let srqs = self.srqs.values_mut().map(|o| &mut o.doorbells);
+        for doorbells in qps.chain(cqs).chain(srqs) {
+            doorbells.rebase(base);
+        }
+    }
+}
+
+/// The object `handle` of `map`, or the error naming `kind`.
+pub(crate) fn get<'a, T>(
+    map: &'a BTreeMap<u32, T>,
+    kind: &'static str,
+    handle: u32,
+) -> Result<&'a T, CmdError> {
+    map.get(&handle).ok_or(CmdError::NoObject { kind, handle })
+}
+
+pub(crate) fn get_mut<'a, T>(
+    map: &'a mut BTreeMap<u32, T>,
+    kind: &'static str,
+    handle: u32,
+) -> Result<&'a mut T, CmdError> {
+    map.get_mut(&handle)
+        .ok_or(CmdError::NoObject { kind, handle })
+}
+
+/// A reference count: how many objects name this one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Refs(u32);
+
+impl Refs {
+    pub(crate) fn take(&mut self) {
+        self.0 = self.0.saturating_add(1);
+    }
+
+    pub(crate) fn release(&mut self) {
+        self.0 = self.0.saturating_sub(1);
+    }
+
+    /// Fails with EBUSY while referenced.
+    pub(crate) fn check_unused(self, kind: &'static str, handle: u32) -> Result<(), CmdError> {
+        if self.0 == 0 {
+            Ok(())
+        } else {
+            Err(CmdError::Busy { kind, handle })
+        }
+    }
+}

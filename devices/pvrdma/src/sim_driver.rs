@@ -1,0 +1,881 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A simulated guest driver (feature `test-utils`): Linux's `vmw_pvrdma`
+//! probe sequence, command posting and ring handling, step by step, on
+//! guest memory, through a real [`PciBus`] (config space over CF8/CFC,
+//! BARs by address), with [`MockMsi`]/[`MockIoEvents`] standing in for
+//! KVM. Doorbell writes go where KVM would send them: to a registered
+//! ioeventfd whose address and datamatch match, else to the bus as MMIO.
+//!
+//! Everything that can fail on the device side returns a [`Failure`], so
+//! tests can feed hostile values and check the answer.
+
+use std::collections::BTreeMap;
+use std::mem::size_of;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use net_port::Port;
+use pci::{DeviceHooks, PciBus};
+use pvrdma_abi::cmd::*;
+use pvrdma_abi::dsr::{DeviceCaps, Dsr, RingPageInfo, DSR_CAPS_OFFSET};
+use pvrdma_abi::regs::{uar, version, Ctl, Reg, BAR_MSIX, BAR_REG, BAR_UAR};
+use pvrdma_abi::ring::{RingGeometry, RX_OFFSET, TX_OFFSET};
+use pvrdma_abi::verbs::{qp_attr_mask as m, qp_state, qp_type, AhAttr, QpAttr, AH_FLAG_GRH};
+use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, SqWqeHdr};
+use pvrdma_abi::{PAGE_SIZE, PDIR_ENTRIES_PER_PAGE};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::test_utils::{MockIoEvents, MockMsi};
+use crate::{Pvrdma, PvrdmaConfig};
+
+/// Guest memory as the VMM passes it.
+pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+pub const MEM_SIZE: u64 = 64 << 20;
+/// The vmxnet3 MAC the port starts with.
+pub const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+/// The default GID the tests bind (a link-local from the MAC).
+pub const GID: [u8; 16] = [
+    0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0x00, 0xff, 0xfe, 0x12, 0x34, 0x56,
+];
+/// How long a test waits for the worker.
+pub const WAIT: Duration = Duration::from_secs(10);
+const SLOT: u8 = 2;
+const FUNCTION: u8 = 1;
+/// The page allocator starts here and leaves a gap after every page, so
+/// nothing the device does can rely on contiguity.
+const FIRST_PAGE: u64 = 0x10_0000;
+/// The Linux driver's ring sizes: header page + 3 data pages.
+const EVENT_RING_PAGES: u32 = 4;
+
+/// How a command or a step of the probe failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// ERR read back non-zero.
+    Err(u32),
+    /// ERR was 0 but vector 0 did not fire.
+    NoInterrupt,
+    /// The response's `ack` was not the expected one.
+    BadAck(u32),
+    /// The caps fail the driver's `PVRDMA_SUPPORTED` check.
+    Unsupported,
+}
+
+/// A ring the device fills, read with the driver's own arithmetic.
+#[derive(Clone, Debug)]
+pub struct DeviceRing {
+    /// GPA of the `rx` index pair.
+    pub indices: u64,
+    pub data: Vec<u64>,
+    pub geometry: RingGeometry,
+    pub elem: u64,
+}
+
+/// A work queue the simulated driver fills.
+#[derive(Clone, Debug)]
+pub struct SimWq {
+    pub indices: u64,
+    pub data: Vec<u64>,
+    pub geometry: RingGeometry,
+    pub stride: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimCq {
+    pub handle: u32,
+    pub cqe: u32,
+    /// UAR page of its context.
+    pub page: u32,
+    pub ring: DeviceRing,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimQp {
+    pub handle: u32,
+    pub qpn: u32,
+    pub page: u32,
+    pub header: u64,
+    pub sq: SimWq,
+    pub rq: Option<SimWq>,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimSrq {
+    pub handle: u32,
+    pub page: u32,
+    pub wq: SimWq,
+}
+
+/// What to create a QP with.
+#[derive(Clone, Copy, Debug)]
+pub struct QpSpec {
+    pub qp_type: u8,
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: Option<u32>,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+}
+
+impl QpSpec {
+    /// An RC QP of 16 entries and one SGE each way.
+    pub fn rc(pd: u32, cq: u32) -> Self {
+        Self {
+            qp_type: qp_type::RC,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            max_send_wr: 16,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+        }
+    }
+}
+
+pub struct SimDriver {
+    pub mem: Mem,
+    pub port: Arc<Port>,
+    pub msi: Arc<MockMsi>,
+    pub ioevents: Arc<MockIoEvents>,
+    pub bus: PciBus,
+    pub dev: Arc<Mutex<Pvrdma<Mem>>>,
+    /// Guest-physical base of BAR0..BAR2.
+    pub bars: [u64; 3],
+    /// What the driver writes as `driver_version`.
+    pub driver_version: u32,
+    pub version: u32,
+    pub dsr: u64,
+    pub cmd_slot: u64,
+    pub resp_slot: u64,
+    pub async_ring: Option<DeviceRing>,
+    pub cq_notify_ring: Option<DeviceRing>,
+    /// UAR index of each user context.
+    pub contexts: BTreeMap<u32, u32>,
+    /// Context of each PD.
+    pub pds: BTreeMap<u32, u32>,
+    next_page: u64,
+    seq: u64,
+}
+
+impl SimDriver {
+    pub fn new() -> Self {
+        Self::with_config(&PvrdmaConfig::default())
+    }
+
+    /// A device on a fresh bus, memory decoding and MSI-X enabled, the
+    /// port's link up; not probed yet.
+    pub fn with_config(config: &PvrdmaConfig) -> Self {
+        let mem: Mem = Arc::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+                .expect("guest memory"),
+        );
+        let port = Arc::new(Port::new(MAC, true));
+        port.set_active(true);
+        let msi = Arc::new(MockMsi::default());
+        let ioevents = Arc::new(MockIoEvents::default());
+        let hooks = DeviceHooks {
+            msi: msi.clone(),
+            ioevents: ioevents.clone(),
+        };
+        let dev = Arc::new(Mutex::new(
+            Pvrdma::new(config, port.clone(), mem.clone(), hooks).expect("device"),
+        ));
+        let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1_0000_0000));
+        let placed = bus
+            .add_device(SLOT, FUNCTION, dev.clone())
+            .expect("add device");
+        let mut bars = [0; 3];
+        for (bar, base) in placed {
+            if let Some(b) = bars.get_mut(bar) {
+                *b = base;
+            }
+        }
+        let mut sim = Self {
+            mem,
+            port,
+            msi,
+            ioevents,
+            bus,
+            dev,
+            bars,
+            driver_version: version::QP_HANDLE,
+            version: 0,
+            dsr: 0,
+            cmd_slot: 0,
+            resp_slot: 0,
+            async_ring: None,
+            cq_notify_ring: None,
+            contexts: BTreeMap::new(),
+            pds: BTreeMap::new(),
+            next_page: FIRST_PAGE,
+            seq: 0,
+        };
+        // Memory decoding and bus mastering, as pci_enable_device does.
+        sim.cfg_write(1, 0x6);
+        sim.enable_msix();
+        sim
+    }
+
+    pub fn device(&self) -> MutexGuard<'_, Pvrdma<Mem>> {
+        self.dev.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The device counter `name`.
+    pub fn metric(&self, name: &str) -> u64 {
+        self.device()
+            .metrics()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map_or_else(|| panic!("no metric {name}"), |(_, v)| v)
+    }
+
+    fn cfg_select(&mut self, reg: u8) {
+        let addr =
+            0x8000_0000u32 | u32::from(SLOT) << 11 | u32::from(FUNCTION) << 8 | u32::from(reg) << 2;
+        self.bus.pio_write(0xcf8, &addr.to_le_bytes());
+    }
+
+    pub fn cfg_read(&mut self, reg: u8) -> u32 {
+        self.cfg_select(reg);
+        let mut data = [0u8; 4];
+        self.bus.pio_read(0xcfc, &mut data);
+        u32::from_le_bytes(data)
+    }
+
+    pub fn cfg_write(&mut self, reg: u8, value: u32) {
+        self.cfg_select(reg);
+        self.bus.pio_write(0xcfc, &value.to_le_bytes());
+    }
+
+    /// Finds the MSI-X capability, programs every vector and enables it.
+    fn enable_msix(&mut self) {
+        let mut pos = (self.cfg_read(0x34 / 4) & 0xff) as u8;
+        while pos != 0 && (self.cfg_read(pos / 4) & 0xff) != 0x11 {
+            pos = ((self.cfg_read(pos / 4) >> 8) & 0xff) as u8;
+        }
+        assert_ne!(pos, 0, "MSI-X capability");
+        for v in 0..3u64 {
+            let entry = self.bars[BAR_MSIX] + v * 16;
+            self.write32(entry, 0xfee0_0000);
+            self.write32(entry + 4, 0);
+            self.write32(entry + 8, 0x40 + v as u32);
+            self.write32(entry + 12, 0);
+        }
+        self.cfg_select(pos / 4);
+        self.bus.pio_write(0xcff, &[0x80]);
+    }
+
+    pub fn read32(&self, addr: u64) -> u32 {
+        let mut data = [0u8; 4];
+        assert!(
+            self.bus.mmio_read(addr, &mut data),
+            "MMIO read at {addr:#x}"
+        );
+        u32::from_le_bytes(data)
+    }
+
+    pub fn write32(&self, addr: u64, value: u32) {
+        assert!(
+            self.bus.mmio_write(addr, &value.to_le_bytes()),
+            "MMIO write at {addr:#x}"
+        );
+    }
+
+    pub fn reg_read(&self, reg: Reg) -> u32 {
+        self.read32(self.bars[BAR_REG] + reg.offset())
+    }
+
+    pub fn reg_write(&self, reg: Reg, value: u32) {
+        self.write32(self.bars[BAR_REG] + reg.offset(), value);
+    }
+
+    /// A zeroed page (with an unused page after it).
+    pub fn alloc_page(&mut self) -> u64 {
+        let page = self.next_page;
+        self.next_page += 2 * PAGE_SIZE;
+        assert!(self.next_page <= MEM_SIZE, "sim guest memory exhausted");
+        self.mem
+            .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
+            .expect("zero page");
+        page
+    }
+
+    pub fn alloc_pages(&mut self, n: u32) -> Vec<u64> {
+        (0..n).map(|_| self.alloc_page()).collect()
+    }
+
+    /// A page directory for `pages`, as `pvrdma_page_dir_init` builds it.
+    pub fn make_pdir(&mut self, pages: &[u64]) -> u64 {
+        let dir = self.alloc_page();
+        for (t, chunk) in pages.chunks(PDIR_ENTRIES_PER_PAGE as usize).enumerate() {
+            let table = self.alloc_page();
+            self.write(dir + 8 * t as u64, table);
+            for (i, page) in chunk.iter().enumerate() {
+                self.write(table + 8 * i as u64, *page);
+            }
+        }
+        dir
+    }
+
+    pub fn write<T: ByteValued>(&self, addr: u64, value: T) {
+        self.mem
+            .write_obj(value, GuestAddress(addr))
+            .expect("guest write");
+    }
+
+    pub fn read<T: ByteValued>(&self, addr: u64) -> T {
+        self.mem.read_obj(GuestAddress(addr)).expect("guest read")
+    }
+
+    /// `pvrdma_pci_probe` up to ACTIVATE. Returns the caps.
+    pub fn probe(&mut self) -> Result<DeviceCaps, Failure> {
+        self.version = self.reg_read(Reg::Version);
+        let dsr = self.alloc_page();
+        let (async_info, async_ring) = self.event_ring(size_of::<Eqe>() as u64);
+        let (cq_info, cq_ring) = self.event_ring(size_of::<Cqne>() as u64);
+        let (cmd_slot, resp_slot) = (self.alloc_page(), self.alloc_page());
+        let uar_pfn = self.bars[BAR_UAR] >> 12;
+        self.write(
+            dsr,
+            Dsr {
+                driver_version: self.driver_version,
+                // 64-bit Linux, version 1.
+                gos_info: 2 | 1 << 2 | 1 << 6,
+                cmd_slot_dma: cmd_slot,
+                resp_slot_dma: resp_slot,
+                async_ring_pages: async_info,
+                cq_ring_pages: cq_info,
+                uar_pfn64: if self.version >= version::PPN64 {
+                    uar_pfn
+                } else {
+                    uar_pfn & 0xffff_ffff
+                },
+                ..Dsr::default()
+            },
+        );
+        (self.dsr, self.cmd_slot, self.resp_slot) = (dsr, cmd_slot, resp_slot);
+        (self.async_ring, self.cq_notify_ring) = (Some(async_ring), Some(cq_ring));
+        self.load_dsr(dsr);
+        let caps: DeviceCaps = self.read(dsr + DSR_CAPS_OFFSET);
+        let gid_ok = match self.version {
+            17 => caps.gid_types == 1,
+            v => v >= 18 && matches!(caps.gid_types, 1 | 2),
+        };
+        if caps.mode != 0 || !gid_ok || !caps.max_uar.is_power_of_two() {
+            return Err(Failure::Unsupported);
+        }
+        self.reg_write(Reg::Imr, 0);
+        self.ctl(Ctl::Activate)?;
+        Ok(caps)
+    }
+
+    /// Writes DSRLOW then DSRHIGH.
+    pub fn load_dsr(&self, dsr: u64) {
+        self.reg_write(Reg::DsrLow, dsr as u32);
+        self.reg_write(Reg::DsrHigh, (dsr >> 32) as u32);
+    }
+
+    /// Writes CTL and reads ERR, as the driver does.
+    pub fn ctl(&self, ctl: Ctl) -> Result<(), Failure> {
+        self.reg_write(Reg::Ctl, ctl as u32);
+        match self.reg_read(Reg::Err) {
+            0 => Ok(()),
+            err => Err(Failure::Err(err)),
+        }
+    }
+
+    /// A DSR ring of the driver's size: its descriptor and its view.
+    fn event_ring(&mut self, elem: u64) -> (RingPageInfo, DeviceRing) {
+        let pages = self.alloc_pages(EVENT_RING_PAGES);
+        let pdir = self.make_pdir(&pages);
+        let n = (EVENT_RING_PAGES as u64 - 1) * PAGE_SIZE / elem;
+        let info = RingPageInfo {
+            num_pages: EVENT_RING_PAGES,
+            reserved: 0,
+            pdir_dma: pdir,
+        };
+        let ring = DeviceRing {
+            indices: pages[0] + RX_OFFSET,
+            data: pages[1..].to_vec(),
+            geometry: RingGeometry::new(n as u32).expect("geometry"),
+            elem,
+        };
+        (info, ring)
+    }
+
+    /// Copies `bytes` (a whole request, header included) to the command
+    /// slot, writes REQUEST and reads ERR.
+    pub fn post_raw(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        self.mem
+            .write_slice(bytes, GuestAddress(self.cmd_slot))
+            .expect("command slot");
+        self.msi.fired(0);
+        self.reg_write(Reg::Request, 0);
+        match self.reg_read(Reg::Err) {
+            0 if self.msi.fired(0) == 0 => Err(Failure::NoInterrupt),
+            0 => Ok(()),
+            err => Err(Failure::Err(err)),
+        }
+    }
+
+    /// Posts `req` as command `code` without reading the response (the
+    /// driver's "no response expected" commands).
+    pub fn post<Req: ByteValued>(&mut self, code: CmdCode, req: Req) -> Result<(), Failure> {
+        self.seq += 1;
+        let hdr = CmdHdr {
+            response: self.seq,
+            cmd: code as u32,
+            reserved: 0,
+        };
+        let mut bytes = req.as_slice().to_vec();
+        bytes[..size_of::<CmdHdr>()].copy_from_slice(hdr.as_slice());
+        self.post_raw(&bytes)
+    }
+
+    /// Posts a command and returns its response, checking `ack` and the
+    /// echoed key as `pvrdma_cmd_post` does.
+    pub fn cmd<Req: ByteValued, Resp: ByteValued>(
+        &mut self,
+        code: CmdCode,
+        req: Req,
+    ) -> Result<Resp, Failure> {
+        self.post(code, req)?;
+        let hdr: RespHdr = self.read(self.resp_slot);
+        if hdr.ack != code.ack() || hdr.response != self.seq {
+            return Err(Failure::BadAck(hdr.ack));
+        }
+        Ok(self.read(self.resp_slot))
+    }
+
+    /// A DESTROY_* command (they all carry one handle).
+    pub fn destroy(&mut self, code: CmdCode, handle: u32) -> Result<(), Failure> {
+        self.post(
+            code,
+            DestroyPdReq {
+                pd_handle: handle,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn create_uc(&mut self, uar_index: u32) -> Result<u32, Failure> {
+        let pfn64 = (self.bars[BAR_UAR] >> 12) + u64::from(uar_index);
+        let resp: CreateUcResp = self.cmd(
+            CmdCode::CreateUc,
+            CreateUcReq {
+                pfn64,
+                ..Default::default()
+            },
+        )?;
+        self.contexts.insert(resp.ctx_handle, uar_index);
+        Ok(resp.ctx_handle)
+    }
+
+    /// UAR page of context `ctx` (0 for the kernel).
+    pub fn page_of(&self, ctx: u32) -> u32 {
+        self.contexts.get(&ctx).copied().unwrap_or(0)
+    }
+
+    pub fn create_pd(&mut self, ctx: u32) -> Result<u32, Failure> {
+        let resp: CreatePdResp = self.cmd(
+            CmdCode::CreatePd,
+            CreatePdReq {
+                ctx_handle: ctx,
+                ..Default::default()
+            },
+        )?;
+        self.pds.insert(resp.pd_handle, ctx);
+        Ok(resp.pd_handle)
+    }
+
+    /// UAR page of the context of PD `pd`.
+    fn page_of_pd(&self, pd: u32) -> u32 {
+        self.page_of(self.pds.get(&pd).copied().unwrap_or(0))
+    }
+
+    /// A CQ of `cqe` entries, pages as `pvrdma_create_cq` lays them out.
+    pub fn create_cq(&mut self, ctx: u32, cqe: u32) -> Result<SimCq, Failure> {
+        let data_pages = (u64::from(cqe) * 64).div_ceil(PAGE_SIZE) as u32;
+        let pages = self.alloc_pages(1 + data_pages);
+        let pdir = self.make_pdir(&pages);
+        let resp: CreateCqResp = self.cmd(
+            CmdCode::CreateCq,
+            CreateCqReq {
+                pdir_dma: pdir,
+                ctx_handle: ctx,
+                cqe,
+                nchunks: 1 + data_pages,
+                ..Default::default()
+            },
+        )?;
+        Ok(SimCq {
+            handle: resp.cq_handle,
+            cqe: resp.cqe,
+            page: self.page_of(ctx),
+            ring: DeviceRing {
+                indices: pages[0] + RX_OFFSET,
+                data: pages[1..].to_vec(),
+                geometry: RingGeometry::new(cqe).expect("geometry"),
+                elem: 64,
+            },
+        })
+    }
+
+    fn wq(&self, header: u64, indices: u64, data: &[u64], n: u32, stride: u32) -> SimWq {
+        SimWq {
+            indices: header + indices,
+            data: data.to_vec(),
+            geometry: RingGeometry::new(n).expect("geometry"),
+            stride: stride.into(),
+        }
+    }
+
+    /// A QP laid out like a kernel QP: header page, SQ pages, RQ pages.
+    pub fn create_qp(&mut self, spec: QpSpec) -> Result<SimQp, Failure> {
+        let sq_stride = sq_stride(spec.max_send_sge).expect("stride");
+        let sq_pages = (u64::from(spec.max_send_wr) * u64::from(sq_stride)).div_ceil(PAGE_SIZE);
+        let rq_stride = rq_stride(spec.max_recv_sge).expect("stride");
+        let rq_pages = match spec.srq {
+            Some(_) => 0,
+            None => (u64::from(spec.max_recv_wr) * u64::from(rq_stride)).div_ceil(PAGE_SIZE),
+        };
+        let pages = self.alloc_pages((1 + sq_pages + rq_pages) as u32);
+        let pdir = self.make_pdir(&pages);
+        let page = self.page_of_pd(spec.pd);
+        let req = CreateQpReq {
+            pdir_dma: pdir,
+            pd_handle: spec.pd,
+            send_cq_handle: spec.send_cq,
+            recv_cq_handle: spec.recv_cq,
+            srq_handle: spec.srq.unwrap_or(0),
+            max_send_wr: spec.max_send_wr,
+            max_recv_wr: spec.max_recv_wr,
+            max_send_sge: spec.max_send_sge,
+            max_recv_sge: spec.max_recv_sge,
+            access_flags: 1,
+            total_chunks: pages.len() as u16,
+            send_chunks: sq_pages as u16,
+            qp_type: spec.qp_type,
+            is_srq: u8::from(spec.srq.is_some()),
+            ..Default::default()
+        };
+        let (qpn, handle) = if self.driver_version >= version::QP_HANDLE {
+            let resp: CreateQpRespV2 = self.cmd(CmdCode::CreateQp, req)?;
+            (resp.qpn, resp.qp_handle)
+        } else {
+            let resp: CreateQpResp = self.cmd(CmdCode::CreateQp, req)?;
+            (resp.qpn, resp.qpn)
+        };
+        let header = pages[0];
+        let sq_end = 1 + sq_pages as usize;
+        let sq = self.wq(
+            header,
+            TX_OFFSET,
+            &pages[1..sq_end],
+            spec.max_send_wr,
+            sq_stride,
+        );
+        let rq = spec.srq.is_none().then(|| {
+            self.wq(
+                header,
+                RX_OFFSET,
+                &pages[sq_end..],
+                spec.max_recv_wr,
+                rq_stride,
+            )
+        });
+        Ok(SimQp {
+            handle,
+            qpn,
+            page,
+            header,
+            sq,
+            rq,
+        })
+    }
+
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32) -> Result<SimSrq, Failure> {
+        let stride = rq_stride(max_sge).expect("stride");
+        let data_pages = (u64::from(max_wr) * u64::from(stride)).div_ceil(PAGE_SIZE) as u32;
+        let pages = self.alloc_pages(1 + data_pages);
+        let pdir = self.make_pdir(&pages);
+        let resp: CreateSrqResp = self.cmd(
+            CmdCode::CreateSrq,
+            CreateSrqReq {
+                pdir_dma: pdir,
+                pd_handle: pd,
+                nchunks: 1 + data_pages,
+                attrs: pvrdma_abi::verbs::SrqAttr {
+                    max_wr,
+                    max_sge,
+                    srq_limit: 0,
+                    reserved: 0,
+                },
+                ..Default::default()
+            },
+        )?;
+        let page = self.page_of_pd(pd);
+        Ok(SimSrq {
+            handle: resp.srqn,
+            page,
+            wq: self.wq(pages[0], RX_OFFSET, &pages[1..], max_wr, stride),
+        })
+    }
+
+    /// A user MR over `pages` guest pages, registered at IOVA `start`.
+    pub fn reg_user_mr(
+        &mut self,
+        pd: u32,
+        start: u64,
+        length: u64,
+        access_flags: u32,
+    ) -> Result<CreateMrResp, Failure> {
+        let n = ((start & (PAGE_SIZE - 1)) + length).div_ceil(PAGE_SIZE) as u32;
+        let pages = self.alloc_pages(n);
+        let pdir = self.make_pdir(&pages);
+        self.cmd(
+            CmdCode::CreateMr,
+            CreateMrReq {
+                start,
+                length,
+                pdir_dma: pdir,
+                pd_handle: pd,
+                access_flags,
+                nchunks: n,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn bind_gid(&mut self, index: u32, gid: [u8; 16], gid_type: u8) -> Result<(), Failure> {
+        self.post(
+            CmdCode::CreateBind,
+            CreateBindReq {
+                mtu: 1024,
+                vlan: 0xfff,
+                index,
+                new_gid: gid,
+                gid_type,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn modify_qp(&mut self, qp: u32, mask: u32, attrs: QpAttr) -> Result<(), Failure> {
+        let _: RespHdr = self.cmd(
+            CmdCode::ModifyQp,
+            ModifyQpReq {
+                qp_handle: qp,
+                attr_mask: mask,
+                attrs,
+                ..Default::default()
+            },
+        )?;
+        Ok(())
+    }
+
+    pub fn query_qp(&mut self, qp: u32) -> Result<QpAttr, Failure> {
+        let resp: QueryQpResp = self.cmd(
+            CmdCode::QueryQp,
+            QueryQpReq {
+                qp_handle: qp,
+                attr_mask: m::ALL,
+                ..Default::default()
+            },
+        )?;
+        Ok(resp.attrs)
+    }
+
+    /// RESET -> INIT -> RTR -> RTS with what rdma_cm / ib_mad send; RC QPs
+    /// need GID 0 bound.
+    pub fn to_rts(&mut self, qp: u32, t: u8) -> Result<(), Failure> {
+        let rc = t == qp_type::RC;
+        let init = QpAttr {
+            qp_state: qp_state::INIT,
+            port_num: 1,
+            qkey: 0x8001_0000,
+            qp_access_flags: 0x7,
+            ..QpAttr::default()
+        };
+        let init_mask = m::STATE
+            | m::PKEY_INDEX
+            | if rc {
+                m::PORT | m::ACCESS_FLAGS
+            } else {
+                m::QKEY
+            }
+            | if t == qp_type::UD { m::PORT } else { 0 };
+        self.modify_qp(qp, init_mask, init)?;
+        let rtr = QpAttr {
+            qp_state: qp_state::RTR,
+            path_mtu: 3,
+            dest_qp_num: 0x12_3456,
+            rq_psn: 0x100,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ah_attr: AhAttr {
+                port_num: 1,
+                ah_flags: AH_FLAG_GRH,
+                dmac: [2, 0, 0, 0, 0, 9],
+                ..AhAttr::default()
+            },
+            ..QpAttr::default()
+        };
+        let rtr_mask = if rc {
+            m::STATE
+                | m::AV
+                | m::PATH_MTU
+                | m::DEST_QPN
+                | m::RQ_PSN
+                | m::MAX_DEST_RD_ATOMIC
+                | m::MIN_RNR_TIMER
+        } else {
+            m::STATE
+        };
+        self.modify_qp(qp, rtr_mask, rtr)?;
+        let rts = QpAttr {
+            qp_state: qp_state::RTS,
+            sq_psn: 0x200,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..QpAttr::default()
+        };
+        let rts_mask = if rc {
+            m::STATE | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::SQ_PSN | m::MAX_QP_RD_ATOMIC
+        } else {
+            m::STATE | m::SQ_PSN
+        };
+        self.modify_qp(qp, rts_mask, rts)
+    }
+
+    /// A 32-bit write to UAR page `page`, delivered as KVM would: to a
+    /// matching ioeventfd, else as MMIO to the device.
+    pub fn doorbell(&self, page: u32, offset: u64, value: u32) {
+        let addr = self.bars[BAR_UAR] + u64::from(page) * PAGE_SIZE + offset;
+        match self.ioevents.lookup(addr, value) {
+            Some(fd) => fd.write(1).expect("ioeventfd"),
+            None => self.write32(addr, value),
+        }
+    }
+
+    /// Writes a WQE at the producer index of `wq` and advances it.
+    fn post_wqe<T: ByteValued>(&self, wq: &SimWq, wqe: T) {
+        let prod: u32 = self.read(wq.indices);
+        let offset = u64::from(wq.geometry.slot(prod)) * wq.stride;
+        let page = wq.data[(offset / PAGE_SIZE) as usize];
+        self.write(page + offset % PAGE_SIZE, wqe);
+        self.write(wq.indices, wq.geometry.next(prod));
+    }
+
+    /// `pvrdma_post_send` of one WR with `opcode`, and its doorbell.
+    pub fn post_send(&self, qp: &SimQp, wr_id: u64, opcode: u32) {
+        let wqe = SqWqeHdr {
+            wr_id,
+            num_sge: 0,
+            opcode,
+            send_flags: pvrdma_abi::wqe::send_flags::SIGNALED,
+            ..SqWqeHdr::default()
+        };
+        self.post_wqe(&qp.sq, wqe);
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_SEND);
+    }
+
+    /// `pvrdma_post_recv` of one WR, and its doorbell.
+    pub fn post_recv(&self, qp: &SimQp, wr_id: u64) {
+        let rq = qp.rq.as_ref().expect("QP has a receive queue");
+        self.post_wqe(
+            rq,
+            RqWqeHdr {
+                wr_id,
+                num_sge: 0,
+                total_len: 0,
+            },
+        );
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_RECV);
+    }
+
+    /// Posts a receive to an SRQ and rings its doorbell.
+    pub fn post_srq_recv(&self, srq: &SimSrq, wr_id: u64) {
+        self.post_wqe(
+            &srq.wq,
+            RqWqeHdr {
+                wr_id,
+                num_sge: 0,
+                total_len: 0,
+            },
+        );
+        self.doorbell(srq.page, uar::SRQ_OFFSET, srq.handle | uar::SRQ_RECV);
+    }
+
+    /// `pvrdma_req_notify_cq`.
+    pub fn arm_cq(&self, cq: &SimCq, solicited: bool) {
+        let flag = if solicited {
+            uar::CQ_ARM_SOL
+        } else {
+            uar::CQ_ARM
+        };
+        self.doorbell(cq.page, uar::CQ_OFFSET, cq.handle | flag);
+    }
+
+    /// Drains a device ring with the driver's arithmetic.
+    pub fn consume<T: ByteValued>(&self, ring: &DeviceRing) -> Vec<T> {
+        let mut out = Vec::new();
+        loop {
+            let prod: u32 = self.read(ring.indices);
+            let cons: u32 = self.read(ring.indices + 4);
+            let indices = pvrdma_abi::ring::RingIndices {
+                prod_tail: prod,
+                cons_head: cons,
+            };
+            if ring.geometry.has_data(indices) != Some(true) {
+                return out;
+            }
+            let offset = u64::from(ring.geometry.slot(cons)) * ring.elem;
+            let page = ring.data[(offset / PAGE_SIZE) as usize];
+            out.push(self.read(page + offset % PAGE_SIZE));
+            self.write(ring.indices + 4, ring.geometry.next(cons));
+        }
+    }
+
+    pub fn async_events(&self) -> Vec<Eqe> {
+        let ring = self.async_ring.clone().expect("probed");
+        self.consume(&ring)
+    }
+
+    pub fn cq_notifications(&self) -> Vec<u32> {
+        let ring = self.cq_notify_ring.clone().expect("probed");
+        self.consume::<Cqne>(&ring)
+            .into_iter()
+            .map(|n| n.info)
+            .collect()
+    }
+
+    pub fn poll_cq(&self, cq: &SimCq) -> Vec<Cqe> {
+        self.consume(&cq.ring)
+    }
+
+    /// Polls `cond` until it holds or [`WAIT`] passes; false on timeout.
+    pub fn wait_until(&self, mut cond: impl FnMut(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + WAIT;
+        while !cond(self) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+}
+
+impl Default for SimDriver {
+    fn default() -> Self {
+        Self::new()
+    }
+}

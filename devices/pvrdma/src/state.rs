@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The device state shared by the vCPU thread (register writes, commands)
+//! and the worker thread (doorbells, link changes), and the context every
+//! command handler gets.
+//!
+//! Lock order: [`Shared::state`], then the MSI-X table inside
+//! [`Interrupts`]. Nothing that holds the MSI-X lock takes the state lock.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use net_port::Port;
+
+use crate::config::PvrdmaConfig;
+use crate::dsr::LoadedDsr;
+use crate::events::Interrupts;
+use crate::metrics::Metrics;
+use crate::namespace::Namespace;
+use crate::objects::Objects;
+use crate::uar::Hub;
+
+/// ERR before the first successful CTL (QEMU's value): "not ready".
+pub(crate) const ERR_NOT_READY: u32 = 0xffff;
+
+/// What never changes after construction.
+#[derive(Debug)]
+pub(crate) struct Env {
+    pub(crate) config: PvrdmaConfig,
+    pub(crate) port: Arc<Port>,
+    pub(crate) irq: Interrupts,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) hub: Arc<Hub>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) env: Env,
+    pub(crate) state: Mutex<State>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Registers and the current session.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// The ERR register.
+    pub(crate) err: u32,
+    /// DSRLOW, waiting for DSRHIGH.
+    pub(crate) dsr_low: u32,
+    /// Set on ACTIVATE, cleared on RESET.
+    pub(crate) active: bool,
+    /// Where doorbell ioeventfds go: BAR2's base while memory decoding is
+    /// on, else nowhere.
+    pub(crate) uar_base: Option<u64>,
+    pub(crate) session: Option<Session>,
+}
+
+impl State {
+    pub(crate) fn new() -> Self {
+        Self {
+            err: ERR_NOT_READY,
+            dsr_low: 0,
+            active: false,
+            uar_base: None,
+            session: None,
+        }
+    }
+}
+
+/// Everything from a DSR load to RESET: dropping it drops every object,
+/// mapping and doorbell registration.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) dsr: LoadedDsr,
+    pub(crate) ns: Namespace,
+    pub(crate) objects: Objects,
+    /// The port state last reported to the guest.
+    pub(crate) link_up: bool,
+}
+
+/// What a command handler works with.
+pub(crate) struct Ctx<'a, M> {
+    pub(crate) mem: &'a M,
+    pub(crate) env: &'a Env,
+    pub(crate) s: &'a mut Session,
+    /// BAR2's guest-physical base (for UAR PFNs), decoding or not.
+    pub(crate) bar2: Option<u64>,
+    /// Where new doorbells are registered.
+    pub(crate) uar_base: Option<u64>,
+}
+
+impl<M> Ctx<'_, M> {
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.env.metrics
+    }
+}
