@@ -26,15 +26,13 @@
 //!
 //! # Structure
 //!
-//! - [`regs`](crate::regs) the register BAR, [`dsr`](crate::dsr) the DSR
-//!   handshake, [`cmd`](crate::cmd) the command channel, one `handle_*` per
-//!   command in [`objects`](crate::objects) and [`port`](crate::port);
-//! - [`pdir`](crate::pdir) page directories, [`ring`](crate::ring) rings;
-//! - [`uar`](crate::uar) doorbells, [`worker`](crate::worker) the thread
-//!   that handles them, [`events`](crate::events) interrupts and the event
-//!   rings;
-//! - [`namespace`] every identifier the guest sees, deterministic and
-//!   saveable for migration.
+//! `regs` the register BAR, `dsr` the DSR handshake, `cmd` the command
+//! channel with one `handle_*` per command in `objects` and `port`; `pdir`
+//! page directories, `ring` rings; `uar` doorbells, `worker` the thread that
+//! handles them, `events` interrupts and the event rings; [`namespace`]
+//! every identifier the guest sees, deterministic and saveable for
+//! migration. `sim_driver` and `test_utils` (feature `test-utils`) simulate
+//! the guest driver and the hypervisor hooks for tests.
 
 #[macro_use]
 mod metrics;

@@ -313,3 +313,36 @@ fn interrupt_mask_and_cause() {
     assert_eq!(sim.reg_read(Reg::Imr), 0);
     assert_eq!(sim.create_pd(0), Ok(2));
 }
+
+/// Every device write to guest memory marks its page dirty (migration
+/// copies only dirty pages).
+#[test]
+fn device_writes_mark_pages_dirty() {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestAddress, GuestMemoryBackend};
+
+    let (mut sim, pd, cq) = with_pd_cq();
+    let qp = sim.create_qp(QpSpec::rc(pd, cq.handle)).expect("qp");
+    sim.to_rts(qp.handle, qp_type::RC).expect("RTS");
+    sim.post_send(&qp, 1, send_opcode::SEND);
+    sim.port.set_carrier(false);
+    assert!(sim.wait_until(|s| s.metric("link_change") == 1));
+    let mem = sim.mem.clone();
+    let region = mem.find_region(GuestAddress(0)).expect("region");
+    region.bitmap().reset();
+    let dirty = |addr: u64| region.bitmap().dirty_at(addr as usize);
+    assert!(!dirty(sim.resp_slot));
+    // A response, a flushed CQE, its CQ index, the SQ consumer index.
+    to_err(&mut sim, qp.handle);
+    assert!(dirty(sim.resp_slot));
+    assert!(dirty(cq.ring.data[0]));
+    assert!(dirty(cq.ring.indices));
+    assert!(dirty(qp.sq.indices));
+    // An async event.
+    let ring = sim.async_ring.clone().expect("probed");
+    region.bitmap().reset();
+    sim.port.set_carrier(true);
+    assert!(sim.wait_until(|s| s.metric("link_change") == 2));
+    assert!(dirty(ring.data[0]));
+    assert!(dirty(ring.indices));
+}

@@ -129,3 +129,130 @@ fn reset_then_probe_again() {
     sim.probe().expect("probe again");
     assert_eq!(sim.create_pd(0), Ok(pd));
 }
+
+/// What `ib_register_device` and the MAD layer send after ACTIVATE, then
+/// the driver's removal.
+#[test]
+fn linux_registration_and_removal() {
+    use pvrdma::sim_driver::{QpSpec, GID};
+    use pvrdma_abi::verbs::{access, mr_flags, qp_type};
+
+    let mut sim = SimDriver::new();
+    sim.probe().expect("probe");
+    for _ in 0..2 {
+        let _: QueryPortResp = sim
+            .cmd(
+                CmdCode::QueryPort,
+                QueryPortReq {
+                    port_num: 1,
+                    ..Default::default()
+                },
+            )
+            .expect("query port");
+    }
+    let _: QueryPkeyResp = sim
+        .cmd(
+            CmdCode::QueryPkey,
+            QueryPkeyReq {
+                port_num: 1,
+                ..Default::default()
+            },
+        )
+        .expect("query pkey");
+    sim.bind_gid(0, GID, 2).expect("link-local GID");
+    let mut v4 = [0u8; 16];
+    v4[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 2]);
+    sim.bind_gid(1, v4, 2).expect("IPv4 GID");
+    // ib_mad: PD, DMA MR (no local_dma_lkey), CQ, GSI QP up to RTS.
+    let pd = sim.create_pd(0).expect("pd");
+    let dma: CreateMrResp = sim
+        .cmd(
+            CmdCode::CreateMr,
+            CreateMrReq {
+                pd_handle: pd,
+                access_flags: access::LOCAL_WRITE,
+                flags: mr_flags::DMA,
+                ..Default::default()
+            },
+        )
+        .expect("DMA MR");
+    let cq = sim.create_cq(0, 512).expect("cq");
+    let gsi = sim
+        .create_qp(QpSpec {
+            qp_type: qp_type::GSI,
+            max_send_wr: 128,
+            max_recv_wr: 512,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+            ..QpSpec::rc(pd, cq.handle)
+        })
+        .expect("QP1");
+    assert_eq!(gsi.qpn, 1);
+    sim.to_rts(gsi.handle, qp_type::GSI).expect("QP1 to RTS");
+    for wr_id in 0..8 {
+        sim.post_recv(&gsi, wr_id);
+    }
+    sim.arm_cq(&cq, false);
+    assert!(sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1));
+    assert!(sim.async_events().is_empty(), "nothing went wrong");
+    assert_eq!(sim.metric("doorbell_unmatched"), 0);
+    assert_eq!(sim.metric("cmd_failed"), 0);
+
+    // Removal: ib_unregister_device destroys everything, then IMR, RESET.
+    sim.destroy(CmdCode::DestroyQp, gsi.handle)
+        .expect("destroy qp");
+    sim.destroy(CmdCode::DestroyCq, cq.handle)
+        .expect("destroy cq");
+    sim.destroy(CmdCode::DestroyMr, dma.mr_handle)
+        .expect("destroy mr");
+    sim.destroy(CmdCode::DestroyPd, pd).expect("destroy pd");
+    sim.reg_write(Reg::Imr, !0);
+    sim.ctl(Ctl::Reset).expect("reset");
+    assert_eq!(sim.ioevents.count(), 0);
+}
+
+/// A user process: its context, objects on its UAR page, and cleanup.
+#[test]
+fn user_process_lifecycle() {
+    use pvrdma::sim_driver::{QpSpec, GID};
+    use pvrdma_abi::verbs::{access, qp_type};
+
+    let mut sim = SimDriver::new();
+    sim.probe().expect("probe");
+    sim.bind_gid(0, GID, 2).expect("bind");
+    let ctx = sim.create_uc(1).expect("ibv_open_device");
+    let pd = sim.create_pd(ctx).expect("ibv_alloc_pd");
+    let mr = sim
+        .reg_user_mr(
+            pd,
+            0x7f12_3456_7000,
+            1 << 20,
+            access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE,
+        )
+        .expect("ibv_reg_mr");
+    let cq = sim.create_cq(ctx, 128).expect("ibv_create_cq");
+    let srq = sim.create_srq(pd, 64, 1).expect("ibv_create_srq");
+    let qp = sim
+        .create_qp(QpSpec {
+            srq: Some(srq.handle),
+            ..QpSpec::rc(pd, cq.handle)
+        })
+        .expect("ibv_create_qp");
+    assert_eq!((cq.page, qp.page, srq.page), (1, 1, 1));
+    sim.to_rts(qp.handle, qp_type::RC).expect("connect");
+    sim.post_srq_recv(&srq, 1);
+    sim.arm_cq(&cq, true);
+    assert!(sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1 && s.metric("doorbell_srq") == 1));
+    assert_eq!(sim.metric("doorbell_unmatched"), 0);
+    sim.destroy(CmdCode::DestroyQp, qp.handle)
+        .expect("destroy qp");
+    sim.destroy(CmdCode::DestroySrq, srq.handle)
+        .expect("destroy srq");
+    sim.destroy(CmdCode::DestroyCq, cq.handle)
+        .expect("destroy cq");
+    sim.destroy(CmdCode::DestroyMr, mr.mr_handle)
+        .expect("destroy mr");
+    sim.destroy(CmdCode::DestroyPd, pd).expect("destroy pd");
+    sim.destroy(CmdCode::DestroyUc, ctx).expect("close");
+    assert_eq!(sim.ioevents.count(), 0);
+}

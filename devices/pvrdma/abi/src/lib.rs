@@ -9,7 +9,7 @@
 //! ([`wqe`]) and the ring index arithmetic of `pvrdma_ring.h` ([`ring`]).
 //! Every wire structure is `#[repr(C)]` with integer fields and explicit
 //! reserved padding; its size is checked at compile time against the ABI
-//! and, by [`wire_struct!`], against the sum of its fields (no hidden
+//! and, by `wire_struct!`, against the sum of its fields (no hidden
 //! padding), which is what makes the `ByteValued` impls sound.
 
 #![deny(

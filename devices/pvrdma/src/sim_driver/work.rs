@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The simulated driver's data path: posting WQEs, ringing doorbells and
+//! draining the rings the device fills, with the driver's own arithmetic.
+
+use super::*;
+
+impl SimDriver {
+    /// A 32-bit write to UAR page `page`, delivered as KVM would: to a
+    /// matching ioeventfd, else as MMIO to the device.
+    pub fn doorbell(&self, page: u32, offset: u64, value: u32) {
+        let addr = self.bars[BAR_UAR] + u64::from(page) * PAGE_SIZE + offset;
+        match self.ioevents.lookup(addr, value) {
+            Some(fd) => fd.write(1).expect("ioeventfd"),
+            None => self.write32(addr, value),
+        }
+    }
+
+    /// Writes a WQE at the producer index of `wq` and advances it.
+    fn post_wqe<T: ByteValued>(&self, wq: &SimWq, wqe: T) {
+        let prod: u32 = self.read(wq.indices);
+        let offset = u64::from(wq.geometry.slot(prod)) * wq.stride;
+        let page = wq.data[(offset / PAGE_SIZE) as usize];
+        self.write(page + offset % PAGE_SIZE, wqe);
+        self.write(wq.indices, wq.geometry.next(prod));
+    }
+
+    /// `pvrdma_post_send` of one WR with `opcode`, and its doorbell.
+    pub fn post_send(&self, qp: &SimQp, wr_id: u64, opcode: u32) {
+        let wqe = SqWqeHdr {
+            wr_id,
+            num_sge: 0,
+            opcode,
+            send_flags: pvrdma_abi::wqe::send_flags::SIGNALED,
+            ..SqWqeHdr::default()
+        };
+        self.post_wqe(&qp.sq, wqe);
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_SEND);
+    }
+
+    /// `pvrdma_post_recv` of one WR, and its doorbell.
+    pub fn post_recv(&self, qp: &SimQp, wr_id: u64) {
+        let rq = qp.rq.as_ref().expect("QP has a receive queue");
+        self.post_wqe(
+            rq,
+            RqWqeHdr {
+                wr_id,
+                num_sge: 0,
+                total_len: 0,
+            },
+        );
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_RECV);
+    }
+
+    /// Posts a receive to an SRQ and rings its doorbell.
+    pub fn post_srq_recv(&self, srq: &SimSrq, wr_id: u64) {
+        self.post_wqe(
+            &srq.wq,
+            RqWqeHdr {
+                wr_id,
+                num_sge: 0,
+                total_len: 0,
+            },
+        );
+        self.doorbell(srq.page, uar::SRQ_OFFSET, srq.handle | uar::SRQ_RECV);
+    }
+
+    /// `pvrdma_req_notify_cq`.
+    pub fn arm_cq(&self, cq: &SimCq, solicited: bool) {
+        let flag = if solicited {
+            uar::CQ_ARM_SOL
+        } else {
+            uar::CQ_ARM
+        };
+        self.doorbell(cq.page, uar::CQ_OFFSET, cq.handle | flag);
+    }
+
+    /// Drains a device ring with the driver's arithmetic.
+    pub fn consume<T: ByteValued>(&self, ring: &DeviceRing) -> Vec<T> {
+        let mut out = Vec::new();
+        loop {
+            let prod: u32 = self.read(ring.indices);
+            let cons: u32 = self.read(ring.indices + 4);
+            let indices = pvrdma_abi::ring::RingIndices {
+                prod_tail: prod,
+                cons_head: cons,
+            };
+            if ring.geometry.has_data(indices) != Some(true) {
+                return out;
+            }
+            let offset = u64::from(ring.geometry.slot(cons)) * ring.elem;
+            let page = ring.data[(offset / PAGE_SIZE) as usize];
+            out.push(self.read(page + offset % PAGE_SIZE));
+            self.write(ring.indices + 4, ring.geometry.next(cons));
+        }
+    }
+
+    pub fn async_events(&self) -> Vec<Eqe> {
+        let ring = self.async_ring.clone().expect("probed");
+        self.consume(&ring)
+    }
+
+    pub fn cq_notifications(&self) -> Vec<u32> {
+        let ring = self.cq_notify_ring.clone().expect("probed");
+        self.consume::<Cqne>(&ring)
+            .into_iter()
+            .map(|n| n.info)
+            .collect()
+    }
+
+    pub fn poll_cq(&self, cq: &SimCq) -> Vec<Cqe> {
+        self.consume(&cq.ring)
+    }
+}
