@@ -346,3 +346,18 @@ fn device_writes_mark_pages_dirty() {
     assert!(dirty(ring.data[0]));
     assert!(dirty(ring.indices));
 }
+
+#[test]
+fn doorbells_of_a_qp_in_reset_do_nothing() {
+    let (mut sim, pd, cq) = with_pd_cq();
+    let qp = sim.create_qp(QpSpec::rc(pd, cq.handle)).expect("qp");
+    sim.write(qp.sq.indices, 0xdead_beefu32);
+    sim.doorbell(0, uar::QP_OFFSET, qp.handle | uar::QP_SEND);
+    assert!(sim.wait_until(|s| s.metric("doorbell_qp") == 1));
+    assert_eq!(sim.metric("ring_invalid"), 0);
+    assert!(sim.async_events().is_empty());
+    assert_eq!(
+        sim.query_qp(qp.handle).expect("query").qp_state,
+        qp_state::RESET
+    );
+}

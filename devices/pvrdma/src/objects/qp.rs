@@ -473,6 +473,10 @@ pub(crate) fn handle_doorbell<M: GuestMemory>(
         return;
     };
     env.metrics.doorbell_qp.inc();
+    // A QP in RESET has nothing to do; its indices are being zeroed.
+    if qp.state == qp_state::RESET {
+        return;
+    }
     let valid = qp
         .sq
         .pending(mem)
