@@ -136,8 +136,17 @@ impl Class {
 /// A change to the worker's watch list.
 #[derive(Debug)]
 pub(crate) enum WatchOp {
-    Add { data: u32, fd: EventFd, gen: u64 },
-    Remove { data: u32 },
+    /// The worker shares the object's eventfd, so the descriptor stays
+    /// open (and its number unused by anything else) until the worker has
+    /// removed it from its epoll set.
+    Add {
+        data: u32,
+        fd: Arc<EventFd>,
+        gen: u64,
+    },
+    Remove {
+        data: u32,
+    },
 }
 
 /// What every [`Doorbells`] needs: the registrar, the shared POLL eventfd
@@ -196,7 +205,7 @@ pub(crate) struct Doorbells {
     handle: u32,
     kinds: Vec<Doorbell>,
     /// Watched eventfds, one per class.
-    fds: Vec<(Class, EventFd)>,
+    fds: Vec<(Class, Arc<EventFd>)>,
     /// Where the ioeventfds are and which registrations succeeded.
     base: Option<u64>,
     registered: Vec<Doorbell>,
@@ -214,21 +223,20 @@ impl Doorbells {
         kinds: &[Doorbell],
         base: Option<u64>,
     ) -> io::Result<Self> {
-        let mut fds: Vec<(Class, EventFd)> = Vec::new();
+        let mut fds: Vec<(Class, Arc<EventFd>)> = Vec::new();
         for class in kinds.iter().filter_map(|k| k.class()) {
             if fds.iter().all(|(c, _)| *c != class) {
-                fds.push((class, EventFd::new(EFD_NONBLOCK)?));
+                fds.push((class, Arc::new(EventFd::new(EFD_NONBLOCK)?)));
             }
         }
-        let mut ops = Vec::with_capacity(fds.len());
-        for (class, fd) in &fds {
-            let data = class.event_data(handle);
-            ops.push(WatchOp::Add {
-                data,
-                fd: fd.try_clone()?,
+        let ops: Vec<WatchOp> = fds
+            .iter()
+            .map(|(class, fd)| WatchOp::Add {
+                data: class.event_data(handle),
+                fd: Arc::clone(fd),
                 gen,
-            });
-        }
+            })
+            .collect();
         let mut doorbells = Self {
             hub: Arc::clone(hub),
             page,
@@ -250,7 +258,11 @@ impl Doorbells {
     fn fd(&self, kind: Doorbell) -> Option<&EventFd> {
         match kind.class() {
             None => Some(&self.hub.poll),
-            Some(class) => self.fds.iter().find(|(c, _)| *c == class).map(|(_, fd)| fd),
+            Some(class) => self
+                .fds
+                .iter()
+                .find(|(c, _)| *c == class)
+                .map(|(_, fd)| &**fd),
         }
     }
 

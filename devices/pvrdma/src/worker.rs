@@ -54,7 +54,7 @@ pub enum SpawnError {
 /// An eventfd the worker watches for one object.
 #[derive(Debug)]
 struct Watched {
-    fd: EventFd,
+    fd: Arc<EventFd>,
     gen: u64,
 }
 
