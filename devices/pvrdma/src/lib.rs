@@ -6,24 +6,30 @@
 //!
 //! # Wiring
 //!
+//! One PCI slot per `--pvrdma tap=NAME,mac=MAC[,gid=roce-v2|roce-v1]`:
+//!
 //! ```text
-//! let port = Arc::new(net_port::Port::new(mac, carrier));      // shared with vmxnet3
-//! let vmxnet3 = ...;                                              // function 0, multifunction
+//! let port = Arc::new(Port::new(mac, false));                 // shared
+//! let nic = Vmxnet3::new(&Vmxnet3Config { mac, multifunction: true },
+//!                        port.clone(), tap, guest_mem.clone(), hooks.clone())?;
 //! let rdma = Pvrdma::new(&PvrdmaConfig { gid_type, ..Default::default() },
-//!                        port.clone(), guest_mem.clone(), hooks)?;
-//! bus.add_device(slot, 0, vmxnet3)?;
+//!                        port, guest_mem, hooks)?;            // gid: "roce-v2".parse()
+//! let counters = rdma.metrics();                              // for vm.counters
+//! bus.add_device(slot, 0, Arc::new(Mutex::new(nic)))?;
 //! bus.add_device(slot, 1, Arc::new(Mutex::new(rdma)))?;
 //! ```
 //!
 //! The function has three BARs: BAR0 (8 KiB, 32-bit) holds the MSI-X table
 //! (3 vectors: command response, async events, CQ notifications) and PBA,
-//! BAR1 (4 KiB, 32-bit) the registers, BAR2 (64-bit, `max_uar` pages, not
-//! prefetchable) the UAR doorbell pages. There is no INTx. `new` starts a
-//! worker thread (dropping the device stops it); every doorbell is an
-//! ioeventfd with datamatch registered through `hooks.ioevents` while
-//! memory decoding is on, one eventfd per QP, two per CQ and one per SRQ,
-//! plus one device-wide: raise RLIMIT_NOFILE accordingly.
-//!
+//! BAR1 (4 KiB, 32-bit) the registers, BAR2 (64-bit, `max_uar` pages, 2 MiB
+//! by default, not prefetchable) the UAR doorbell pages. There is no INTx
+//! or MSI. `new` starts a worker thread (dropping the device stops it and
+//! removes every ioeventfd). Doorbells are ioeventfds with datamatch,
+//! registered through `hooks.ioevents` while memory decoding is on: one
+//! eventfd per QP, two per CQ, one per SRQ, plus one device-wide; raise
+//! RLIMIT_NOFILE accordingly (a registration KVM refuses is counted and
+//! that doorbell exits to the VMM instead, which still works).
+
 //! # Structure
 //!
 //! `regs` the register BAR, `dsr` the DSR handshake, `cmd` the command
