@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+pub use pvrdma::GidType;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("invalid size '{0}': expected a number with an optional K, M or G suffix")]
@@ -196,14 +198,6 @@ pub struct NetConfig {
     pub mtu: Option<u16>,
 }
 
-/// Which RoCE GIDs the PVRDMA port exposes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GidType {
-    #[default]
-    RoceV2,
-    RoceV1,
-}
-
 /// The PVRDMA slot: vmxnet3 at function 0 on `net`'s TAP, PVRDMA at
 /// function 1. `--pvrdma tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,11 +218,8 @@ fn parse_nic(s: &str, what: &'static str, allowed: &[&str], expected: &'static s
                 mtu = Some(Some(n).filter(|n| (MIN_MTU..=MAX_MTU).contains(n)).ok_or_else(err)?);
             }
             _ => {
-                gid = Some(match v {
-                    "roce-v2" => GidType::RoceV2,
-                    "roce-v1" => GidType::RoceV1,
-                    _ => return Err(ConfigError::BadValue { key: "gid", value: v.to_string(), expected: "roce-v2 or roce-v1" }),
-                })
+                let err = || ConfigError::BadValue { key: "gid", value: v.to_string(), expected: "roce-v2 or roce-v1" };
+                gid = Some(v.parse::<GidType>().map_err(|_| err())?);
             }
         }
     }

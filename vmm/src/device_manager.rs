@@ -9,18 +9,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kvm_ioctls::VmFd;
 use legacy_devices::{
-    AcpiPm, ExitSignal, I8042, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042_PORT,
+    AcpiPm, ExitSignal, I8042, InputRoom, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042_PORT,
     I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
 };
+use net_port::{Port, Tap};
 use pci::{DeviceHooks, PciBus};
+use pvrdma::Pvrdma;
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::device_manager::{IoManager, PioManager};
 use vm_device::DevicePio;
 use virtio_devices::{Block, BlockConfig};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmxnet3::{Vmxnet3, Vmxnet3Config};
 
 use crate::arch::layout;
-use crate::config::{SerialConfig, VmConfig};
+use crate::config::{NetConfig, SerialConfig, VmConfig};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -38,8 +41,12 @@ pub enum DeviceError {
     Pci(#[source] pci::PciBusError),
     #[error("No free PCI slot left for {0}")]
     NoSlot(&'static str),
-    #[error("{0} is not available in this build yet")]
-    Unsupported(&'static str),
+    #[error("Failed to create the PVRDMA device")]
+    Pvrdma(#[source] pvrdma::PvrdmaError),
+    #[error("Failed to open TAP {0}")]
+    Tap(String, #[source] net_port::TapError),
+    #[error("Failed to create the vmxnet3 NIC on {0}")]
+    Vmxnet3(String, #[source] vmxnet3::Vmxnet3Error),
     #[error("Failed to create the disk for {0}")]
     Disk(String, #[source] virtio_devices::BlockError),
 }
@@ -102,6 +109,7 @@ impl DevicePio for PciConfigIo {
 pub struct DeviceManager {
     bus: Arc<IoBus>,
     serial: Arc<Mutex<Serial>>,
+    serial_room: EventFd,
 }
 
 /// The GET_ID serial of disk `index`: what the guest sees in
@@ -144,16 +152,12 @@ impl DeviceManager {
         vm: &Vm,
         exit: Arc<ExitSignal>,
     ) -> Result<Self, DeviceError> {
-        if !config.nets.is_empty() {
-            return Err(DeviceError::Unsupported("--net (vmxnet3)"));
-        }
-        if config.pvrdma.is_some() {
-            return Err(DeviceError::Unsupported("--pvrdma"));
-        }
         let mut pio = IoManager::new();
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
         register_irqfd(vm.fd(), &serial_irq, SERIAL_IRQ)?;
-        let serial = Arc::new(Mutex::new(Serial::new(SerialIrq(serial_irq), serial_output(&config.serial)?)));
+        let serial_room = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
+        let room = InputRoom(serial_room.try_clone().map_err(DeviceError::EventFd)?);
+        let serial = Arc::new(Mutex::new(Serial::new(SerialIrq(serial_irq), room, serial_output(&config.serial)?)));
         register_pio(&mut pio, "serial", SERIAL_PORT, SERIAL_PORT_LEN, serial.clone())?;
         register_pio(&mut pio, "i8042", I8042_PORT, I8042_PORT_LEN, Mutex::new(I8042::new(exit.clone())))?;
         register_pio(&mut pio, "ACPI PM", ACPI_PM_PORT, ACPI_PM_PORT_LEN, Mutex::new(AcpiPm::new(exit)))?;
@@ -172,18 +176,65 @@ impl DeviceManager {
             bus.add_device(slot, 0, Arc::new(Mutex::new(block))).map_err(DeviceError::Pci)?;
             log::info!("virtio-blk {} at 00:{slot:02x}.0{}", disk.path.display(), if disk.readonly { " (read-only)" } else { "" });
         }
+        for net in &config.nets {
+            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            add_vmxnet3(&mut bus, net, false, mem, &hooks)?;
+        }
+        if let Some(rdma) = &config.pvrdma {
+            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            // One converged slot: the NIC at function 0 owns the port, PVRDMA
+            // at function 1 follows it (the guest driver pairs them by slot).
+            let (slot, port) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
+            let cfg = pvrdma::PvrdmaConfig { gid_type: rdma.gid, ..Default::default() };
+            let dev = Pvrdma::new(&cfg, port, mem.clone(), hooks.clone()).map_err(DeviceError::Pvrdma)?;
+            bus.add_device(slot, 1, Arc::new(Mutex::new(dev))).map_err(DeviceError::Pci)?;
+            log::info!("PVRDMA ({:?}) at 00:{slot:02x}.1", rdma.gid);
+        }
 
-        Ok(Self { bus: Arc::new(IoBus { pio, pci }), serial })
+        Ok(Self { bus: Arc::new(IoBus { pio, pci }), serial, serial_room })
     }
 
     pub fn bus(&self) -> Arc<IoBus> {
         self.bus.clone()
     }
 
-    /// Console input for the guest (from the VMM's stdin in tty mode).
+    /// Console input for the guest (from the VMM's stdin in tty mode);
+    /// returns how many bytes the receive FIFO took.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
         self.serial.lock().unwrap_or_else(PoisonError::into_inner).enqueue_input(bytes)
     }
+
+    /// Readable when the guest has emptied the serial receive FIFO.
+    pub fn serial_room(&self) -> &EventFd {
+        &self.serial_room
+    }
+}
+
+/// Adds a vmxnet3 NIC on `net`'s TAP as function 0 of a new slot; returns
+/// the slot and the port it publishes (for a PVRDMA function beside it).
+fn add_vmxnet3(
+    bus: &mut PciBus,
+    net: &NetConfig,
+    multifunction: bool,
+    mem: &Arc<GuestMemory>,
+    hooks: &DeviceHooks,
+) -> Result<(u8, Arc<Port>), DeviceError> {
+    let tap = Arc::new(Tap::open(&net.tap).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?);
+    if let (true, Some(mtu)) = (tap.created(), net.mtu) {
+        tap.set_mtu(mtu).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?;
+    }
+    let port = Arc::new(Port::new(net.mac.0, false));
+    let cfg = Vmxnet3Config { mac: net.mac.0, multifunction };
+    let nic = Vmxnet3::new(&cfg, port.clone(), tap.clone(), mem.clone(), hooks.clone())
+        .map_err(|e| DeviceError::Vmxnet3(net.tap.clone(), e))?;
+    let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("vmxnet3"))?;
+    bus.add_device(slot, 0, Arc::new(Mutex::new(nic))).map_err(DeviceError::Pci)?;
+    log::info!(
+        "vmxnet3 on TAP {} ({}) at 00:{slot:02x}.0",
+        net.tap,
+        if tap.created() { "created" } else { "existing" }
+    );
+    Ok((slot, port))
 }
 
 fn register_irqfd(vm: &VmFd, fd: &EventFd, gsi: u32) -> Result<(), DeviceError> {

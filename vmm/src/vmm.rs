@@ -109,6 +109,72 @@ impl std::fmt::Debug for Vmm {
     }
 }
 
+/// Moves console input from the VMM's stdin into the guest's UART with
+/// backpressure: while the receive FIFO is full, stdin is not read (the
+/// bytes wait in the terminal or pipe), and the guest draining the FIFO
+/// resumes the flow. Nothing typed or pasted is dropped.
+struct ConsoleInput {
+    /// stdin is a console source (tty mode) and has not reached EOF.
+    open: bool,
+    /// stdin is in the epoll set (only while nothing is pending).
+    watched: bool,
+    /// stdin cannot be polled (a regular file): it is always readable, so
+    /// it is read whenever the FIFO has room.
+    always_ready: bool,
+    pending: Vec<u8>,
+}
+
+impl ConsoleInput {
+    fn new(enabled: bool) -> Self {
+        Self { open: enabled, watched: false, always_ready: false, pending: Vec::new() }
+    }
+
+    fn set_watch(&mut self, epoll: &Epoll, token: u64, on: bool) -> Result<(), VmmError> {
+        if self.watched == on {
+            return Ok(());
+        }
+        let fd = std::io::stdin().as_raw_fd();
+        let result = if on {
+            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+        } else {
+            epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default())
+        };
+        match result {
+            Ok(()) => self.watched = on,
+            // Regular files (and /dev/null) cannot be polled: always readable.
+            Err(e) if on && e.raw_os_error() == Some(libc::EPERM) => self.always_ready = true,
+            Err(e) => return Err(VmmError::EventLoop(e)),
+        }
+        Ok(())
+    }
+
+    fn watch(&mut self, epoll: &Epoll, token: u64) -> Result<(), VmmError> {
+        let on = self.open && self.pending.is_empty() && !self.always_ready;
+        self.set_watch(epoll, token, on)
+    }
+
+    fn read_stdin(&mut self, devices: &DeviceManager, epoll: &Epoll, token: u64) -> Result<(), VmmError> {
+        let mut buf = [0u8; 256];
+        match std::io::stdin().lock().read(&mut buf) {
+            Ok(0) | Err(_) => self.open = false,
+            Ok(n) => self.pending.extend_from_slice(buf.get(..n).unwrap_or_default()),
+        }
+        self.feed(devices, epoll, token)
+    }
+
+    /// Offers pending input to the guest, then decides whether to read
+    /// more: only once everything pending has been taken.
+    fn feed(&mut self, devices: &DeviceManager, epoll: &Epoll, token: u64) -> Result<(), VmmError> {
+        let taken = devices.serial_input(&self.pending);
+        self.pending.drain(..taken.min(self.pending.len()));
+        self.watch(epoll, token)?;
+        if self.always_ready && self.open && self.pending.is_empty() && taken > 0 {
+            return self.read_stdin(devices, epoll, token);
+        }
+        Ok(())
+    }
+}
+
 fn start_api(path: &std::path::Path) -> Result<Api, VmmError> {
     let evt = eventfd()?;
     let (sender, requests) = mpsc::channel();
@@ -265,6 +331,7 @@ impl Vmm {
         const VCPU_EXIT: u64 = 2;
         const STDIN: u64 = 3;
         const API: u64 = 4;
+        const SERIAL_ROOM: u64 = 5;
         let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
         let add = |fd: i32, token: u64| {
             epoll
@@ -277,8 +344,12 @@ impl Vmm {
         if let Some(api) = &self.api {
             add(api.evt.as_raw_fd(), API)?;
         }
-        let stdin = std::io::stdin();
-        let mut stdin_open = self.config.serial == SerialConfig::Tty && add(stdin.as_raw_fd(), STDIN).is_ok();
+        add(self.devices.serial_room().as_raw_fd(), SERIAL_ROOM)?;
+        let mut console = ConsoleInput::new(self.config.serial == SerialConfig::Tty);
+        console.watch(&epoll, STDIN)?;
+        if console.always_ready {
+            console.read_stdin(&self.devices, &epoll, STDIN)?;
+        }
 
         let mut events = vec![EpollEvent::default(); 8];
         loop {
@@ -305,20 +376,10 @@ impl Vmm {
                             return Ok(self.finish(Outcome::ApiShutdown));
                         }
                     }
-                    STDIN if stdin_open => {
-                        let mut buf = [0u8; 64];
-                        match stdin.lock().read(&mut buf) {
-                            Ok(0) | Err(_) => {
-                                let _ = epoll.ctl(ControlOperation::Delete, stdin.as_raw_fd(), EpollEvent::default());
-                                stdin_open = false;
-                            }
-                            Ok(n) => {
-                                let taken = self.devices.serial_input(buf.get(..n).unwrap_or_default());
-                                if taken < n {
-                                    log::warn!("Serial input FIFO full: {} bytes dropped", n - taken);
-                                }
-                            }
-                        }
+                    STDIN => console.read_stdin(&self.devices, &epoll, STDIN)?,
+                    SERIAL_ROOM => {
+                        let _ = self.devices.serial_room().read();
+                        console.feed(&self.devices, &epoll, STDIN)?;
                     }
                     _ => {}
                 }

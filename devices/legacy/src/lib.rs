@@ -10,7 +10,7 @@ mod serial;
 
 pub use acpi_pm::{AcpiPm, ACPI_PM_PORT, ACPI_PM_PORT_LEN, RESET_VALUE, SLEEP_TYPE_S5};
 pub use i8042::{I8042, I8042_PORT, I8042_PORT_LEN};
-pub use serial::{Serial, SerialIrq, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN};
+pub use serial::{InputRoom, Serial, SerialIrq, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN};
 
 use vmm_sys_util::eventfd::EventFd;
 

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use vm_device::bus::{PioAddress, PioAddressOffset};
 use vm_device::MutDevicePio;
+use vm_superio::serial::SerialEvents;
 use vm_superio::{Serial as Uart, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -27,8 +28,25 @@ impl Trigger for SerialIrq {
     }
 }
 
+/// Tells the VMM that the guest emptied the receive FIFO, so console input
+/// held back while it was full can be offered again (backpressure instead
+/// of dropping what the user typed or pasted).
+#[derive(Debug)]
+pub struct InputRoom(pub EventFd);
+
+impl SerialEvents for InputRoom {
+    fn buffer_read(&self) {}
+    fn out_byte(&self) {}
+    fn tx_lost_byte(&self) {}
+    fn in_buffer_empty(&self) {
+        if let Err(e) = self.0.write(1) {
+            log::warn!("Failed to signal serial input room: {e}");
+        }
+    }
+}
+
 pub struct Serial {
-    uart: Uart<SerialIrq, vm_superio::serial::NoEvents, Box<dyn Write + Send>>,
+    uart: Uart<SerialIrq, InputRoom, Box<dyn Write + Send>>,
 }
 
 impl std::fmt::Debug for Serial {
@@ -39,9 +57,10 @@ impl std::fmt::Debug for Serial {
 
 impl Serial {
     /// A UART whose transmitted bytes go to `out` (stdout, a file, or
-    /// `io::sink()` when the console is off).
-    pub fn new(irq: SerialIrq, out: Box<dyn Write + Send>) -> Self {
-        Self { uart: Uart::new(irq, out) }
+    /// `io::sink()` when the console is off); `room` fires whenever the
+    /// guest has read the receive FIFO empty.
+    pub fn new(irq: SerialIrq, room: InputRoom, out: Box<dyn Write + Send>) -> Self {
+        Self { uart: Uart::with_events(irq, room, out) }
     }
 
     /// Queues console input for the guest; returns how many bytes fit in
@@ -101,7 +120,8 @@ mod tests {
     fn transmits_bytes_and_raises_irq() {
         let out = Capture::default();
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
-        let mut serial = Serial::new(SerialIrq(irq.try_clone().unwrap()), Box::new(out.clone()));
+        let room = InputRoom(EventFd::new(EFD_NONBLOCK).unwrap());
+        let mut serial = Serial::new(SerialIrq(irq.try_clone().unwrap()), room, Box::new(out.clone()));
         let base = PioAddress(SERIAL_PORT);
         // Enable the THR-empty interrupt, then send "hi".
         serial.pio_write(base, 1, &[0x02]);
@@ -118,15 +138,22 @@ mod tests {
     }
 
     #[test]
-    fn input_is_bounded_by_the_fifo() {
+    fn input_is_bounded_by_the_fifo_and_room_is_signalled() {
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
-        let mut serial = Serial::new(SerialIrq(irq), Box::new(io::sink()));
+        let room = EventFd::new(EFD_NONBLOCK).unwrap();
+        let mut serial = Serial::new(SerialIrq(irq), InputRoom(room.try_clone().unwrap()), Box::new(io::sink()));
         let big = vec![b'a'; 1000];
         let taken = serial.enqueue_input(&big);
         assert!(taken > 0 && taken < big.len());
         assert_eq!(serial.enqueue_input(&big), 0, "a full FIFO takes nothing");
+        let base = PioAddress(SERIAL_PORT);
         let mut byte = [0u8];
-        serial.pio_read(PioAddress(SERIAL_PORT), 0, &mut byte);
-        assert_eq!(byte, [b'a']);
+        for _ in 0..taken {
+            assert!(room.read().is_err(), "no room signalled before the FIFO is empty");
+            serial.pio_read(base, 0, &mut byte);
+            assert_eq!(byte, [b'a']);
+        }
+        assert!(room.read().unwrap() >= 1, "emptying the FIFO signals room");
+        assert!(serial.enqueue_input(&big) > 0);
     }
 }
