@@ -9,7 +9,10 @@
 #          multi-threaded TCG hung or reset in 3 of 5 runs; single-threaded was 4 of 4 fine).
 # Output: the L1 console on stdout and in OUT/console.log (lines prefixed with host seconds since
 # start), QEMU's own messages in OUT/qemu-l1.stderr, the script's exit status in OUT/l1-rc.
-# Exit status: the script's; 124 if L1 hit the timeout; 125 if L1 ended without reporting one.
+# Exit status: the script's; 124 if L1 hit the timeout; 125 if L1 ended without reporting one;
+# 126 if L1 stalled: no console line (l1-init prints a heartbeat every 30 s) for STALL_LIMIT s.
+# Nested guests under TCG have been seen to wedge L1 itself (its timers stop, so its own timeouts
+# never fire); the stall check ends such a run in minutes instead of at --timeout.
 set -euo pipefail
 RES=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=../lib/common.sh
@@ -38,7 +41,8 @@ command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found (r
 . "$assets/assets.env"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-rm -f "$out/l1-rc"
+rm -f "$out/l1-rc" "$out/l1-stalled" "$out/qemu-l1.stderr"
+STALL_LIMIT=${STALL_LIMIT:-180}
 
 # L1 takes most of a CPU per vCPU for its whole run: one at a time per machine.
 exec 8>/tmp/pvrdma-vmm-l1.lock
@@ -49,10 +53,15 @@ fi
 
 log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out"
 t0=${EPOCHREALTIME/./}
+pidfile=$(mktemp)
+trap 'rm -f "$pidfile"' EXIT
 set +e
+# This shell's own stderr goes to the QEMU log while the pipeline runs: bash reports a pipeline
+# member killed by a signal (the stall check below kills QEMU) with a dump of the whole pipeline.
+exec 3>&2 2>>"$out/qemu-l1.stderr"
 # --foreground keeps QEMU in this script's process group, so that whoever runs this script can stop
 # all of it by killing that group (plain timeout would move QEMU into a group of its own).
-timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-threads=on \
+timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-threads=on -pidfile "$pidfile" \
   -accel tcg,thread=multi,tb-size=1024 -cpu EPYC -smp "$smp" -m "$mem" \
   -display none -monitor none -no-reboot -nodefaults \
   -chardev stdio,id=con,signal=off -serial chardev:con \
@@ -60,14 +69,27 @@ timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-t
   -append "console=ttyS0 panic=-1 quiet l1script=$script l1modules=$PVRDMA_MODULES" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
   -virtfs "local,path=$out,mount_tag=out,security_model=none" \
-  < /dev/null 2> "$out/qemu-l1.stderr" \
-  | while IFS= read -r line; do
-      now=${EPOCHREALTIME/./}
-      printf '[%4d.%02d] %s\n' $(((now - t0) / 1000000)) $(((now - t0) / 10000 % 100)) "${line%$'\r'}"
+  < /dev/null \
+  | while :; do
+      if IFS= read -r -t "$STALL_LIMIT" line; then
+        now=${EPOCHREALTIME/./}
+        printf '[%4d.%02d] %s\n' $(((now - t0) / 1000000)) $(((now - t0) / 10000 % 100)) "${line%$'\r'}"
+      elif (($? > 128)); then
+        touch "$out/l1-stalled"
+        kill -KILL "$(<"$pidfile")"
+        break
+      else
+        break # end of the console: QEMU exited
+      fi
     done | tee "$out/console.log"
 status=("${PIPESTATUS[@]}")
+exec 2>&3 3>&-
 set -e
 qemu_rc=${status[0]}
+if [[ -e $out/l1-stalled ]]; then
+  log "L1 STALLED: no console output for ${STALL_LIMIT}s, killed it (console: $out/console.log)"
+  exit 126
+fi
 if [[ $qemu_rc == 124 || $qemu_rc == 137 ]]; then
   log "L1 TIMED OUT after ${timeout}s (console: $out/console.log)"
   exit 124

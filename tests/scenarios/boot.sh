@@ -11,7 +11,7 @@
 # Each phase writes $OUT/<phase>.env and $OUT/<phase>-serial.log.
 
 # A stock kernel reaches /init in 24-35 s of L1 time; with margin for a loaded CI machine.
-BOOT_LIMIT=${BOOT_LIMIT:-300}
+BOOT_LIMIT=${BOOT_LIMIT:-240}
 
 phase_reference() {
   local t0 rc=0

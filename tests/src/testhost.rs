@@ -24,6 +24,9 @@ use crate::{announce, workspace_root, Error, Result};
 /// grace period before it kills QEMU.
 const RUNNER_GRACE: Duration = Duration::from_secs(90);
 
+/// run-l1.sh's exit status when L1 stopped making progress (see `resources/test-host/run-l1.sh`).
+const L1_STALLED: i32 = 126;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scenario {
     /// `tests/scenarios/<name>.sh`.
@@ -77,8 +80,33 @@ impl Outcome {
 
 /// Runs `scenario` in this host's mode (see [`host::mode`]) and waits for it, at most
 /// `scenario.timeout` plus the runner's grace time.
+///
+/// In TEST-HOST mode a run whose L1 stalled (run-l1.sh's exit status 126: the test host itself
+/// stopped making progress, a known hazard of nested guests under TCG, and no verdict on the code
+/// under test) is run once more; its logs stay in `target/e2e-runs/<name>.stalled/`.
 pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
     let mode = host::mode()?;
+    let outcome = run_once(scenario, assets, mode)?;
+    if mode != Mode::TestHost
+        || outcome.exit_code != Some(L1_STALLED)
+        || outcome.file("l1-rc").exists()
+    {
+        return Ok(outcome);
+    }
+    let kept = runs_dir().join(format!("{}.stalled", scenario.name));
+    if kept.exists() {
+        fs::remove_dir_all(&kept).map_err(|e| io_error("remove", &kept, &e))?;
+    }
+    fs::rename(&outcome.dir, &kept).map_err(|e| io_error("keep the stalled run in", &kept, &e))?;
+    announce(&format!(
+        "scenario {}: THE TEST HOST STALLED (not a test verdict); logs kept in {}; running it once more",
+        scenario.name,
+        kept.display()
+    ));
+    run_once(scenario, assets, mode)
+}
+
+fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome> {
     let dir = runs_dir().join(&scenario.name);
     let out = dir.join("out");
     if dir.exists() {
