@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::config::{self, ConfigError, DiskConfig, NetConfig, PvrdmaConfig, SerialConfig, VmConfig};
+use crate::config::{
+    self, ConfigError, DiskConfig, NetConfig, PvrdmaConfig, SerialConfig, VmConfig,
+};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -100,9 +102,27 @@ mod tests {
     #[test]
     fn parses_a_full_command_line() {
         let cli = Cli::try_parse_from([
-            "pvrdma-vmm", "--kernel", "/k", "--initramfs", "/i", "--cmdline", "console=ttyS0 quiet",
-            "--cpus", "2", "--memory", "1G", "--disk", "path=/d.img,readonly=on", "--disk", "path=/e.img",
-            "--serial", "file=/tmp/s", "--api-socket", "/tmp/api", "--log-level", "debug",
+            "pvrdma-vmm",
+            "--kernel",
+            "/k",
+            "--initramfs",
+            "/i",
+            "--cmdline",
+            "console=ttyS0 quiet",
+            "--cpus",
+            "2",
+            "--memory",
+            "1G",
+            "--disk",
+            "path=/d.img,readonly=on",
+            "--disk",
+            "path=/e.img",
+            "--serial",
+            "file=/tmp/s",
+            "--api-socket",
+            "/tmp/api",
+            "--log-level",
+            "debug",
         ])
         .unwrap();
         let cfg = cli.vm_config().unwrap();

@@ -18,11 +18,22 @@ pub enum ConfigError {
     #[error("--cpus must be between 1 and {max}, got {got}")]
     Cpus { max: u16, got: String },
     #[error("unknown option '{key}' in {what} (expected {expected})")]
-    UnknownKey { what: &'static str, key: String, expected: &'static str },
+    UnknownKey {
+        what: &'static str,
+        key: String,
+        expected: &'static str,
+    },
     #[error("{what} needs {key}=")]
-    MissingKey { what: &'static str, key: &'static str },
+    MissingKey {
+        what: &'static str,
+        key: &'static str,
+    },
     #[error("invalid value '{value}' for {key} (expected {expected})")]
-    BadValue { key: &'static str, value: String, expected: &'static str },
+    BadValue {
+        key: &'static str,
+        value: String,
+        expected: &'static str,
+    },
     #[error("--serial must be tty, off or file=PATH, got '{0}'")]
     Serial(String),
     #[error("invalid MAC address '{0}' (expected six hex bytes like 52:54:00:12:34:56, unicast)")]
@@ -61,7 +72,11 @@ pub fn parse_memory(s: &str) -> Result<u64, ConfigError> {
     let bytes = parse_size(s)?;
     let mib = bytes >> 20;
     if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
-        return Err(ConfigError::MemoryRange { min: MIN_MEMORY_MIB, max: MAX_MEMORY_MIB, got: mib });
+        return Err(ConfigError::MemoryRange {
+            min: MIN_MEMORY_MIB,
+            max: MAX_MEMORY_MIB,
+            got: mib,
+        });
     }
     if bytes % (2 << 20) != 0 {
         return Err(ConfigError::MemoryAlignment);
@@ -73,7 +88,10 @@ pub fn parse_memory(s: &str) -> Result<u64, ConfigError> {
 pub const MAX_CPUS: u16 = 254;
 
 pub fn parse_cpus(s: &str) -> Result<u8, ConfigError> {
-    let err = || ConfigError::Cpus { max: MAX_CPUS, got: s.to_string() };
+    let err = || ConfigError::Cpus {
+        max: MAX_CPUS,
+        got: s.to_string(),
+    };
     let n: u16 = s.trim().parse().map_err(|_| err())?;
     if n == 0 || n > MAX_CPUS {
         return Err(err());
@@ -95,7 +113,11 @@ fn parse_kv<'a>(
             if allowed.contains(&k) {
                 Ok((k, v))
             } else {
-                Err(ConfigError::UnknownKey { what, key: k.to_string(), expected })
+                Err(ConfigError::UnknownKey {
+                    what,
+                    key: k.to_string(),
+                    expected,
+                })
             }
         })
         .collect()
@@ -105,7 +127,11 @@ fn parse_on_off(key: &'static str, v: &str) -> Result<bool, ConfigError> {
     match v {
         "on" | "true" => Ok(true),
         "off" | "false" => Ok(false),
-        _ => Err(ConfigError::BadValue { key, value: v.to_string(), expected: "on or off" }),
+        _ => Err(ConfigError::BadValue {
+            key,
+            value: v.to_string(),
+            expected: "on or off",
+        }),
     }
 }
 
@@ -123,11 +149,19 @@ impl FromStr for DiskConfig {
         for (k, v) in parse_kv(s, "--disk", &["path", "readonly"], "path=, readonly=")? {
             match k {
                 "path" if !v.is_empty() => path = Some(PathBuf::from(v)),
-                "path" => return Err(ConfigError::MissingKey { what: "--disk", key: "path" }),
+                "path" => {
+                    return Err(ConfigError::MissingKey {
+                        what: "--disk",
+                        key: "path",
+                    })
+                }
                 _ => readonly = parse_on_off("readonly", v)?,
             }
         }
-        let path = path.ok_or(ConfigError::MissingKey { what: "--disk", key: "path" })?;
+        let path = path.ok_or(ConfigError::MissingKey {
+            what: "--disk",
+            key: "path",
+        })?;
         Ok(Self { path, readonly })
     }
 }
@@ -181,8 +215,15 @@ impl FromStr for MacAddr {
 const MAX_TAP_NAME: usize = 15;
 
 fn parse_tap_name(v: &str) -> Result<String, ConfigError> {
-    let ok = !v.is_empty() && v.len() <= MAX_TAP_NAME && !v.contains(['/', ',']) && !v.contains(char::is_whitespace);
-    if ok { Ok(v.to_string()) } else { Err(ConfigError::TapName(v.to_string())) }
+    let ok = !v.is_empty()
+        && v.len() <= MAX_TAP_NAME
+        && !v.contains(['/', ','])
+        && !v.contains(char::is_whitespace);
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(ConfigError::TapName(v.to_string()))
+    }
 }
 
 /// MTU range the vmxnet3 model supports (rev 1: up to 9000).
@@ -206,19 +247,36 @@ pub struct PvrdmaConfig {
     pub gid: GidType,
 }
 
-fn parse_nic(s: &str, what: &'static str, allowed: &[&str], expected: &'static str) -> Result<(NetConfig, Option<GidType>), ConfigError> {
+fn parse_nic(
+    s: &str,
+    what: &'static str,
+    allowed: &[&str],
+    expected: &'static str,
+) -> Result<(NetConfig, Option<GidType>), ConfigError> {
     let (mut tap, mut mac, mut mtu, mut gid) = (None, None, None, None);
     for (k, v) in parse_kv(s, what, allowed, expected)? {
         match k {
             "tap" => tap = Some(parse_tap_name(v)?),
             "mac" => mac = Some(v.parse()?),
             "mtu" => {
-                let err = || ConfigError::Mtu { min: MIN_MTU, max: MAX_MTU, got: v.to_string() };
+                let err = || ConfigError::Mtu {
+                    min: MIN_MTU,
+                    max: MAX_MTU,
+                    got: v.to_string(),
+                };
                 let n: u16 = v.parse().map_err(|_| err())?;
-                mtu = Some(Some(n).filter(|n| (MIN_MTU..=MAX_MTU).contains(n)).ok_or_else(err)?);
+                mtu = Some(
+                    Some(n)
+                        .filter(|n| (MIN_MTU..=MAX_MTU).contains(n))
+                        .ok_or_else(err)?,
+                );
             }
             _ => {
-                let err = || ConfigError::BadValue { key: "gid", value: v.to_string(), expected: "roce-v2 or roce-v1" };
+                let err = || ConfigError::BadValue {
+                    key: "gid",
+                    value: v.to_string(),
+                    expected: "roce-v2 or roce-v1",
+                };
                 gid = Some(v.parse::<GidType>().map_err(|_| err())?);
             }
         }
@@ -240,8 +298,16 @@ impl FromStr for PvrdmaConfig {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (net, gid) = parse_nic(s, "--pvrdma", &["tap", "mac", "mtu", "gid"], "tap=, mac=, mtu=, gid=")?;
-        Ok(Self { net, gid: gid.unwrap_or_default() })
+        let (net, gid) = parse_nic(
+            s,
+            "--pvrdma",
+            &["tap", "mac", "mtu", "gid"],
+            "tap=, mac=, mtu=, gid=",
+        )?;
+        Ok(Self {
+            net,
+            gid: gid.unwrap_or_default(),
+        })
     }
 }
 
@@ -285,7 +351,10 @@ mod tests {
         for bad in ["", "M", "-1M", "12X", "1.5G", "99999999999999999G"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
-        assert!(matches!(parse_memory("16M"), Err(ConfigError::MemoryRange { .. })));
+        assert!(matches!(
+            parse_memory("16M"),
+            Err(ConfigError::MemoryRange { .. })
+        ));
         assert_eq!(parse_memory("65537K"), Err(ConfigError::MemoryAlignment));
         assert_eq!(parse_memory("512M"), Ok(512 << 20));
     }
@@ -301,19 +370,44 @@ mod tests {
     #[test]
     fn disks() {
         let d: DiskConfig = "path=/a.img,readonly=on".parse().unwrap();
-        assert_eq!(d, DiskConfig { path: "/a.img".into(), readonly: true });
+        assert_eq!(
+            d,
+            DiskConfig {
+                path: "/a.img".into(),
+                readonly: true
+            }
+        );
         let d: DiskConfig = "path=/b.img".parse().unwrap();
         assert!(!d.readonly);
-        assert!(matches!("readonly=on".parse::<DiskConfig>(), Err(ConfigError::MissingKey { .. })));
-        assert!(matches!("path=".parse::<DiskConfig>(), Err(ConfigError::MissingKey { .. })));
-        assert!(matches!("path=/a,ro=1".parse::<DiskConfig>(), Err(ConfigError::UnknownKey { .. })));
-        assert!(matches!("path=/a,readonly=yes".parse::<DiskConfig>(), Err(ConfigError::BadValue { .. })));
+        assert!(matches!(
+            "readonly=on".parse::<DiskConfig>(),
+            Err(ConfigError::MissingKey { .. })
+        ));
+        assert!(matches!(
+            "path=".parse::<DiskConfig>(),
+            Err(ConfigError::MissingKey { .. })
+        ));
+        assert!(matches!(
+            "path=/a,ro=1".parse::<DiskConfig>(),
+            Err(ConfigError::UnknownKey { .. })
+        ));
+        assert!(matches!(
+            "path=/a,readonly=yes".parse::<DiskConfig>(),
+            Err(ConfigError::BadValue { .. })
+        ));
     }
 
     #[test]
     fn nics() {
         let n: NetConfig = "tap=tap0,mac=52:54:00:12:34:56,mtu=9000".parse().unwrap();
-        assert_eq!(n, NetConfig { tap: "tap0".into(), mac: MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]), mtu: Some(9000) });
+        assert_eq!(
+            n,
+            NetConfig {
+                tap: "tap0".into(),
+                mac: MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]),
+                mtu: Some(9000)
+            }
+        );
         let p: PvrdmaConfig = "tap=t1,mac=02:00:00:00:00:01".parse().unwrap();
         assert_eq!((p.gid, p.net.mtu), (GidType::RoceV2, None));
         let p: PvrdmaConfig = "tap=t1,mac=02:00:00:00:00:01,gid=roce-v1".parse().unwrap();
@@ -334,12 +428,18 @@ mod tests {
         ] {
             assert!(bad.parse::<NetConfig>().is_err(), "{bad}");
         }
-        assert!("tap=t0,mac=52:54:00:12:34:56,gid=ib".parse::<PvrdmaConfig>().is_err());
+        assert!("tap=t0,mac=52:54:00:12:34:56,gid=ib"
+            .parse::<PvrdmaConfig>()
+            .is_err());
     }
 
     #[test]
     fn taps_must_be_distinct() {
-        let net = |tap: &str| NetConfig { tap: tap.into(), mac: MacAddr([2, 0, 0, 0, 0, 1]), mtu: None };
+        let net = |tap: &str| NetConfig {
+            tap: tap.into(),
+            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            mtu: None,
+        };
         let mut cfg = VmConfig {
             kernel: "/k".into(),
             initramfs: None,
@@ -348,11 +448,17 @@ mod tests {
             memory: 512 << 20,
             disks: vec![],
             nets: vec![net("a"), net("b")],
-            pvrdma: Some(PvrdmaConfig { net: net("c"), gid: GidType::RoceV2 }),
+            pvrdma: Some(PvrdmaConfig {
+                net: net("c"),
+                gid: GidType::RoceV2,
+            }),
             serial: SerialConfig::Off,
         };
         assert_eq!(cfg.validate(), Ok(()));
-        cfg.pvrdma = Some(PvrdmaConfig { net: net("a"), gid: GidType::RoceV2 });
+        cfg.pvrdma = Some(PvrdmaConfig {
+            net: net("a"),
+            gid: GidType::RoceV2,
+        });
         assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
     }
 
@@ -360,7 +466,10 @@ mod tests {
     fn serial() {
         assert_eq!("tty".parse(), Ok(SerialConfig::Tty));
         assert_eq!("off".parse(), Ok(SerialConfig::Off));
-        assert_eq!("file=/tmp/x".parse(), Ok(SerialConfig::File("/tmp/x".into())));
+        assert_eq!(
+            "file=/tmp/x".parse(),
+            Ok(SerialConfig::File("/tmp/x".into()))
+        );
         assert!("file=".parse::<SerialConfig>().is_err());
         assert!("pty".parse::<SerialConfig>().is_err());
     }

@@ -9,16 +9,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kvm_ioctls::VmFd;
 use legacy_devices::{
-    AcpiPm, ExitSignal, I8042, InputRoom, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042_PORT,
-    I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
+    AcpiPm, ExitSignal, InputRoom, Serial, SerialIrq, ACPI_PM_PORT, ACPI_PM_PORT_LEN, I8042,
+    I8042_PORT, I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
 };
 use net_port::{Port, Tap};
 use pci::{DeviceHooks, PciBus};
 use pvrdma::Pvrdma;
+use virtio_devices::{Block, BlockConfig};
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::device_manager::{IoManager, PioManager};
 use vm_device::DevicePio;
-use virtio_devices::{Block, BlockConfig};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmxnet3::{Vmxnet3, Vmxnet3Config};
 
@@ -142,7 +142,8 @@ fn register_pio<D: DevicePio + Send + Sync + 'static>(
     dev: D,
 ) -> Result<(), DeviceError> {
     let range = PioRange::new(PioAddress(base), len).map_err(|e| DeviceError::Pio(name, e))?;
-    io.register_pio(range, Arc::new(dev)).map_err(|e| DeviceError::Pio(name, e))
+    io.register_pio(range, Arc::new(dev))
+        .map_err(|e| DeviceError::Pio(name, e))
 }
 
 impl DeviceManager {
@@ -157,24 +158,72 @@ impl DeviceManager {
         register_irqfd(vm.fd(), &serial_irq, SERIAL_IRQ)?;
         let serial_room = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
         let room = InputRoom(serial_room.try_clone().map_err(DeviceError::EventFd)?);
-        let serial = Arc::new(Mutex::new(Serial::new(SerialIrq(serial_irq), room, serial_output(&config.serial)?)));
-        register_pio(&mut pio, "serial", SERIAL_PORT, SERIAL_PORT_LEN, serial.clone())?;
-        register_pio(&mut pio, "i8042", I8042_PORT, I8042_PORT_LEN, Mutex::new(I8042::new(exit.clone())))?;
-        register_pio(&mut pio, "ACPI PM", ACPI_PM_PORT, ACPI_PM_PORT_LEN, Mutex::new(AcpiPm::new(exit)))?;
+        let serial = Arc::new(Mutex::new(Serial::new(
+            SerialIrq(serial_irq),
+            room,
+            serial_output(&config.serial)?,
+        )));
+        register_pio(
+            &mut pio,
+            "serial",
+            SERIAL_PORT,
+            SERIAL_PORT_LEN,
+            serial.clone(),
+        )?;
+        register_pio(
+            &mut pio,
+            "i8042",
+            I8042_PORT,
+            I8042_PORT_LEN,
+            Mutex::new(I8042::new(exit.clone())),
+        )?;
+        register_pio(
+            &mut pio,
+            "ACPI PM",
+            ACPI_PM_PORT,
+            ACPI_PM_PORT_LEN,
+            Mutex::new(AcpiPm::new(exit)),
+        )?;
 
-        let mmio32 = (layout::MMIO_HOLE_START, layout::MMIO32_END - layout::MMIO_HOLE_START);
-        let pci = Arc::new(Mutex::new(PciBus::new(mmio32, layout::mmio64_window(config.memory))));
-        register_pio(&mut pio, "PCI config", PCI_CONFIG_PORT, PCI_CONFIG_PORT_LEN, PciConfigIo(pci.clone()))?;
+        let mmio32 = (
+            layout::MMIO_HOLE_START,
+            layout::MMIO32_END - layout::MMIO_HOLE_START,
+        );
+        let pci = Arc::new(Mutex::new(PciBus::new(
+            mmio32,
+            layout::mmio64_window(config.memory),
+        )));
+        register_pio(
+            &mut pio,
+            "PCI config",
+            PCI_CONFIG_PORT,
+            PCI_CONFIG_PORT_LEN,
+            PciConfigIo(pci.clone()),
+        )?;
 
-        let hooks = DeviceHooks { msi: vm.msi_router(), ioevents: vm.ioevent_registrar() };
+        let hooks = DeviceHooks {
+            msi: vm.msi_router(),
+            ioevents: vm.ioevent_registrar(),
+        };
         for (index, disk) in config.disks.iter().enumerate() {
-            let cfg = BlockConfig { path: disk.path.clone(), readonly: disk.readonly, id: disk_id(index) };
+            let cfg = BlockConfig {
+                path: disk.path.clone(),
+                readonly: disk.readonly,
+                id: disk_id(index),
+            };
             let block = Block::new(&cfg, mem.clone(), hooks.clone())
                 .map_err(|e| DeviceError::Disk(disk.path.display().to_string(), e))?;
             let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
-            let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("virtio-blk"))?;
-            bus.add_device(slot, 0, Arc::new(Mutex::new(block))).map_err(DeviceError::Pci)?;
-            log::info!("virtio-blk {} at 00:{slot:02x}.0{}", disk.path.display(), if disk.readonly { " (read-only)" } else { "" });
+            let slot = bus
+                .next_free_slot()
+                .ok_or(DeviceError::NoSlot("virtio-blk"))?;
+            bus.add_device(slot, 0, Arc::new(Mutex::new(block)))
+                .map_err(DeviceError::Pci)?;
+            log::info!(
+                "virtio-blk {} at 00:{slot:02x}.0{}",
+                disk.path.display(),
+                if disk.readonly { " (read-only)" } else { "" }
+            );
         }
         for net in &config.nets {
             let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
@@ -185,13 +234,22 @@ impl DeviceManager {
             // One converged slot: the NIC at function 0 owns the port, PVRDMA
             // at function 1 follows it (the guest driver pairs them by slot).
             let (slot, port) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
-            let cfg = pvrdma::PvrdmaConfig { gid_type: rdma.gid, ..Default::default() };
-            let dev = Pvrdma::new(&cfg, port, mem.clone(), hooks.clone()).map_err(DeviceError::Pvrdma)?;
-            bus.add_device(slot, 1, Arc::new(Mutex::new(dev))).map_err(DeviceError::Pci)?;
+            let cfg = pvrdma::PvrdmaConfig {
+                gid_type: rdma.gid,
+                ..Default::default()
+            };
+            let dev =
+                Pvrdma::new(&cfg, port, mem.clone(), hooks.clone()).map_err(DeviceError::Pvrdma)?;
+            bus.add_device(slot, 1, Arc::new(Mutex::new(dev)))
+                .map_err(DeviceError::Pci)?;
             log::info!("PVRDMA ({:?}) at 00:{slot:02x}.1", rdma.gid);
         }
 
-        Ok(Self { bus: Arc::new(IoBus { pio, pci }), serial, serial_room })
+        Ok(Self {
+            bus: Arc::new(IoBus { pio, pci }),
+            serial,
+            serial_room,
+        })
     }
 
     pub fn bus(&self) -> Arc<IoBus> {
@@ -201,7 +259,10 @@ impl DeviceManager {
     /// Console input for the guest (from the VMM's stdin in tty mode);
     /// returns how many bytes the receive FIFO took.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
-        self.serial.lock().unwrap_or_else(PoisonError::into_inner).enqueue_input(bytes)
+        self.serial
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .enqueue_input(bytes)
     }
 
     /// Readable when the guest has emptied the serial receive FIFO.
@@ -221,14 +282,19 @@ fn add_vmxnet3(
 ) -> Result<(u8, Arc<Port>), DeviceError> {
     let tap = Arc::new(Tap::open(&net.tap).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?);
     if let (true, Some(mtu)) = (tap.created(), net.mtu) {
-        tap.set_mtu(mtu).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?;
+        tap.set_mtu(mtu)
+            .map_err(|e| DeviceError::Tap(net.tap.clone(), e))?;
     }
     let port = Arc::new(Port::new(net.mac.0, false));
-    let cfg = Vmxnet3Config { mac: net.mac.0, multifunction };
+    let cfg = Vmxnet3Config {
+        mac: net.mac.0,
+        multifunction,
+    };
     let nic = Vmxnet3::new(&cfg, port.clone(), tap.clone(), mem.clone(), hooks.clone())
         .map_err(|e| DeviceError::Vmxnet3(net.tap.clone(), e))?;
     let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("vmxnet3"))?;
-    bus.add_device(slot, 0, Arc::new(Mutex::new(nic))).map_err(DeviceError::Pci)?;
+    bus.add_device(slot, 0, Arc::new(Mutex::new(nic)))
+        .map_err(DeviceError::Pci)?;
     log::info!(
         "vmxnet3 on TAP {} ({}) at 00:{slot:02x}.0",
         net.tap,

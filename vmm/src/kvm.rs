@@ -48,7 +48,9 @@ pub struct Vm {
 
 impl std::fmt::Debug for Vm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Vm").field("max_vcpus", &self.max_vcpus).finish_non_exhaustive()
+        f.debug_struct("Vm")
+            .field("max_vcpus", &self.max_vcpus)
+            .finish_non_exhaustive()
     }
 }
 
@@ -62,13 +64,17 @@ impl Vm {
             .map_err(|e| KvmError::Setup("TSS address", e))?;
         fd.set_identity_map_address(layout::KVM_IDENTITY_MAP_START)
             .map_err(|e| KvmError::Setup("identity map address", e))?;
-        fd.create_irq_chip().map_err(|e| KvmError::Setup("irqchip", e))?;
-        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        fd.create_irq_chip()
+            .map_err(|e| KvmError::Setup("irqchip", e))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
         fd.create_pit2(pit).map_err(|e| KvmError::Setup("PIT", e))?;
         for (slot, region) in mem.iter().enumerate() {
-            let host = mem
-                .get_host_address(region.start_addr())
-                .map_err(|_| KvmError::Setup("guest memory", kvm_ioctls::Error::new(libc::EFAULT)))?;
+            let host = mem.get_host_address(region.start_addr()).map_err(|_| {
+                KvmError::Setup("guest memory", kvm_ioctls::Error::new(libc::EFAULT))
+            })?;
             let slot_region = kvm_userspace_memory_region {
                 slot: slot as u32,
                 guest_phys_addr: region.start_addr().raw_value(),
@@ -86,8 +92,18 @@ impl Vm {
             .map_err(|e| KvmError::Setup("supported CPUID", e))?;
         let fd = Arc::new(fd);
         let routes = Arc::new(GsiRoutes::new(fd.clone()));
-        routes.commit().map_err(|e| KvmError::Setup("GSI routing", kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL))))?;
-        Ok(Self { fd, supported_cpuid, max_vcpus: kvm.get_max_vcpus(), routes })
+        routes.commit().map_err(|e| {
+            KvmError::Setup(
+                "GSI routing",
+                kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+            )
+        })?;
+        Ok(Self {
+            fd,
+            supported_cpuid,
+            max_vcpus: kvm.get_max_vcpus(),
+            routes,
+        })
     }
 
     pub fn fd(&self) -> &Arc<VmFd> {
@@ -100,7 +116,10 @@ impl Vm {
 
     pub fn check_vcpu_count(&self, requested: u8) -> Result<(), KvmError> {
         if usize::from(requested) > self.max_vcpus {
-            return Err(KvmError::TooManyVcpus { requested, max: self.max_vcpus });
+            return Err(KvmError::TooManyVcpus {
+                requested,
+                max: self.max_vcpus,
+            });
         }
         Ok(())
     }
@@ -130,14 +149,23 @@ struct RouteState {
 
 impl GsiRoutes {
     fn new(vm: Arc<VmFd>) -> Self {
-        let state = RouteState { next_gsi: IOAPIC_PINS, free: Vec::new(), msi: BTreeMap::new() };
-        Self { vm, state: Mutex::new(state) }
+        let state = RouteState {
+            next_gsi: IOAPIC_PINS,
+            free: Vec::new(),
+            msi: BTreeMap::new(),
+        };
+        Self {
+            vm,
+            state: Mutex::new(state),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, RouteState> {
         // A poisoned lock means another thread panicked mid-update; with
         // panic=abort that cannot happen, so take the data as it is.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn commit(&self) -> io::Result<()> {
@@ -156,7 +184,11 @@ impl GsiRoutes {
             }
         }
         for (&gsi, msg) in &state.msi {
-            let mut e = kvm_irq_routing_entry { gsi, type_: KVM_IRQ_ROUTING_MSI, ..Default::default() };
+            let mut e = kvm_irq_routing_entry {
+                gsi,
+                type_: KVM_IRQ_ROUTING_MSI,
+                ..Default::default()
+            };
             e.u.msi.address_lo = msg.addr_lo;
             e.u.msi.address_hi = msg.addr_hi;
             e.u.msi.data = msg.data;
@@ -169,7 +201,11 @@ impl GsiRoutes {
 }
 
 fn irqchip_route(gsi: u32, chip: u32, pin: u32) -> kvm_irq_routing_entry {
-    let mut e = kvm_irq_routing_entry { gsi, type_: KVM_IRQ_ROUTING_IRQCHIP, ..Default::default() };
+    let mut e = kvm_irq_routing_entry {
+        gsi,
+        type_: KVM_IRQ_ROUTING_IRQCHIP,
+        ..Default::default()
+    };
     e.u.irqchip.irqchip = chip;
     e.u.irqchip.pin = pin;
     e
@@ -208,7 +244,10 @@ impl MsiRouter for GsiRoutes {
 
     fn release(&self, vector: &MsiVector) -> io::Result<()> {
         let mut state = self.lock();
-        let result = self.vm.unregister_irqfd(&vector.irqfd, vector.gsi).map_err(io::Error::from);
+        let result = self
+            .vm
+            .unregister_irqfd(&vector.irqfd, vector.gsi)
+            .map_err(io::Error::from);
         if state.msi.remove(&vector.gsi).is_some() {
             self.commit_locked(&state)?;
         }

@@ -26,14 +26,20 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// of 1024 runs out with a few hundred RDMA objects, so raise it to the
 /// hard limit.
 pub fn raise_fd_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
     let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
     if ok && lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: as above.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-            log::warn!("Could not raise the open-file limit: {}", std::io::Error::last_os_error());
+            log::warn!(
+                "Could not raise the open-file limit: {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
 }

@@ -40,7 +40,8 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemory, MemoryError> {
     }
     // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
     let file = unsafe { File::from_raw_fd(fd) };
-    file.set_len(size).map_err(|e| MemoryError::Resize(size, e))?;
+    file.set_len(size)
+        .map_err(|e| MemoryError::Resize(size, e))?;
     let file = std::sync::Arc::new(file);
 
     let mut regions = Vec::new();
@@ -71,8 +72,12 @@ mod tests {
     fn small_guest_is_one_region() {
         let mem = create_guest_memory(64 << 20).unwrap();
         assert_eq!(mem.num_regions(), 1);
-        mem.write_obj(0xdead_beef_u32, GuestAddress(0x1000)).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0xdead_beef);
+        mem.write_obj(0xdead_beef_u32, GuestAddress(0x1000))
+            .unwrap();
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
+            0xdead_beef
+        );
     }
 
     #[test]

@@ -61,7 +61,10 @@ pub struct ExitReporter {
 
 impl ExitReporter {
     fn report(&self, reason: VcpuExitReason) {
-        self.reason.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        self.reason
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(reason);
         if let Err(e) = self.evt.write(1) {
             log::error!("Failed to signal a vCPU exit: {e}");
         }
@@ -76,7 +79,9 @@ pub struct VcpuHandle {
 
 impl std::fmt::Debug for VcpuHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VcpuHandle").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("VcpuHandle")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -107,7 +112,11 @@ impl VcpuHandle {
             .name(format!("vcpu{id}"))
             .spawn(move || run(id, fd, &bus, &exits, &thread_control))
             .map_err(VcpuError::Spawn)?;
-        Ok(Self { id, control, thread: Some(thread) })
+        Ok(Self {
+            id,
+            control,
+            thread: Some(thread),
+        })
     }
 
     fn kick(&self) {
@@ -179,7 +188,10 @@ fn wait_while_paused(control: &Control) -> bool {
             state.paused = true;
             control.changed.notify_all();
         }
-        state = control.changed.wait(state).unwrap_or_else(PoisonError::into_inner);
+        state = control
+            .changed
+            .wait(state)
+            .unwrap_or_else(PoisonError::into_inner);
     }
     state.paused = false;
     !state.exit_requested

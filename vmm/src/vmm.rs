@@ -10,7 +10,9 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use api::{ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, ResponseBody, VmState};
+use api::{
+    ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, ResponseBody, VmState,
+};
 
 use legacy_devices::ExitSignal;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -105,7 +107,9 @@ struct Api {
 
 impl std::fmt::Debug for Vmm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Vmm").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Vmm")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -126,7 +130,12 @@ struct ConsoleInput {
 
 impl ConsoleInput {
     fn new(enabled: bool) -> Self {
-        Self { open: enabled, watched: false, always_ready: false, pending: Vec::new() }
+        Self {
+            open: enabled,
+            watched: false,
+            always_ready: false,
+            pending: Vec::new(),
+        }
     }
 
     fn set_watch(&mut self, epoll: &Epoll, token: u64, on: bool) -> Result<(), VmmError> {
@@ -135,7 +144,11 @@ impl ConsoleInput {
         }
         let fd = std::io::stdin().as_raw_fd();
         let result = if on {
-            epoll.ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+            epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
         } else {
             epoll.ctl(ControlOperation::Delete, fd, EpollEvent::default())
         };
@@ -153,11 +166,18 @@ impl ConsoleInput {
         self.set_watch(epoll, token, on)
     }
 
-    fn read_stdin(&mut self, devices: &DeviceManager, epoll: &Epoll, token: u64) -> Result<(), VmmError> {
+    fn read_stdin(
+        &mut self,
+        devices: &DeviceManager,
+        epoll: &Epoll,
+        token: u64,
+    ) -> Result<(), VmmError> {
         let mut buf = [0u8; 256];
         match std::io::stdin().lock().read(&mut buf) {
             Ok(0) | Err(_) => self.open = false,
-            Ok(n) => self.pending.extend_from_slice(buf.get(..n).unwrap_or_default()),
+            Ok(n) => self
+                .pending
+                .extend_from_slice(buf.get(..n).unwrap_or_default()),
         }
         self.feed(devices, epoll, token)
     }
@@ -181,7 +201,11 @@ fn start_api(path: &std::path::Path) -> Result<Api, VmmError> {
     let server = api::start_server(path, sender, evt.try_clone().map_err(VmmError::EventLoop)?)
         .map_err(VmmError::Api)?;
     log::info!("API listening on {}", path.display());
-    Ok(Api { evt, requests, _server: server })
+    Ok(Api {
+        evt,
+        requests,
+        _server: server,
+    })
 }
 
 fn open(path: &std::path::Path) -> Result<File, VmmError> {
@@ -218,10 +242,16 @@ impl Vmm {
         cpu::write_boot_tables(&mem).map_err(|e| VmmError::Cpu(0, e))?;
 
         vcpu::register_kick_signal()?;
-        let vcpu_exits = Arc::new(ExitReporter { evt: eventfd()?, reason: Mutex::new(None) });
+        let vcpu_exits = Arc::new(ExitReporter {
+            evt: eventfd()?,
+            reason: Mutex::new(None),
+        });
         let mut vcpus = Vec::with_capacity(usize::from(config.cpus));
         for id in 0..config.cpus {
-            let fd = vm.fd().create_vcpu(u64::from(id)).map_err(|e| VmmError::CreateVcpu(id, e))?;
+            let fd = vm
+                .fd()
+                .create_vcpu(u64::from(id))
+                .map_err(|e| VmmError::CreateVcpu(id, e))?;
             let setup = || -> Result<(), cpu::CpuError> {
                 cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)?;
                 cpu::set_boot_msrs(&fd)?;
@@ -235,7 +265,12 @@ impl Vmm {
                 Ok(())
             };
             setup().map_err(|e| VmmError::Cpu(id, e))?;
-            vcpus.push(VcpuHandle::spawn(id, fd, devices.bus(), vcpu_exits.clone())?);
+            vcpus.push(VcpuHandle::spawn(
+                id,
+                fd,
+                devices.bus(),
+                vcpu_exits.clone(),
+            )?);
         }
         log::info!(
             "Booted {} with {} vCPUs and {} MiB",
@@ -285,7 +320,11 @@ impl Vmm {
     fn info(&self) -> api::VmInfo {
         let c = &self.config;
         api::VmInfo {
-            state: if self.paused { VmState::Paused } else { VmState::Running },
+            state: if self.paused {
+                VmState::Paused
+            } else {
+                VmState::Running
+            },
             config: api::VmConfigSummary {
                 cpus: u32::from(c.cpus),
                 memory_mib: c.memory >> 20,
@@ -294,7 +333,10 @@ impl Vmm {
                 disks: c
                     .disks
                     .iter()
-                    .map(|d| api::DiskSummary { path: d.path.to_string_lossy().into_owned(), readonly: d.readonly })
+                    .map(|d| api::DiskSummary {
+                        path: d.path.to_string_lossy().into_owned(),
+                        readonly: d.readonly,
+                    })
                     .collect(),
             },
             uptime_ms: u64::try_from(self.booted_at.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -335,7 +377,11 @@ impl Vmm {
         let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
         let add = |fd: i32, token: u64| {
             epoll
-                .ctl(ControlOperation::Add, fd, EpollEvent::new(EventSet::IN, token))
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
                 .map_err(VmmError::EventLoop)
         };
         add(self.poweroff.as_raw_fd(), POWEROFF)?;
@@ -363,7 +409,12 @@ impl Vmm {
                     POWEROFF => return Ok(self.finish(Outcome::PowerOff)),
                     RESET => return Ok(self.finish(Outcome::Reset)),
                     VCPU_EXIT => {
-                        let reason = self.vcpu_exits.reason.lock().ok().and_then(|mut r| r.take());
+                        let reason = self
+                            .vcpu_exits
+                            .reason
+                            .lock()
+                            .ok()
+                            .and_then(|mut r| r.take());
                         let outcome = match reason {
                             Some(VcpuExitReason::TripleFault) => Outcome::GuestCrash,
                             Some(VcpuExitReason::Error(e)) => Outcome::Error(e),
@@ -371,11 +422,7 @@ impl Vmm {
                         };
                         return Ok(self.finish(outcome));
                     }
-                    API => {
-                        if self.handle_api() {
-                            return Ok(self.finish(Outcome::ApiShutdown));
-                        }
-                    }
+                    API if self.handle_api() => return Ok(self.finish(Outcome::ApiShutdown)),
                     STDIN => console.read_stdin(&self.devices, &epoll, STDIN)?,
                     SERIAL_ROOM => {
                         let _ = self.devices.serial_room().read();
@@ -388,7 +435,10 @@ impl Vmm {
     }
 
     fn finish(self, outcome: Outcome) -> Outcome {
-        log::info!("VM ended after {:.1} s: {outcome:?}", self.booted_at.elapsed().as_secs_f64());
+        log::info!(
+            "VM ended after {:.1} s: {outcome:?}",
+            self.booted_at.elapsed().as_secs_f64()
+        );
         // Dropping the handles stops and joins every vCPU thread.
         drop(self.vcpus);
         outcome

@@ -59,7 +59,11 @@ const REAL_MODE_ENTRY: u16 = 0x1000;
 /// Guest memory plus a VM with in-kernel irqchip/PIT and memory slots, as
 /// the VMM creates them. Fails loudly if /dev/kvm is unusable.
 fn new_vm() -> (GuestMemory, Vm) {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         panic!("KVM smoke test needs a usable /dev/kvm (read-write), and opening it failed: {e}");
     }
     let mem = create_guest_memory(MEM_SIZE).expect("create_guest_memory");
@@ -68,7 +72,8 @@ fn new_vm() -> (GuestMemory, Vm) {
 }
 
 fn write_code(mem: &GuestMemory, addr: u64, code: &[u8]) {
-    mem.write_slice(code, GuestAddress(addr)).expect("write guest code");
+    mem.write_slice(code, GuestAddress(addr))
+        .expect("write guest code");
 }
 
 /// vCPU 0 in real mode with CS base 0 (not the reset vector), at `entry`,
@@ -105,10 +110,15 @@ const MMIO_PD_START: u64 = layout::PDE_START + 0x1000;
 /// 2 MiB-page mapping of 0xc000_0000..0x1_0000_0000.
 fn long_mode_vcpu(vm: &Vm, mem: &GuestMemory, entry: u64) -> VcpuFd {
     cpu::write_boot_tables(mem).expect("write_boot_tables");
-    mem.write_obj(MMIO_PD_START | 0x03, GuestAddress(layout::PDPTE_START + 3 * 8)).unwrap();
+    mem.write_obj(
+        MMIO_PD_START | 0x03,
+        GuestAddress(layout::PDPTE_START + 3 * 8),
+    )
+    .unwrap();
     for i in 0..512u64 {
         let pde = (layout::MMIO_HOLE_START + (i << 21)) | 0x83; // present, RW, 2 MiB
-        mem.write_obj(pde, GuestAddress(MMIO_PD_START + i * 8)).unwrap();
+        mem.write_obj(pde, GuestAddress(MMIO_PD_START + i * 8))
+            .unwrap();
     }
     let vcpu = vm.fd().create_vcpu(0).expect("create_vcpu");
     cpu::set_cpuid(&vcpu, vm.supported_cpuid(), 0, 1).expect("set_cpuid");
@@ -193,12 +203,20 @@ impl VcpuRunner {
                 drop(exit_tx);
             })
             .unwrap();
-        Self { go: Some(go), exits, thread: Some(thread) }
+        Self {
+            go: Some(go),
+            exits,
+            thread: Some(thread),
+        }
     }
 
     /// Lets the vCPU run until its next exit.
     fn resume(&self) {
-        self.go.as_ref().unwrap().send(()).expect("vCPU thread is gone");
+        self.go
+            .as_ref()
+            .unwrap()
+            .send(())
+            .expect("vCPU thread is gone");
     }
 
     /// The pending exit, if it arrives within `timeout`.
@@ -214,8 +232,9 @@ impl VcpuRunner {
     /// comes within [`EXIT_TIMEOUT`].
     fn next_exit(&self, waiting_for: &str) -> Exit {
         self.resume();
-        self.wait(EXIT_TIMEOUT)
-            .unwrap_or_else(|| panic!("no vCPU exit within {EXIT_TIMEOUT:?} (waiting for {waiting_for})"))
+        self.wait(EXIT_TIMEOUT).unwrap_or_else(|| {
+            panic!("no vCPU exit within {EXIT_TIMEOUT:?} (waiting for {waiting_for})")
+        })
     }
 
     /// Steps the vCPU through `expected` exits, comparing each.
@@ -231,7 +250,9 @@ impl Drop for VcpuRunner {
     fn drop(&mut self) {
         // Ends the thread's loop once it is back from KVM_RUN...
         drop(self.go.take());
-        let Some(thread) = self.thread.take() else { return };
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match self.exits.recv_timeout(Duration::from_millis(10)) {
@@ -304,7 +325,11 @@ fn real_mode_serial_and_mmio() {
     ]);
     // Parked in HLT, handled in the kernel: no further exit.
     vcpu.resume();
-    assert_eq!(vcpu.wait(QUIET_PERIOD), None, "a halted guest exited to userspace");
+    assert_eq!(
+        vcpu.wait(QUIET_PERIOD),
+        None,
+        "a halted guest exited to userspace"
+    );
 }
 
 #[test]
@@ -315,7 +340,8 @@ fn long_mode_serial_and_mmio() {
         0xbb, 0x00, 0x00, 0x00, 0xd0, //  mov ebx, 0xd0000000   (zero-extends into rbx)
         0xb8, 0x78, 0x56, 0x34, 0x12, //  mov eax, 0x12345678
         0x89, 0x03, //                    mov [rbx], eax
-        0x48, 0xb8, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // mov rax, 0x1122334455667788
+        0x48, 0xb8, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22,
+        0x11, // mov rax, 0x1122334455667788
         0x48, 0x89, 0x43, 0x08, //        mov [rbx+8], rax
         0x88, 0x43, 0x10, //              mov [rbx+0x10], al
     ]);
@@ -327,11 +353,18 @@ fn long_mode_serial_and_mmio() {
         out(SERIAL_PORT, b'L'),
         out(SERIAL_PORT, b'M'),
         Exit::MmioWrite(MMIO_ADDR, 0x1234_5678u32.to_le_bytes().to_vec()),
-        Exit::MmioWrite(MMIO_ADDR + 8, 0x1122_3344_5566_7788u64.to_le_bytes().to_vec()),
+        Exit::MmioWrite(
+            MMIO_ADDR + 8,
+            0x1122_3344_5566_7788u64.to_le_bytes().to_vec(),
+        ),
         Exit::MmioWrite(MMIO_ADDR + 0x10, vec![0x88]),
     ]);
     vcpu.resume();
-    assert_eq!(vcpu.wait(QUIET_PERIOD), None, "a halted guest exited to userspace");
+    assert_eq!(
+        vcpu.wait(QUIET_PERIOD),
+        None,
+        "a halted guest exited to userspace"
+    );
 }
 
 #[test]
@@ -356,7 +389,9 @@ fn ioeventfd_datamatch() {
 
     let doorbell = EventFd::new(EFD_NONBLOCK).unwrap();
     let ioevents = vm.ioevent_registrar();
-    ioevents.register(&doorbell, DOORBELL, Some(0x42)).expect("register ioeventfd");
+    ioevents
+        .register(&doorbell, DOORBELL, Some(0x42))
+        .expect("register ioeventfd");
 
     let vcpu = VcpuRunner::spawn(long_mode_vcpu(&vm, &mem, LONG_MODE_ENTRY));
     // Exactly one MMIO exit (0x41); the 0x42 store never left the kernel.
@@ -364,14 +399,21 @@ fn ioeventfd_datamatch() {
         Exit::MmioWrite(DOORBELL, 0x41u32.to_le_bytes().to_vec()),
         out(SERIAL_PORT, b'1'),
     ]);
-    assert_eq!(doorbell.read().expect("doorbell eventfd was not signalled"), 1);
+    assert_eq!(
+        doorbell.read().expect("doorbell eventfd was not signalled"),
+        1
+    );
 
-    ioevents.unregister(&doorbell, DOORBELL, Some(0x42)).expect("unregister ioeventfd");
+    ioevents
+        .unregister(&doorbell, DOORBELL, Some(0x42))
+        .expect("unregister ioeventfd");
     vcpu.expect_exits(&[
         Exit::MmioWrite(DOORBELL, 0x42u32.to_le_bytes().to_vec()),
         out(SERIAL_PORT, b'2'),
     ]);
-    let err = doorbell.read().expect_err("eventfd signalled after unregister");
+    let err = doorbell
+        .read()
+        .expect_err("eventfd signalled after unregister");
     assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock, "{err}");
 }
 
@@ -399,8 +441,13 @@ fn irqfd_msi_delivery() {
     let (mem, vm) = new_vm();
     // IVT: every vector -> a handler printing '?', MSI_VECTOR -> one printing 'I'.
     for v in 0..256u64 {
-        let handler = if v == u64::from(MSI_VECTOR) { IRQ_HANDLER } else { DEFAULT_HANDLER };
-        mem.write_obj(u32::from(handler), GuestAddress(v * 4)).unwrap(); // segment 0
+        let handler = if v == u64::from(MSI_VECTOR) {
+            IRQ_HANDLER
+        } else {
+            DEFAULT_HANDLER
+        };
+        mem.write_obj(u32::from(handler), GuestAddress(v * 4))
+            .unwrap(); // segment 0
     }
     write_code(&mem, u64::from(IRQ_HANDLER), &rm_irq_handler(b'I'));
     write_code(&mem, u64::from(DEFAULT_HANDLER), &rm_irq_handler(b'?'));
@@ -416,24 +463,42 @@ fn irqfd_msi_delivery() {
 
     let router = vm.msi_router();
     let vector = router.allocate().expect("allocate MSI vector");
-    assert!(vector.gsi >= 24, "MSI GSI {} collides with the IOAPIC pins", vector.gsi);
+    assert!(
+        vector.gsi >= 24,
+        "MSI GSI {} collides with the IOAPIC pins",
+        vector.gsi
+    );
     // Fixed delivery, edge, physical destination APIC 0.
-    let msg = MsiMessage { addr_lo: 0xfee0_0000, addr_hi: 0, data: u32::from(MSI_VECTOR) };
-    router.set_route(vector.gsi, Some(msg)).expect("set MSI route");
+    let msg = MsiMessage {
+        addr_lo: 0xfee0_0000,
+        addr_hi: 0,
+        data: u32::from(MSI_VECTOR),
+    };
+    router
+        .set_route(vector.gsi, Some(msg))
+        .expect("set MSI route");
 
     let vcpu = VcpuRunner::spawn(fd);
     vcpu.resume();
-    assert_eq!(vcpu.wait(QUIET_PERIOD), None, "guest exited before any interrupt was sent");
+    assert_eq!(
+        vcpu.wait(QUIET_PERIOD),
+        None,
+        "guest exited before any interrupt was sent"
+    );
 
     vector.irqfd.write(1).unwrap();
-    let exit = vcpu.wait(EXIT_TIMEOUT).unwrap_or_else(|| {
-        panic!("MSI from the irqfd not delivered within {EXIT_TIMEOUT:?}")
-    });
+    let exit = vcpu
+        .wait(EXIT_TIMEOUT)
+        .unwrap_or_else(|| panic!("MSI from the irqfd not delivered within {EXIT_TIMEOUT:?}"));
     assert_eq!(exit, out(SERIAL_PORT, b'I'));
 
     // One edge, one interrupt: back in HLT with nothing more to say.
     vcpu.resume();
-    assert_eq!(vcpu.wait(QUIET_PERIOD), None, "more than one interrupt per irqfd write");
+    assert_eq!(
+        vcpu.wait(QUIET_PERIOD),
+        None,
+        "more than one interrupt per irqfd write"
+    );
 
     drop(vcpu);
     router.release(&vector).expect("release MSI vector");

@@ -60,14 +60,18 @@ impl Serial {
     /// `io::sink()` when the console is off); `room` fires whenever the
     /// guest has read the receive FIFO empty.
     pub fn new(irq: SerialIrq, room: InputRoom, out: Box<dyn Write + Send>) -> Self {
-        Self { uart: Uart::with_events(irq, room, out) }
+        Self {
+            uart: Uart::with_events(irq, room, out),
+        }
     }
 
     /// Queues console input for the guest; returns how many bytes fit in
     /// the receive FIFO (the rest must be offered again later).
     pub fn enqueue_input(&mut self, input: &[u8]) -> usize {
         let room = self.uart.fifo_capacity().min(input.len());
-        let Some(chunk) = input.get(..room) else { return 0 };
+        let Some(chunk) = input.get(..room) else {
+            return 0;
+        };
         match self.uart.enqueue_raw_bytes(chunk) {
             Ok(n) => n,
             Err(e) => {
@@ -121,7 +125,11 @@ mod tests {
         let out = Capture::default();
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
         let room = InputRoom(EventFd::new(EFD_NONBLOCK).unwrap());
-        let mut serial = Serial::new(SerialIrq(irq.try_clone().unwrap()), room, Box::new(out.clone()));
+        let mut serial = Serial::new(
+            SerialIrq(irq.try_clone().unwrap()),
+            room,
+            Box::new(out.clone()),
+        );
         let base = PioAddress(SERIAL_PORT);
         // Enable the THR-empty interrupt, then send "hi".
         serial.pio_write(base, 1, &[0x02]);
@@ -141,7 +149,11 @@ mod tests {
     fn input_is_bounded_by_the_fifo_and_room_is_signalled() {
         let irq = EventFd::new(EFD_NONBLOCK).unwrap();
         let room = EventFd::new(EFD_NONBLOCK).unwrap();
-        let mut serial = Serial::new(SerialIrq(irq), InputRoom(room.try_clone().unwrap()), Box::new(io::sink()));
+        let mut serial = Serial::new(
+            SerialIrq(irq),
+            InputRoom(room.try_clone().unwrap()),
+            Box::new(io::sink()),
+        );
         let big = vec![b'a'; 1000];
         let taken = serial.enqueue_input(&big);
         assert!(taken > 0 && taken < big.len());
@@ -149,7 +161,10 @@ mod tests {
         let base = PioAddress(SERIAL_PORT);
         let mut byte = [0u8];
         for _ in 0..taken {
-            assert!(room.read().is_err(), "no room signalled before the FIFO is empty");
+            assert!(
+                room.read().is_err(),
+                "no room signalled before the FIFO is empty"
+            );
             serial.pio_read(base, 0, &mut byte);
             assert_eq!(byte, [b'a']);
         }

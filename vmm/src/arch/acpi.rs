@@ -11,7 +11,9 @@
 use acpi_tables::aml::{self, AddressSpace, AddressSpaceCacheable};
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace as GasSpace, GAS};
-use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
+};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
@@ -80,7 +82,8 @@ fn build_dsdt(mmio64: (u64, u64)) -> Vec<u8> {
         mmio64.0 + mmio64.1 - 1,
         None,
     );
-    let crs = aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &mmio32, &mmio64]);
+    let crs =
+        aml::ResourceTemplate::new(vec![&bus, &cfg_ports, &io_low, &io_high, &mmio32, &mmio64]);
     let hid = aml::EISAName::new("PNP0A03");
     let zero = 0u8;
     let names = [
@@ -91,7 +94,10 @@ fn build_dsdt(mmio64: (u64, u64)) -> Vec<u8> {
         aml::Name::new("_BBN".into(), &zero),
         aml::Name::new("_CRS".into(), &crs),
     ];
-    let pci0 = aml::Device::new("_SB_.PCI0".into(), names.iter().map(|n| n as &dyn Aml).collect());
+    let pci0 = aml::Device::new(
+        "_SB_.PCI0".into(),
+        names.iter().map(|n| n as &dyn Aml).collect(),
+    );
     let mut dsdt = Sdt::new(*b"DSDT", 36, 6, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     s5.to_aml_bytes(&mut dsdt);
     pci0.to_aml_bytes(&mut dsdt);
@@ -113,13 +119,22 @@ fn com1() -> Vec<u8> {
         aml::Name::new("_UID".into(), &uid),
         aml::Name::new("_CRS".into(), &crs),
     ];
-    let dev = aml::Device::new("_SB_.COM1".into(), names.iter().map(|n| n as &dyn Aml).collect());
+    let dev = aml::Device::new(
+        "_SB_.COM1".into(),
+        names.iter().map(|n| n as &dyn Aml).collect(),
+    );
     bytes_of(&dev)
 }
 
 fn build_fadt(dsdt_addr: u64) -> Vec<u8> {
     let pm_port = |offset: u16| {
-        GAS::new(GasSpace::SystemIo, 8, 0, AccessSize::ByteAccess, u64::from(ACPI_PM_PORT + offset))
+        GAS::new(
+            GasSpace::SystemIo,
+            8,
+            0,
+            AccessSize::ByteAccess,
+            u64::from(ACPI_PM_PORT + offset),
+        )
     };
     let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
         .flag(Flags::HwReducedAcpi)
@@ -155,7 +170,11 @@ fn build_madt(num_cpus: u8) -> Vec<u8> {
 
 /// Writes all tables into [`layout::ACPI_START`, `layout::ACPI_END`); the
 /// RSDP comes first, at the address the zero page also advertises.
-pub fn create_acpi_tables(mem: &GuestMemory, num_cpus: u8, mmio64: (u64, u64)) -> Result<(), AcpiError> {
+pub fn create_acpi_tables(
+    mem: &GuestMemory,
+    num_cpus: u8,
+    mmio64: (u64, u64),
+) -> Result<(), AcpiError> {
     let align = |a: u64| a.next_multiple_of(16);
     let xsdt_addr = align(layout::ACPI_START + Rsdp::len() as u64);
     // XSDT with two entries: header + 2 * 8 bytes.
@@ -180,7 +199,8 @@ pub fn create_acpi_tables(mem: &GuestMemory, num_cpus: u8, mmio64: (u64, u64)) -
         (fadt_addr, fadt),
         (madt_addr, madt),
     ] {
-        mem.write_slice(&table, GuestAddress(addr)).map_err(AcpiError::GuestWrite)?;
+        mem.write_slice(&table, GuestAddress(addr))
+            .map_err(AcpiError::GuestWrite)?;
     }
     Ok(())
 }
@@ -206,7 +226,10 @@ mod tests {
         }
         // Two LAPIC entries (8 bytes each) and one IOAPIC (12 bytes).
         assert_eq!(madt.len(), 44 + 2 * 8 + 12);
-        assert_eq!(u32::from_le_bytes(madt[40..44].try_into().unwrap()), MADT_PCAT_COMPAT);
+        assert_eq!(
+            u32::from_le_bytes(madt[40..44].try_into().unwrap()),
+            MADT_PCAT_COMPAT
+        );
         // The DSDT names the S5 object and the PCI host bridge.
         let find = |needle: &[u8]| dsdt.windows(needle.len()).any(|w| w == needle);
         assert!(find(b"_S5_") && find(b"PCI0") && find(b"_CRS") && find(b"COM1"));
@@ -217,7 +240,8 @@ mod tests {
         let mem = crate::memory::create_guest_memory(16 << 20).unwrap();
         create_acpi_tables(&mem, 4, (1 << 32, 1 << 30)).unwrap();
         let mut rsdp = [0u8; 36];
-        mem.read_slice(&mut rsdp, GuestAddress(layout::ACPI_START)).unwrap();
+        mem.read_slice(&mut rsdp, GuestAddress(layout::ACPI_START))
+            .unwrap();
         assert_eq!(&rsdp[..8], b"RSD PTR ");
         assert!(checksum_ok(&rsdp[..20]) && checksum_ok(&rsdp));
         let xsdt_addr = u64::from_le_bytes(rsdp[24..32].try_into().unwrap());

@@ -64,9 +64,15 @@ pub fn load_kernel(
     cmdline: &str,
 ) -> Result<KernelEntry, BootError> {
     let mut magic = [0u8; 4];
-    kernel.seek(SeekFrom::Start(0)).map_err(BootError::ReadKernel)?;
-    kernel.read_exact(&mut magic).map_err(BootError::ReadKernel)?;
-    kernel.seek(SeekFrom::Start(0)).map_err(BootError::ReadKernel)?;
+    kernel
+        .seek(SeekFrom::Start(0))
+        .map_err(BootError::ReadKernel)?;
+    kernel
+        .read_exact(&mut magic)
+        .map_err(BootError::ReadKernel)?;
+    kernel
+        .seek(SeekFrom::Start(0))
+        .map_err(BootError::ReadKernel)?;
     let himem = Some(GuestAddress(layout::HIMEM_START));
     let (result, entry) = if magic == ELF_MAGIC {
         let r = Elf::load(mem, None, kernel, himem).map_err(BootError::LoadKernel)?;
@@ -91,7 +97,9 @@ pub fn load_kernel(
         .map_err(BootError::LoadCmdline)?;
     hdr.type_of_loader = LOADER_TYPE_UNDEFINED;
     hdr.cmd_line_ptr = layout::CMDLINE_START as u32;
-    hdr.cmdline_size = cmdline.as_cstring().map_or(0, |c| c.as_bytes().len() as u32);
+    hdr.cmdline_size = cmdline
+        .as_cstring()
+        .map_or(0, |c| c.as_bytes().len() as u32);
 
     if let Some(initramfs) = initramfs {
         let initrd_max = match hdr.initrd_addr_max {
@@ -103,7 +111,10 @@ pub fn load_kernel(
         hdr.ramdisk_size = size as u32;
     }
 
-    let mut params = boot_params { hdr, ..Default::default() };
+    let mut params = boot_params {
+        hdr,
+        ..Default::default()
+    };
     params.acpi_rsdp_addr = layout::ACPI_START;
     add_e820_map(&mut params, mem);
     LinuxBootConfigurator::write_bootparams(
@@ -122,8 +133,11 @@ fn load_initramfs(
     initrd_addr_max: u64,
     kernel_end: u64,
 ) -> Result<(u64, u64), BootError> {
-    let size = file.seek(SeekFrom::End(0)).map_err(BootError::ReadInitramfs)?;
-    file.seek(SeekFrom::Start(0)).map_err(BootError::ReadInitramfs)?;
+    let size = file
+        .seek(SeekFrom::End(0))
+        .map_err(BootError::ReadInitramfs)?;
+    file.seek(SeekFrom::Start(0))
+        .map_err(BootError::ReadInitramfs)?;
     let low_ram_end = mem.iter().next().map_or(0, |r| r.len());
     let top = low_ram_end.min(initrd_addr_max.saturating_add(1));
     let addr = top
@@ -145,8 +159,16 @@ fn load_initramfs(
 fn add_e820_map(params: &mut boot_params, mem: &GuestMemory) {
     let mut entries = vec![
         (0, layout::EBDA_START, E820_RAM),
-        (layout::EBDA_START, 0xa0000 - layout::EBDA_START, E820_RESERVED),
-        (layout::ACPI_START, layout::ACPI_END - layout::ACPI_START, E820_RESERVED),
+        (
+            layout::EBDA_START,
+            0xa0000 - layout::EBDA_START,
+            E820_RESERVED,
+        ),
+        (
+            layout::ACPI_START,
+            layout::ACPI_END - layout::ACPI_START,
+            E820_RESERVED,
+        ),
     ];
     for region in mem.iter() {
         let start = region.start_addr().raw_value().max(layout::HIMEM_START);
@@ -173,11 +195,20 @@ mod tests {
         let mut params = boot_params::default();
         add_e820_map(&mut params, &mem);
         let n = params.e820_entries as usize;
-        let table: Vec<(u64, u64, u32)> =
-            params.e820_table[..n].iter().map(|e| (e.addr, e.size, e.r#type)).collect();
+        let table: Vec<(u64, u64, u32)> = params.e820_table[..n]
+            .iter()
+            .map(|e| (e.addr, e.size, e.r#type))
+            .collect();
         assert_eq!(table[0], (0, layout::EBDA_START, E820_RAM));
         assert!(table.contains(&(layout::ACPI_START, 0x20000, E820_RESERVED)));
-        assert_eq!(*table.last().unwrap(), (layout::HIMEM_START, (64 << 20) - layout::HIMEM_START, E820_RAM));
+        assert_eq!(
+            *table.last().unwrap(),
+            (
+                layout::HIMEM_START,
+                (64 << 20) - layout::HIMEM_START,
+                E820_RAM
+            )
+        );
     }
 
     #[test]
@@ -200,9 +231,15 @@ mod tests {
     fn garbage_kernel_is_an_error_not_a_panic() {
         let mem = crate::memory::create_guest_memory(64 << 20).unwrap();
         let mut f = tempfile_with(&[0x42u8; 4096]);
-        assert!(matches!(load_kernel(&mem, &mut f, None, "console=ttyS0"), Err(BootError::LoadKernel(_))));
+        assert!(matches!(
+            load_kernel(&mem, &mut f, None, "console=ttyS0"),
+            Err(BootError::LoadKernel(_))
+        ));
         let mut tiny = tempfile_with(b"ab");
-        assert!(matches!(load_kernel(&mem, &mut tiny, None, ""), Err(BootError::ReadKernel(_))));
+        assert!(matches!(
+            load_kernel(&mem, &mut tiny, None, ""),
+            Err(BootError::ReadKernel(_))
+        ));
     }
 
     fn tempfile_with(data: &[u8]) -> File {

@@ -3,9 +3,7 @@
 //! (from KVM's supported set), boot MSRs, long-mode registers with an
 //! identity-mapped first GiB, FPU and the local APIC's LINT pins.
 
-use kvm_bindings::{
-    kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs,
-};
+use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -72,7 +70,11 @@ const MTRR_ENABLE_WB_DEFAULT: u64 = (1 << 11) | 6;
 /// as it creates them, and per-vCPU writes made a few milliseconds apart
 /// make Linux mark the TSC unstable.
 pub fn set_boot_msrs(vcpu: &VcpuFd) -> Result<(), CpuError> {
-    let entry = |index, data| kvm_msr_entry { index, data, ..Default::default() };
+    let entry = |index, data| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    };
     let entries = [
         entry(MSR_IA32_SYSENTER_CS, 0),
         entry(MSR_IA32_SYSENTER_ESP, 0),
@@ -108,8 +110,8 @@ pub fn set_boot_regs(vcpu: &VcpuFd, entry: u64) -> Result<(), CpuError> {
 
 pub fn set_boot_fpu(vcpu: &VcpuFd) -> Result<(), CpuError> {
     let fpu = kvm_fpu {
-        fcw: 0x37f,     // x87 default control word
-        mxcsr: 0x1f80,  // SSE default: all exceptions masked
+        fcw: 0x37f,    // x87 default control word
+        mxcsr: 0x1f80, // SSE default: all exceptions masked
         ..Default::default()
     };
     vcpu.set_fpu(&fpu).map_err(CpuError::Regs)
@@ -168,9 +170,11 @@ fn segment_from_gdt(entry: u64, index: u8) -> kvm_segment {
 pub fn write_boot_tables(mem: &GuestMemory) -> Result<(), CpuError> {
     for (i, &(flags, base, limit)) in BOOT_GDT.iter().enumerate() {
         let addr = GuestAddress(layout::BOOT_GDT_START + 8 * i as u64);
-        mem.write_obj(gdt_entry(flags, base, limit), addr).map_err(CpuError::GuestWrite)?;
+        mem.write_obj(gdt_entry(flags, base, limit), addr)
+            .map_err(CpuError::GuestWrite)?;
     }
-    mem.write_obj(0u64, GuestAddress(layout::BOOT_IDT_START)).map_err(CpuError::GuestWrite)?;
+    mem.write_obj(0u64, GuestAddress(layout::BOOT_IDT_START))
+        .map_err(CpuError::GuestWrite)?;
     // PML4[0] -> PDPT, PDPT[0] -> PD, PD: 512 x 2 MiB present+writable+huge.
     mem.write_obj(layout::PDPTE_START | 0x03, GuestAddress(layout::PML4_START))
         .map_err(CpuError::GuestWrite)?;
@@ -219,7 +223,9 @@ const APIC_MODE_EXTINT: u32 = 0x7;
 pub fn set_lint(vcpu: &VcpuFd) -> Result<(), CpuError> {
     let mut lapic = vcpu.get_lapic().map_err(CpuError::Lapic)?;
     for (reg, mode) in [(APIC_LVT0, APIC_MODE_EXTINT), (APIC_LVT1, APIC_MODE_NMI)] {
-        let Some(bytes) = lapic.regs.get_mut(reg..reg + 4) else { continue };
+        let Some(bytes) = lapic.regs.get_mut(reg..reg + 4) else {
+            continue;
+        };
         let mut raw = [0u8; 4];
         for (dst, src) in raw.iter_mut().zip(bytes.iter()) {
             *dst = *src as u8;
@@ -239,7 +245,10 @@ mod tests {
     #[test]
     fn gdt_entries_decode_to_long_mode_segments() {
         let code = segment_from_gdt(gdt_entry(0xa09b, 0, 0xfffff), 1);
-        assert_eq!((code.selector, code.l, code.db, code.present, code.s), (8, 1, 0, 1, 1));
+        assert_eq!(
+            (code.selector, code.l, code.db, code.present, code.s),
+            (8, 1, 0, 1, 1)
+        );
         assert_eq!((code.type_, code.limit, code.g), (0xb, 0xffff_ffff, 1));
         let data = segment_from_gdt(gdt_entry(0xc093, 0, 0xfffff), 2);
         assert_eq!((data.selector, data.l, data.db, data.type_), (16, 0, 1, 3));
@@ -255,9 +264,13 @@ mod tests {
         write_boot_tables(&mem).unwrap();
         let pml4: u64 = mem.read_obj(GuestAddress(layout::PML4_START)).unwrap();
         assert_eq!(pml4, layout::PDPTE_START | 3);
-        let last: u64 = mem.read_obj(GuestAddress(layout::PDE_START + 511 * 8)).unwrap();
+        let last: u64 = mem
+            .read_obj(GuestAddress(layout::PDE_START + 511 * 8))
+            .unwrap();
         assert_eq!(last, (511 << 21) | 0x83);
-        let code: u64 = mem.read_obj(GuestAddress(layout::BOOT_GDT_START + 8)).unwrap();
+        let code: u64 = mem
+            .read_obj(GuestAddress(layout::BOOT_GDT_START + 8))
+            .unwrap();
         assert_eq!(code, 0x00af_9b00_0000_ffff);
     }
 }

@@ -36,6 +36,12 @@ pub const FOUR_GIB: u64 = 1 << 32;
 /// 64-bit BARs get this much room, starting 1 GiB-aligned above RAM.
 pub const MMIO64_SIZE: u64 = 64 << 30;
 
+// The fixed regions must not overlap: checked when the crate compiles.
+const _: () = assert!(BOOT_IDT_START < ZERO_PAGE_START && ZERO_PAGE_START + 0x1000 <= PML4_START);
+const _: () = assert!(PDE_START + 0x1000 <= CMDLINE_START && CMDLINE_START < EBDA_START);
+const _: () = assert!(MMIO_HOLE_START < MMIO32_END && MMIO32_END <= APIC_START);
+const _: () = assert!(KVM_IDENTITY_MAP_START + 0x1000 <= KVM_TSS_START);
+
 /// The guest's RAM ranges for `mem_size` bytes: below the 32-bit MMIO hole,
 /// then above 4 GiB.
 pub fn ram_ranges(mem_size: u64) -> Vec<(u64, u64)> {
@@ -66,17 +72,12 @@ mod tests {
         assert_eq!(ram_ranges(MMIO_HOLE_START), vec![(0, MMIO_HOLE_START)]);
         assert_eq!(
             ram_ranges(4 << 30),
-            vec![(0, MMIO_HOLE_START), (FOUR_GIB, (4 << 30) - MMIO_HOLE_START)]
+            vec![
+                (0, MMIO_HOLE_START),
+                (FOUR_GIB, (4 << 30) - MMIO_HOLE_START)
+            ]
         );
         assert_eq!(mmio64_window(512 << 20).0, FOUR_GIB);
         assert_eq!(mmio64_window(4 << 30).0, 5 << 30);
-    }
-
-    #[test]
-    fn fixed_regions_do_not_overlap() {
-        assert!(BOOT_IDT_START < ZERO_PAGE_START && ZERO_PAGE_START + 0x1000 <= PML4_START);
-        assert!(PDE_START + 0x1000 <= CMDLINE_START && CMDLINE_START < EBDA_START);
-        assert!(MMIO_HOLE_START < MMIO32_END && MMIO32_END <= APIC_START);
-        assert!(KVM_IDENTITY_MAP_START + 0x1000 <= KVM_TSS_START);
     }
 }
