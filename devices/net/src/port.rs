@@ -45,7 +45,9 @@ pub struct Port {
 
 impl std::fmt::Debug for Port {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Port").field("state", &self.state()).finish_non_exhaustive()
+        f.debug_struct("Port")
+            .field("state", &self.state())
+            .finish_non_exhaustive()
     }
 }
 
@@ -54,8 +56,16 @@ pub const DEFAULT_MTU: u16 = 1500;
 
 impl Port {
     pub fn new(mac: [u8; 6], carrier: bool) -> Self {
-        let state = PortState { mac, carrier, active: false, mtu: DEFAULT_MTU };
-        Self { state: Mutex::new(state), listeners: Mutex::new(Vec::new()) }
+        let state = PortState {
+            mac,
+            carrier,
+            active: false,
+            mtu: DEFAULT_MTU,
+        };
+        Self {
+            state: Mutex::new(state),
+            listeners: Mutex::new(Vec::new()),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, PortState> {
@@ -69,14 +79,20 @@ impl Port {
     /// Registers `f` for every later change. Listeners run on the thread
     /// that made the change and must not call back into the port's setters.
     pub fn subscribe(&self, f: impl Fn(PortEvent) + Send + Sync + 'static) {
-        self.listeners.lock().unwrap_or_else(PoisonError::into_inner).push(Box::new(f));
+        self.listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(f));
     }
 
     fn notify(&self, events: &[PortEvent]) {
         if events.is_empty() {
             return;
         }
-        let listeners = self.listeners.lock().unwrap_or_else(PoisonError::into_inner);
+        let listeners = self
+            .listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for event in events {
             for l in listeners.iter() {
                 l(*event);
