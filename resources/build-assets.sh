@@ -98,6 +98,7 @@ build_stage l1 "$L1_DIR" "$RES/test-host/mk-l1-initramfs.sh" KERNEL_DIR="$KERNEL
 
 manifest="PVRDMA_KVER=$KVER
 PVRDMA_KERNEL=$KERNEL_DIR/boot/vmlinuz-$KVER
+PVRDMA_VMLINUX=$KERNEL_DIR/boot/vmlinux-$KVER
 PVRDMA_MODULES=$KERNEL_DIR/lib/modules/$KVER
 PVRDMA_GUEST_INITRAMFS=$GUEST_DIR/initramfs.cpio.gz
 PVRDMA_ROOTFS=$GUEST_DIR/rootfs.ext4

@@ -3,7 +3,8 @@
 # Stage "kernel": Debian's stock kernel (vmlinuz + full module tree) plus vmw_pvrdma.ko, which Debian
 # does not build, compiled out of tree from linux-source-6.1 against the matching linux-headers.
 # Inputs (env, from build-assets.sh): RES OUT KVER DEBS IMAGE_VERSION. Output layout in OUT:
-#   boot/vmlinuz-$KVER, boot/config-$KVER, lib/modules/$KVER/ (depmod'd, vmw_pvrdma in extra/)
+#   boot/vmlinuz-$KVER, boot/config-$KVER, lib/modules/$KVER/ (depmod'd, vmw_pvrdma in extra/),
+#   boot/vmlinux-$KVER: the same kernel as an ELF vmlinux (for the VMM's ELF boot path)
 set -euo pipefail
 . "$RES/lib/common.sh"
 LOG_TAG=kernel
@@ -21,8 +22,14 @@ src_tar=/usr/src/linux-source-6.1.tar.xz
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 sub=linux-source-6.1/drivers/infiniband/hw/vmw_pvrdma
-log "extracting $sub from $src_tar"
-tar -xJf "$src_tar" -C "$build" "$sub"
+extract=linux-source-6.1/scripts/extract-vmlinux
+log "extracting $sub and $extract from $src_tar"
+tar -xJf "$src_tar" -C "$build" "$sub" "$extract"
+# Debian ships no uncompressed vmlinux outside the huge -dbg package; the kernel's own script
+# unpacks the one inside the bzImage.
+sh "$build/$extract" "$OUT/boot/vmlinuz-$KVER" > "$OUT/boot/vmlinux-$KVER"
+[[ $(head -c 4 "$OUT/boot/vmlinux-$KVER" | od -An -tx1 | tr -d ' ') == 7f454c46 ]] ||
+  die "extract-vmlinux did not produce an ELF image from vmlinuz-$KVER"
 log "building vmw_pvrdma.ko against $headers"
 # The headers' config has CONFIG_INFINIBAND_VMWARE_PVRDMA unset (that is why Debian ships no module);
 # setting it on the make command line is what makes kbuild compile the directory as a module.

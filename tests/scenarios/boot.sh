@@ -6,6 +6,7 @@
 #                  and markers without our VMM, so a failure of the next phases is the VMM's
 #   vmm-boot       pvrdma-vmm boots the stock kernel, 2 vCPUs, read-only root disk; the guest
 #                  prints its markers and powers off
+#   vmm-boot-elf   the same with the kernel as an ELF vmlinux instead of the bzImage
 #   vmm-lifecycle  tick-mode guest: pause over the API (counter stops), resume (it goes on),
 #                  shutdown (the VMM exits)
 # Each phase writes $OUT/<phase>.env and $OUT/<phase>-serial.log.
@@ -34,6 +35,15 @@ phase_vmm_boot() {
     --api-socket "$WORK/vmm-boot.sock"
   wait_for_exit "$VMM_PID" "$BOOT_LIMIT"
   record vmm-boot "exit=$EXIT_STATUS" "seconds=$(since "$t0")"
+}
+
+phase_vmm_boot_elf() {
+  local t0
+  t0=$(now_us)
+  KERNEL=$PVRDMA_VMLINUX start_vmm vmm-boot-elf --cmdline "$GUEST_CMDLINE pvtest=boot pvdisk=/dev/vda pvdiskro=1" \
+    --disk "path=$PVRDMA_ROOTFS,readonly=on" --serial "file=$OUT/vmm-boot-elf-serial.log"
+  wait_for_exit "$VMM_PID" "$BOOT_LIMIT"
+  record vmm-boot-elf "exit=$EXIT_STATUS" "seconds=$(since "$t0")"
 }
 
 phase_vmm_lifecycle() {

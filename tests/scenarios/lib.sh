@@ -83,7 +83,7 @@ start_vmm() {
   local name=$1
   shift
   [[ -x ${PVRDMA_VMM_BIN:-} ]] || { log "PVRDMA_VMM_BIN is not set to an executable"; return 1; }
-  "$PVRDMA_VMM_BIN" --kernel "$PVRDMA_KERNEL" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus 2 --memory 512M \
+  "$PVRDMA_VMM_BIN" --kernel "${KERNEL:-$PVRDMA_KERNEL}" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus 2 --memory 512M \
     "$@" > "$OUT/$name-vmm.log" 2>&1 &
   VMM_PID=$!
 }

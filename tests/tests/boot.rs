@@ -35,7 +35,7 @@ fn suite() -> &'static Suite {
                     "PVRDMA_REMOTE_BIN".to_string(),
                     bins.remote.display().to_string(),
                 ));
-                "reference vmm-boot vmm-lifecycle"
+                "reference vmm-boot vmm-boot-elf vmm-lifecycle"
             }
             Err(_) => "reference",
         };
@@ -173,6 +173,24 @@ fn vmm_boots_stock_kernel_with_two_cpus_and_root_disk() {
         )
     );
     check_boot_markers(suite, "vmm-boot");
+}
+
+#[test]
+fn vmm_boots_the_kernel_as_elf_vmlinux() {
+    let suite = suite();
+    suite.vmm();
+    let results = suite.results("vmm-boot-elf");
+    let exit = results.get("exit").unwrap_or("missing");
+    assert_eq!(
+        exit,
+        "0",
+        "{}",
+        suite.failure(
+            "vmm-boot-elf",
+            "pvrdma-vmm should boot the ELF vmlinux and exit 0 after the guest's poweroff"
+        )
+    );
+    check_boot_markers(suite, "vmm-boot-elf");
 }
 
 #[test]
