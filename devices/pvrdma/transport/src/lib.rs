@@ -1,0 +1,15 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The RoCE v2 transport engine of pvrdma-vmm, as a pure library: no KVM,
+//! no PCI, no guest memory types, no I/O, no clocks, no threads.
+//!
+//! The device model feeds it work requests and received frames and gives
+//! it three small capabilities (a packet sink, a completion sink and a
+//! memory-region table); the engine answers with frames to send and work
+//! completions. Keeping it pure makes every state machine testable on any
+//! host, deterministically, with hostile input.
+//!
+//! # Structure
+//!
+//! [`opcode`] the IBA opcode table.
+
+pub mod opcode;
