@@ -60,6 +60,14 @@ phase_vmm_lifecycle() {
   record vmm-lifecycle "vmm_exit=$EXIT_STATUS" "seconds=$(since "$t0")"
 }
 
+# http_status SOCKET METHOD PATH [BODY]: the HTTP status the VMM's API answers (000: no answer).
+http_status() {
+  local body=()
+  [[ $# -ge 4 ]] && body=(-H 'Content-Type: application/json' --data-binary "$4")
+  curl -s -o /dev/null -w '%{http_code}' --max-time 30 --unix-socket "$1" -X "$2" "${body[@]}" \
+    "http://localhost$3" || true
+}
+
 # Returns 0 once shutdown was requested (whatever came before), 1 if the VMM is beyond use.
 lifecycle_steps() {
   local pid=$1 serial=$2 sock=$3 r=vmm-lifecycle t_a period_ms window n_paused n_after rc
@@ -95,6 +103,12 @@ lifecycle_steps() {
       record $r "tick_after_resume=$(last_tick "$serial")" "failed=ticks did not go on after resume"
     fi
   fi
+  # Malformed requests to the real VMM: each gets its 4xx, and the VMM keeps serving.
+  record $r "http_unknown_path=$(http_status "$sock" GET /api/v1/vm.frobnicate)" \
+    "http_wrong_method=$(http_status "$sock" GET /api/v1/vm.pause)" \
+    "http_bad_json=$(http_status "$sock" PUT /api/v1/vm.pause '{"oops":')" \
+    "http_unknown_field=$(http_status "$sock" PUT /api/v1/vm.pause '{"force":true}')" \
+    "ping_after_bad_requests=$(remote $r "$sock" ping)"
   kill -0 "$pid" 2>/dev/null || { record $r "failed=VMM exited before shutdown"; return 1; }
   rc=$(remote $r "$sock" shutdown)
   record $r "shutdown_exit=$rc"

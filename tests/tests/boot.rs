@@ -225,6 +225,20 @@ fn vmm_pauses_resumes_and_shuts_down_over_the_api() {
             "after resume the counter must go on: {after_window} before, {after_resume} after"
         ));
     }
+    for (key, status) in [
+        ("http_unknown_path", 404),
+        ("http_wrong_method", 405),
+        ("http_bad_json", 400),
+        ("http_unknown_field", 400),
+    ] {
+        let got = int(suite, &r, phase, key);
+        if got != status {
+            fail(format!("malformed request {key}: expected HTTP {status}, got {got}"));
+        }
+    }
+    if int(suite, &r, phase, "ping_after_bad_requests") != 0 {
+        fail("the API stopped answering after malformed requests".to_string());
+    }
     if int(suite, &r, phase, "shutdown_exit") != 0 {
         fail("pvrdma-remote shutdown did not exit 0".to_string());
     }
