@@ -11,6 +11,7 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use device_worker::WorkerHandle;
 use net_port::{Port, PortEvent};
 use pci::{
     BarKind, BarSpec, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration, PciDevice,
@@ -29,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::regs;
 use crate::state::{Env, Shared, State};
 use crate::uar::{self, Hub};
-use crate::worker::{SpawnError, Worker, WorkerHandle};
+use crate::worker::{SpawnError, Worker};
 
 /// PCI class "network controller, InfiniBand" (lspci: "Infiniband
 /// controller", as VMware's PVRDMA shows up).
@@ -158,7 +159,8 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             },
             state: Mutex::new(State::new()),
         });
-        let worker = WorkerHandle::spawn(Worker::new(mem.clone(), Arc::clone(&shared), link)?)?;
+        let worker = Worker::new(mem.clone(), Arc::clone(&shared), link)?;
+        let worker = WorkerHandle::spawn("pvrdma", worker).map_err(SpawnError::Start)?;
         Ok(Self {
             config: pci,
             mem,

@@ -21,11 +21,9 @@
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::thread::{self, JoinHandle};
 
-use event_manager::{
-    EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
-};
+use device_worker::Stoppable;
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -45,10 +43,8 @@ const LINK_EVENT: u32 = 0xff00_0002;
 pub enum SpawnError {
     #[error("Failed to create a worker eventfd")]
     EventFd(#[source] std::io::Error),
-    #[error("Failed to create the worker event loop")]
-    EventManager(#[source] event_manager::Error),
-    #[error("Failed to start the worker thread")]
-    Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Start(#[from] device_worker::SpawnError),
 }
 
 /// An eventfd the worker watches for one object.
@@ -200,54 +196,12 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
     }
 }
 
-/// Owns the worker thread; dropping it stops and joins the thread.
-#[derive(Debug)]
-pub(crate) struct WorkerHandle {
-    kill: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl WorkerHandle {
-    pub(crate) fn spawn<M>(worker: Worker<M>) -> Result<Self, SpawnError>
-    where
-        M: GuestAddressSpace + Send + 'static,
-    {
-        let kill = worker.kill.try_clone().map_err(SpawnError::EventFd)?;
-        let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
-        let id = manager.add_subscriber(worker);
-        let thread = thread::Builder::new()
-            .name("pvrdma".to_owned())
-            .spawn(move || run(manager, id))
-            .map_err(SpawnError::Thread)?;
-        Ok(Self {
-            kill,
-            thread: Some(thread),
-        })
+impl<M: GuestAddressSpace> Stoppable for Worker<M> {
+    fn kill_evt(&self) -> &EventFd {
+        &self.kill
     }
-}
 
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        if let Err(e) = self.kill.write(1) {
-            error!("pvrdma: failed to stop the worker: {e}");
-            return;
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                error!("pvrdma: worker thread panicked");
-            }
-        }
-    }
-}
-
-fn run<M: GuestAddressSpace>(mut manager: EventManager<Worker<M>>, id: SubscriberId) {
-    loop {
-        if let Err(e) = manager.run() {
-            error!("pvrdma: worker event loop failed: {e}");
-            return;
-        }
-        if manager.subscriber_mut(id).map_or(true, |w| w.stopped) {
-            return;
-        }
+    fn stopped(&self) -> bool {
+        self.stopped
     }
 }

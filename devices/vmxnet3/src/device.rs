@@ -6,6 +6,7 @@
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use device_worker::WorkerHandle;
 use log::{error, info, warn};
 use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
@@ -24,7 +25,7 @@ use crate::regs::{
 };
 use crate::shared::{check_device_conf, write_queue_stats, write_queue_status, write_tx_threshold};
 use crate::worker::{
-    lock, Active, DeviceState, SharedState, SpawnError, WorkerHandle, WorkerParts,
+    lock, spawn_worker, Active, DeviceState, SharedState, SpawnError, WorkerParts,
 };
 
 const VMWARE_VENDOR_ID: u16 = 0x15ad;
@@ -163,7 +164,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
 
         let state: SharedState = Arc::new(Mutex::new(DeviceState::default()));
         let metrics = Arc::new(Vmxnet3Metrics::default());
-        let worker = WorkerHandle::spawn(WorkerParts {
+        let worker = spawn_worker(WorkerParts {
             mem: mem.clone(),
             backend,
             port: port.clone(),

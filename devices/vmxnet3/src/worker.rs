@@ -11,12 +11,10 @@
 //! memory.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use event_manager::{
-    EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
-};
+use device_worker::{Stoppable, WorkerHandle};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use net_port::{FrameBackend, Port, VnetHdr, MAX_FRAME_LEN};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemory};
@@ -373,68 +371,28 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
     }
 }
 
+impl<M: GuestAddressSpace> Stoppable for Worker<M> {
+    fn kill_evt(&self) -> &EventFd {
+        &self.p.kill_evt
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    #[error("Failed to create an eventfd")]
-    EventFd(#[source] std::io::Error),
     #[error("Failed to create the carrier poll timer")]
     Timer(#[source] vmm_sys_util::errno::Error),
-    #[error("Failed to create the worker event loop")]
-    EventManager(#[source] event_manager::Error),
-    #[error("Failed to start the worker thread")]
-    Thread(#[source] std::io::Error),
+    #[error(transparent)]
+    Start(#[from] device_worker::SpawnError),
 }
 
-/// Owns the worker thread; dropping it stops and joins the thread.
-#[derive(Debug)]
-pub(crate) struct WorkerHandle {
-    kill_evt: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl WorkerHandle {
-    pub(crate) fn spawn<M>(parts: WorkerParts<M>) -> Result<Self, SpawnError>
-    where
-        M: GuestAddressSpace + Send + 'static,
-    {
-        let kill_evt = parts.kill_evt.try_clone().map_err(SpawnError::EventFd)?;
-        let worker = Worker::new(parts)?;
-        let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
-        let id = manager.add_subscriber(worker);
-        let thread = thread::Builder::new()
-            .name("vmxnet3".to_owned())
-            .spawn(move || run(manager, id))
-            .map_err(SpawnError::Thread)?;
-        Ok(WorkerHandle {
-            kill_evt,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        if let Err(e) = self.kill_evt.write(1) {
-            // Joining would hang forever; leave the thread to process exit.
-            error!("vmxnet3: failed to stop the worker: {e}");
-            return;
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                error!("vmxnet3: worker thread panicked");
-            }
-        }
-    }
-}
-
-fn run<M: GuestAddressSpace>(mut manager: EventManager<Worker<M>>, id: SubscriberId) {
-    loop {
-        if let Err(e) = manager.run() {
-            error!("vmxnet3: worker event loop failed: {e}");
-            return;
-        }
-        if manager.subscriber_mut(id).map_or(true, |w| w.stopped) {
-            return;
-        }
-    }
+/// Builds the worker from `parts` and starts it on the `vmxnet3` thread.
+pub(crate) fn spawn_worker<M>(parts: WorkerParts<M>) -> Result<WorkerHandle, SpawnError>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    Ok(WorkerHandle::spawn("vmxnet3", Worker::new(parts)?)?)
 }

@@ -22,6 +22,8 @@ use std::mem::offset_of;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use device_worker::SpawnError;
+use device_worker::WorkerHandle;
 use pci::{DeviceHooks, PciConfiguration, PciDevice};
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
@@ -35,8 +37,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use self::disk::Disk;
 pub use self::disk::DiskError;
-pub use self::worker::SpawnError;
-use self::worker::{ActiveQueue, BlockWorker, SharedQueue, WorkerHandle};
+use self::worker::{ActiveQueue, BlockWorker, SharedQueue};
 use crate::transport::common_cfg::feature_bit;
 use crate::transport::interrupt::Interrupt;
 use crate::transport::pci::{TransportError, VirtioPciDevice};
@@ -153,7 +154,7 @@ where
             queue_max_sizes: [QUEUE_SIZE],
             active,
             mem,
-            _worker: WorkerHandle::spawn(worker)?,
+            _worker: WorkerHandle::spawn("virtio-blk", worker)?,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! The thread runs an event-manager loop with one subscriber,
 //! [`BlockWorker`], woken by the queue eventfd (signalled by KVM through an
 //! ioeventfd, or by the transport on an MMIO notify) and by a kill eventfd
-//! that [`WorkerHandle`]'s `Drop` uses to stop it.
+//! that [`device_worker::WorkerHandle`]'s `Drop` uses to stop it.
 //!
 //! The queue itself sits in a mutex shared with the device: activation puts
 //! it there and reset takes it away. The worker holds the lock for a whole
@@ -20,11 +20,9 @@
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
 
-use event_manager::{
-    EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberId, SubscriberOps,
-};
+use device_worker::Stoppable;
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemory};
@@ -194,67 +192,13 @@ impl<M: GuestAddressSpace> MutEventSubscriber for BlockWorker<M> {
     }
 }
 
-/// Owns the worker thread; dropping it stops and joins the thread.
-#[derive(Debug)]
-pub(crate) struct WorkerHandle {
-    kill_evt: EventFd,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl WorkerHandle {
-    /// Starts `worker` on a new thread.
-    pub(crate) fn spawn<M>(worker: BlockWorker<M>) -> Result<Self, SpawnError>
-    where
-        M: GuestAddressSpace + Send + 'static,
-    {
-        let kill_evt = worker.kill_evt.try_clone().map_err(SpawnError::EventFd)?;
-        let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
-        let id = manager.add_subscriber(worker);
-        let thread = thread::Builder::new()
-            .name("virtio-blk".to_owned())
-            .spawn(move || run(manager, id))
-            .map_err(SpawnError::Thread)?;
-        Ok(Self {
-            kill_evt,
-            thread: Some(thread),
-        })
+impl<M: GuestAddressSpace> Stoppable for BlockWorker<M> {
+    fn kill_evt(&self) -> &EventFd {
+        &self.kill_evt
     }
-}
 
-impl Drop for WorkerHandle {
-    fn drop(&mut self) {
-        if let Err(e) = self.kill_evt.write(1) {
-            // Joining would hang forever; leave the thread to process exit.
-            error!("virtio-blk: failed to stop the worker: {e}");
-            return;
-        }
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                error!("virtio-blk: worker thread panicked");
-            }
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
-    #[error("Failed to duplicate the kill eventfd")]
-    EventFd(#[source] std::io::Error),
-    #[error("Failed to create the worker event loop")]
-    EventManager(#[source] event_manager::Error),
-    #[error("Failed to start the worker thread")]
-    Thread(#[source] std::io::Error),
-}
-
-fn run<M: GuestAddressSpace>(mut manager: EventManager<BlockWorker<M>>, id: SubscriberId) {
-    loop {
-        if let Err(e) = manager.run() {
-            error!("virtio-blk: worker event loop failed: {e}");
-            return;
-        }
-        if manager.subscriber_mut(id).map_or(true, |w| w.stopped) {
-            return;
-        }
+    fn stopped(&self) -> bool {
+        self.stopped
     }
 }
 

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The worker thread of a device: one thread per device running an
+//! event-manager loop with a single subscriber, the device's worker.
+//!
+//! The worker watches a kill eventfd of its own and reports, through
+//! [`Stoppable::stopped`], that it fired; [`WorkerHandle`] keeps a
+//! duplicate of that eventfd and, when dropped, signals it and joins the
+//! thread. What the worker watches besides, and what it does, is the
+//! device's business.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::thread::{self, JoinHandle};
+
+use event_manager::{EventManager, MutEventSubscriber, SubscriberId, SubscriberOps};
+use log::error;
+use vmm_sys_util::eventfd::EventFd;
+
+/// A device worker the loop can stop.
+pub trait Stoppable: MutEventSubscriber {
+    /// The kill eventfd the worker watches (registered in its `init`).
+    fn kill_evt(&self) -> &EventFd;
+    /// True once the worker saw its kill eventfd fire: the loop ends after
+    /// the current round of events.
+    fn stopped(&self) -> bool;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("Failed to duplicate the kill eventfd")]
+    EventFd(#[source] std::io::Error),
+    #[error("Failed to create the worker event loop")]
+    EventManager(#[source] event_manager::Error),
+    #[error("Failed to start the worker thread")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Owns the worker thread; dropping it stops and joins the thread.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    /// The thread's name, which also prefixes the log messages.
+    name: &'static str,
+    kill: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    /// Starts `worker` on a new thread called `name`; the handle keeps a
+    /// duplicate of the worker's kill eventfd.
+    pub fn spawn<W>(name: &'static str, worker: W) -> Result<Self, SpawnError>
+    where
+        W: Stoppable + Send + 'static,
+    {
+        let kill = worker.kill_evt().try_clone().map_err(SpawnError::EventFd)?;
+        let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
+        let id = manager.add_subscriber(worker);
+        let thread = thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || run(name, manager, id))
+            .map_err(SpawnError::Thread)?;
+        Ok(Self {
+            name,
+            kill,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        let name = self.name;
+        if let Err(e) = self.kill.write(1) {
+            // Joining would hang forever; leave the thread to process exit.
+            error!("{name}: failed to stop the worker: {e}");
+            return;
+        }
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                error!("{name}: worker thread panicked");
+            }
+        }
+    }
+}
+
+fn run<W: Stoppable>(name: &str, mut manager: EventManager<W>, id: SubscriberId) {
+    loop {
+        if let Err(e) = manager.run() {
+            error!("{name}: worker event loop failed: {e}");
+            return;
+        }
+        if manager.subscriber_mut(id).map_or(true, |w| w.stopped()) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use event_manager::{EventOps, EventSet, Events};
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    use super::*;
+
+    const KILL: u32 = 0;
+    const WORK: u32 = 1;
+
+    struct Counter {
+        kill: EventFd,
+        work: EventFd,
+        done: Arc<AtomicUsize>,
+        stopped: bool,
+    }
+
+    impl MutEventSubscriber for Counter {
+        fn init(&mut self, ops: &mut EventOps) {
+            ops.add(Events::with_data(&self.kill, KILL, EventSet::IN))
+                .unwrap();
+            ops.add(Events::with_data(&self.work, WORK, EventSet::IN))
+                .unwrap();
+        }
+
+        fn process(&mut self, events: Events, _ops: &mut EventOps) {
+            match events.data() {
+                KILL => self.stopped = true,
+                _ => {
+                    let _ = self.work.read();
+                    self.done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    impl Stoppable for Counter {
+        fn kill_evt(&self) -> &EventFd {
+            &self.kill
+        }
+
+        fn stopped(&self) -> bool {
+            self.stopped
+        }
+    }
+
+    #[test]
+    fn runs_on_a_named_thread_until_dropped() {
+        let kill = EventFd::new(EFD_NONBLOCK).unwrap();
+        let work = EventFd::new(EFD_NONBLOCK).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let worker = Counter {
+            kill: kill.try_clone().unwrap(),
+            work: work.try_clone().unwrap(),
+            done: done.clone(),
+            stopped: false,
+        };
+        let handle = WorkerHandle::spawn("test-worker", worker).unwrap();
+        assert_eq!(
+            handle.thread.as_ref().unwrap().thread().name(),
+            Some("test-worker")
+        );
+        work.write(1).unwrap();
+        while done.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        // Dropping signals the kill eventfd and joins: the worker (and with
+        // it the last clone of `done` but ours) is gone afterwards.
+        drop(handle);
+        assert_eq!(Arc::strong_count(&done), 1);
+    }
+}
