@@ -10,6 +10,12 @@
 //!
 //! # Structure
 //!
-//! [`opcode`] the IBA opcode table.
+//! [`opcode`] the IBA opcode table; [`hdr`] transport headers, [`psn`]
+//! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
+//! Ethernet/IP/UDP framing.
 
+pub mod hdr;
+pub mod icrc;
+pub mod net;
 pub mod opcode;
+pub mod psn;
