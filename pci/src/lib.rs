@@ -67,6 +67,8 @@ impl std::fmt::Debug for DeviceHooks {
 mod bus;
 mod configuration;
 mod msix;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
 
 pub use bus::{PciBus, PciBusError};
 pub use configuration::{BarKind, BarSpec, PciConfiguration, PciHeader};

@@ -322,83 +322,14 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
-    use std::collections::BTreeMap;
-    use std::sync::Mutex;
-
-    use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
     use super::*;
+    use crate::test_utils::MockMsi;
     use crate::{BarKind, BarSpec, PciHeader};
-
-    /// Records routes and releases; hands out non-blocking irqfds whose
-    /// clones the test reads to observe deliveries.
-    #[derive(Default)]
-    struct MockRouter {
-        state: Mutex<MockState>,
-    }
-
-    #[derive(Default)]
-    struct MockState {
-        next_gsi: u32,
-        /// Fails `allocate` once this many vectors are live.
-        limit: Option<usize>,
-        live: BTreeMap<u32, EventFd>,
-        routes: BTreeMap<u32, MsiMessage>,
-        route_calls: usize,
-        released: Vec<u32>,
-    }
-
-    impl MsiRouter for MockRouter {
-        fn allocate(&self) -> io::Result<MsiVector> {
-            let mut state = self.state.lock().unwrap();
-            if state.limit.is_some_and(|limit| state.live.len() >= limit) {
-                return Err(io::Error::other("out of GSIs"));
-            }
-            let gsi = state.next_gsi;
-            state.next_gsi += 1;
-            let irqfd = EventFd::new(EFD_NONBLOCK)?;
-            state.live.insert(gsi, irqfd.try_clone()?);
-            Ok(MsiVector { gsi, irqfd })
-        }
-
-        fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()> {
-            let mut state = self.state.lock().unwrap();
-            state.route_calls += 1;
-            match msg {
-                Some(msg) => state.routes.insert(gsi, msg),
-                None => state.routes.remove(&gsi),
-            };
-            Ok(())
-        }
-
-        fn release(&self, vector: &MsiVector) -> io::Result<()> {
-            let mut state = self.state.lock().unwrap();
-            state.live.remove(&vector.gsi);
-            state.released.push(vector.gsi);
-            Ok(())
-        }
-    }
-
-    impl MockRouter {
-        /// How many times the irqfd of `gsi` fired since the last call.
-        fn fired(&self, gsi: u32) -> u64 {
-            let state = self.state.lock().unwrap();
-            state.live[&gsi].read().unwrap_or(0)
-        }
-
-        fn route(&self, gsi: u32) -> Option<MsiMessage> {
-            self.state.lock().unwrap().routes.get(&gsi).copied()
-        }
-
-        fn route_calls(&self) -> usize {
-            self.state.lock().unwrap().route_calls
-        }
-    }
 
     const TABLE: u32 = 0x2000;
     const PBA: u32 = 0x3000;
 
-    fn setup(vectors: u16) -> (PciConfiguration, Arc<MockRouter>, Msix) {
+    fn setup(vectors: u16) -> (PciConfiguration, Arc<MockMsi>, Msix) {
         let mut config = PciConfiguration::new(PciHeader::default());
         config
             .add_bar(BarSpec {
@@ -408,7 +339,7 @@ mod tests {
                 prefetchable: false,
             })
             .unwrap();
-        let router = Arc::new(MockRouter::default());
+        let router = Arc::new(MockMsi::default());
         let msix = Msix::new(&mut config, router.clone(), vectors, 1, TABLE, PBA).unwrap();
         (config, router, msix)
     }
@@ -470,7 +401,7 @@ mod tests {
         assert_eq!(config.read_reg(reg), 0x0004_0011);
         assert_eq!(config.read_reg(reg + 1), TABLE | 1);
         assert_eq!(config.read_reg(reg + 2), PBA | 1);
-        assert_eq!(router.state.lock().unwrap().live.len(), 5);
+        assert_eq!(router.live().len(), 5);
         assert!(!msix.enabled());
     }
 
@@ -647,7 +578,7 @@ mod tests {
     #[test]
     fn invalid_arguments() {
         let mut config = PciConfiguration::new(PciHeader::default());
-        let router: Arc<dyn MsiRouter> = Arc::new(MockRouter::default());
+        let router: Arc<dyn MsiRouter> = Arc::new(MockMsi::default());
         for (vectors, bar, table, pba) in [
             (0, 0, 0, 0x800),
             (MAX_MSIX_VECTORS + 1, 0, 0, 0x8000),
@@ -666,21 +597,19 @@ mod tests {
     fn vectors_released() {
         let (_config, router, msix) = setup(3);
         drop(msix);
-        let state = router.state.lock().unwrap();
-        assert!(state.live.is_empty());
-        assert_eq!(state.released, vec![0, 1, 2]);
+        assert!(router.live().is_empty());
+        assert_eq!(router.released(), vec![0, 1, 2]);
     }
 
     #[test]
     fn allocation_failure_releases_partial() {
         let mut config = PciConfiguration::new(PciHeader::default());
-        let router = Arc::new(MockRouter::default());
-        router.state.lock().unwrap().limit = Some(2);
+        let router = Arc::new(MockMsi::default());
+        router.set_limit(2);
         let err = Msix::new(&mut config, router.clone(), 3, 0, 0, 0x800).unwrap_err();
         assert!(matches!(err, MsixError::AllocateVector(_)));
-        let state = router.state.lock().unwrap();
-        assert!(state.live.is_empty());
-        assert_eq!(state.released, vec![0, 1]);
+        assert!(router.live().is_empty());
+        assert_eq!(router.released(), vec![0, 1]);
         assert_eq!(config.read_reg(0x34 / 4), 0);
     }
 
@@ -688,9 +617,9 @@ mod tests {
     fn capability_failure_releases_vectors() {
         let mut config = PciConfiguration::new(PciHeader::default());
         config.add_capability(&[0x09; 0xbc]).unwrap();
-        let router = Arc::new(MockRouter::default());
+        let router = Arc::new(MockMsi::default());
         let err = Msix::new(&mut config, router.clone(), 2, 0, 0, 0x800).unwrap_err();
         assert!(matches!(err, MsixError::AddCapability(_)));
-        assert!(router.state.lock().unwrap().live.is_empty());
+        assert!(router.live().is_empty());
     }
 }

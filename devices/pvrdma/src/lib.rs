@@ -37,8 +37,8 @@
 //! page directories, `ring` rings; `uar` doorbells, `worker` the thread that
 //! handles them, `events` interrupts and the event rings; [`namespace`]
 //! every identifier the guest sees, deterministic and saveable for
-//! migration. `sim_driver` and `test_utils` (feature `test-utils`) simulate
-//! the guest driver and the hypervisor hooks for tests.
+//! migration. `sim_driver` (feature `test-utils`) simulates the guest
+//! driver for tests, on the hypervisor hooks of `pci::test_utils`.
 
 #[macro_use]
 mod metrics;
@@ -61,8 +61,6 @@ mod worker;
 
 #[cfg(feature = "test-utils")]
 pub mod sim_driver;
-#[cfg(feature = "test-utils")]
-pub mod test_utils;
 
 pub use config::{GidType, Limits, LimitsError, PvrdmaConfig};
 pub use device::{Pvrdma, PvrdmaError};

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use net_port::Port;
+use pci::test_utils::{MockIoEvents, MockMsi};
 use pci::{DeviceHooks, PciBus};
 use pvrdma_abi::cmd::*;
 use pvrdma_abi::dsr::{DeviceCaps, Dsr, RingPageInfo, DSR_CAPS_OFFSET};
@@ -25,8 +26,6 @@ use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, SqWqeHdr};
 use pvrdma_abi::{PAGE_SIZE, PDIR_ENTRIES_PER_PAGE};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
-
-use crate::test_utils::{MockIoEvents, MockMsi};
 
 mod verbs;
 mod work;

@@ -592,8 +592,8 @@ fn p09_caps_consistency() {
         assert!(port.attrs.gid_tbl_len <= caps.gid_tbl_len);
     }
     let hooks = || pci::DeviceHooks {
-        msi: std::sync::Arc::new(pvrdma::test_utils::MockMsi::default()),
-        ioevents: std::sync::Arc::new(pvrdma::test_utils::MockIoEvents::default()),
+        msi: std::sync::Arc::new(pci::test_utils::MockMsi::default()),
+        ioevents: std::sync::Arc::new(pci::test_utils::MockIoEvents::default()),
     };
     for bad in [
         Limits {

@@ -579,6 +579,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use net_port::{VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_TCPV4};
+    use pci::test_utils::{MockIoEvents, MockMsi};
     use pci::PciBus;
     use vm_memory::bitmap::{AtomicBitmap, Bitmap};
     use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
@@ -652,7 +653,7 @@ mod tests {
     struct Harness {
         bus: PciBus,
         mem: TestMem,
-        router: Arc<MockRouter>,
+        router: Arc<MockMsi>,
         ioevents: Arc<MockIoEvents>,
         backend: Arc<MockBackend>,
         port: Arc<Port>,
@@ -676,8 +677,8 @@ mod tests {
         fn new() -> Self {
             let mem: TestMem =
                 Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
-            let router = Arc::new(MockRouter::default());
-            let ioevents = Arc::new(MockIoEvents::default());
+            let router = Arc::new(MockMsi::default());
+            let ioevents = Arc::new(MockIoEvents::strict());
             let backend = Arc::new(MockBackend::new(true));
             let port = Arc::new(Port::new([0; 6], false));
             let hooks = DeviceHooks {
@@ -1065,14 +1066,7 @@ mod tests {
             assert_eq!(threshold, 1, "TX queue {q} rings the doorbell per packet");
         }
         let bar0 = h.bar(PT_BAR);
-        let registered: Vec<u64> = h
-            .ioevents
-            .registered
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(a, _)| *a)
-            .collect();
+        let registered: Vec<u64> = h.ioevents.doorbells().iter().map(|(a, _)| *a).collect();
         assert_eq!(
             registered,
             (0..8).map(|q| bar0 + 0x600 + 8 * q).collect::<Vec<_>>()
@@ -1145,10 +1139,7 @@ mod tests {
         let c = h.put_frame(3, &big[1000..]);
         let eop = h.post_tx(1, &[(a, 100), (b, 900), (c, 514)], Sop::default(), true);
         assert_eq!(eop, 2);
-        let doorbell = h.ioevents.registered.lock().unwrap()[1]
-            .1
-            .try_clone()
-            .unwrap();
+        let doorbell = h.ioevents.doorbells().swap_remove(1).1;
         doorbell.write(1).unwrap();
         assert_eq!(h.wait_tx_completions(1, 1), vec![2]);
         assert_eq!(h.backend.take_sent()[0].1, big);
@@ -1656,16 +1647,16 @@ mod tests {
     fn drop_unregisters_doorbells_and_stops_the_worker() {
         let mut h = Harness::new();
         h.activate(1, 1, 1500);
-        assert_eq!(h.ioevents.registered.lock().unwrap().len(), 8);
+        assert_eq!(h.ioevents.count(), 8);
         // Decoding off: the doorbells go.
         h.cfg_write(1, 0, &[0x04, 0x00]);
-        assert!(h.ioevents.registered.lock().unwrap().is_empty());
+        assert_eq!(h.ioevents.count(), 0);
         h.cfg_write(1, 0, &[0x06, 0x00]);
-        assert_eq!(h.ioevents.registered.lock().unwrap().len(), 8);
+        assert_eq!(h.ioevents.count(), 8);
         let (ioevents, port) = (h.ioevents.clone(), h.port.clone());
         // The bus holds the only reference: dropping it joins the worker.
         drop(h);
-        assert!(ioevents.registered.lock().unwrap().is_empty());
+        assert_eq!(ioevents.count(), 0);
         assert!(!port.state().active);
     }
 }

@@ -120,12 +120,12 @@ mod tests {
 
     use std::sync::Arc;
 
+    use pci::test_utils::{enable_all_vectors, MockMsi};
     use pci::{BarKind, BarSpec, PciConfiguration, PciHeader};
 
     use super::*;
-    use crate::test_utils::MockRouter;
 
-    fn setup() -> (Arc<MockRouter>, Interrupts) {
+    fn setup() -> (Arc<MockMsi>, Interrupts) {
         let mut config = PciConfiguration::new(PciHeader::default());
         config
             .add_bar(BarSpec {
@@ -135,10 +135,10 @@ mod tests {
                 prefetchable: false,
             })
             .unwrap();
-        let router = Arc::new(MockRouter::default());
+        let router = Arc::new(MockMsi::default());
         let msix = Msix::new(&mut config, router.clone(), NUM_VECTORS, 2, 0, 0x1000).unwrap();
         let intr = Interrupts::new(msix);
-        router.enable_all(&mut config, &mut intr.msix());
+        enable_all_vectors(&mut config, &mut intr.msix());
         (router, intr)
     }
 

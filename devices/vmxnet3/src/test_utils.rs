@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Test helpers: mocks for the hypervisor hooks and the backend, the
+//! Test helpers: a mock backend, the
 //! memory layout of a fake driver, and frame builders.
 #![allow(
     clippy::unwrap_used,
@@ -15,83 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use net_port::{FrameBackend, VnetHdr};
-use pci::{MsiMessage, MsiRouter, MsiVector, Msix, PciConfiguration};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-/// An `MsiRouter` whose GSI `n` is vector `n`; keeps a copy of each irqfd
-/// so a test can see which vector fired.
-#[derive(Default)]
-pub(crate) struct MockRouter {
-    irqfds: Mutex<Vec<EventFd>>,
-}
-
-impl MockRouter {
-    /// Times vector `index` fired since the last call.
-    pub(crate) fn fired(&self, index: usize) -> u64 {
-        self.irqfds.lock().unwrap()[index].read().unwrap_or(0)
-    }
-
-    /// Programs and unmasks every table entry and enables MSI-X, as Linux's
-    /// `pci_enable_msix` does (the capability is the function's first).
-    pub(crate) fn enable_all(&self, config: &mut PciConfiguration, msix: &mut Msix) {
-        for v in 0..u64::from(msix.vectors()) {
-            for (off, value) in [(0, 0xfee0_0000u32), (4, 0), (8, 0x40 + v as u32), (12, 0)] {
-                msix.write_table(v * 16 + off, &value.to_le_bytes());
-            }
-        }
-        let cap = config.read_reg(0x34 / 4) as usize & 0xff;
-        config.write_reg(cap / 4, 3, &[0x80]);
-        msix.config_written(config);
-        assert!(msix.enabled());
-    }
-}
-
-impl MsiRouter for MockRouter {
-    fn allocate(&self) -> io::Result<MsiVector> {
-        let irqfd = EventFd::new(EFD_NONBLOCK)?;
-        let mut irqfds = self.irqfds.lock().unwrap();
-        irqfds.push(irqfd.try_clone()?);
-        Ok(MsiVector {
-            gsi: irqfds.len() as u32 - 1,
-            irqfd,
-        })
-    }
-
-    fn set_route(&self, _gsi: u32, _msg: Option<MsiMessage>) -> io::Result<()> {
-        Ok(())
-    }
-
-    fn release(&self, _vector: &MsiVector) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// An `IoEventRegistrar` that records registrations with a copy of the
-/// eventfd, so a test can signal a doorbell as KVM would.
-#[derive(Default)]
-pub(crate) struct MockIoEvents {
-    pub(crate) registered: Mutex<Vec<(u64, EventFd)>>,
-}
-
-impl pci::IoEventRegistrar for MockIoEvents {
-    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
-        assert_eq!(datamatch, None);
-        self.registered
-            .lock()
-            .unwrap()
-            .push((addr, fd.try_clone()?));
-        Ok(())
-    }
-
-    fn unregister(&self, _fd: &EventFd, addr: u64, _datamatch: Option<u32>) -> io::Result<()> {
-        let mut registered = self.registered.lock().unwrap();
-        let before = registered.len();
-        registered.retain(|(a, _)| *a != addr);
-        assert_eq!(registered.len() + 1, before, "unregistered {addr:#x} once");
-        Ok(())
-    }
-}
 
 /// A backend in memory: frames sent are recorded, frames injected are
 /// received, and an eventfd is readable while any are queued.

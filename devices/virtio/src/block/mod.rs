@@ -273,9 +273,9 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
-    use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
 
+    use pci::test_utils::{MockIoEvents, MockMsi};
     use pci::PciBus;
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
     use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
@@ -329,7 +329,7 @@ mod tests {
     struct Harness {
         bus: PciBus,
         mem: TestMem,
-        router: Arc<MockRouter>,
+        router: Arc<MockMsi>,
         ioevents: Arc<MockIoEvents>,
         bar: u64,
         file: TempFile,
@@ -341,8 +341,8 @@ mod tests {
         fn new(readonly: bool) -> Self {
             let file = image(64);
             let mem: TestMem = Arc::new(guest_memory());
-            let router = Arc::new(MockRouter::default());
-            let ioevents = Arc::new(MockIoEvents::default());
+            let router = Arc::new(MockMsi::default());
+            let ioevents = Arc::new(MockIoEvents::strict());
             let hooks = DeviceHooks {
                 msi: router.clone(),
                 ioevents: ioevents.clone(),
@@ -528,11 +528,9 @@ mod tests {
 
         /// The queue's registered ioeventfd, as (address, eventfd).
         fn ioevent(&self) -> Option<(u64, vmm_sys_util::eventfd::EventFd)> {
-            let registered = self.ioevents.registered.lock().unwrap();
+            let mut registered = self.ioevents.doorbells();
             assert!(registered.len() <= 1);
-            registered
-                .first()
-                .map(|(a, fd)| (*a, fd.try_clone().unwrap()))
+            registered.pop()
         }
     }
 
@@ -774,7 +772,7 @@ mod tests {
 
         // Without ioeventfds (registration fails), MMIO notifies still work.
         h.cfg_write(1, 0, &[0x00, 0x00]);
-        h.ioevents.fail.store(true, Ordering::SeqCst);
+        h.ioevents.set_fail(true);
         h.cfg_write(1, 0, &[0x06, 0x00]);
         assert!(h.ioevent().is_none());
         h.submit(VIRTIO_BLK_T_IN, 0);
@@ -792,6 +790,6 @@ mod tests {
         // The bus holds the only reference to the device; dropping it must
         // join the worker (a hang fails the test) and remove the doorbell.
         drop(h);
-        assert!(ioevents.registered.lock().unwrap().is_empty());
+        assert_eq!(ioevents.count(), 0);
     }
 }

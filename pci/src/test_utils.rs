@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Mock hypervisor hooks for device tests (feature `test-utils`, and this
+//! crate's own tests): an [`MsiRouter`] whose vectors a test can watch
+//! fire, and an [`IoEventRegistrar`] that records doorbells the way KVM
+//! does.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::{IoEventRegistrar, MsiMessage, MsiRouter, MsiVector, Msix, PciConfiguration};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hands out non-blocking irqfds (GSI `n` is the `n`th allocation) and
+/// keeps a copy of each, so a test can see which vector fired; records
+/// routes and releases.
+#[derive(Debug, Default)]
+pub struct MockMsi {
+    state: Mutex<MsiState>,
+}
+
+#[derive(Debug, Default)]
+struct MsiState {
+    /// Every irqfd handed out, by GSI.
+    irqfds: Vec<EventFd>,
+    live: BTreeSet<u32>,
+    /// Fails `allocate` once this many vectors are live.
+    limit: Option<usize>,
+    routes: BTreeMap<u32, MsiMessage>,
+    route_calls: usize,
+    released: Vec<u32>,
+}
+
+impl MockMsi {
+    /// Makes `allocate` fail while `limit` vectors are live.
+    pub fn set_limit(&self, limit: usize) {
+        lock(&self.state).limit = Some(limit);
+    }
+
+    /// How often vector `gsi` fired since the last call. Panics if `gsi`
+    /// was never allocated.
+    pub fn fired(&self, gsi: usize) -> u64 {
+        lock(&self.state).irqfds[gsi].read().unwrap_or(0)
+    }
+
+    /// The route installed for `gsi`, if any.
+    pub fn route(&self, gsi: u32) -> Option<MsiMessage> {
+        lock(&self.state).routes.get(&gsi).copied()
+    }
+
+    /// Whether a route is installed for `gsi`.
+    pub fn routed(&self, gsi: u32) -> bool {
+        self.route(gsi).is_some()
+    }
+
+    /// How many times `set_route` was called.
+    pub fn route_calls(&self) -> usize {
+        lock(&self.state).route_calls
+    }
+
+    /// The GSIs allocated and not released yet.
+    pub fn live(&self) -> Vec<u32> {
+        lock(&self.state).live.iter().copied().collect()
+    }
+
+    /// The GSIs released so far, in order.
+    pub fn released(&self) -> Vec<u32> {
+        lock(&self.state).released.clone()
+    }
+}
+
+impl MsiRouter for MockMsi {
+    fn allocate(&self) -> io::Result<MsiVector> {
+        let mut state = lock(&self.state);
+        if state.limit.is_some_and(|limit| state.live.len() >= limit) {
+            return Err(io::Error::other("out of GSIs"));
+        }
+        let gsi = u32::try_from(state.irqfds.len()).map_err(io::Error::other)?;
+        let irqfd = EventFd::new(EFD_NONBLOCK)?;
+        state.irqfds.push(irqfd.try_clone()?);
+        state.live.insert(gsi);
+        Ok(MsiVector { gsi, irqfd })
+    }
+
+    fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        state.route_calls += 1;
+        match msg {
+            Some(msg) => state.routes.insert(gsi, msg),
+            None => state.routes.remove(&gsi),
+        };
+        Ok(())
+    }
+
+    fn release(&self, vector: &MsiVector) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        state.live.remove(&vector.gsi);
+        state.released.push(vector.gsi);
+        Ok(())
+    }
+}
+
+/// Programs and unmasks every MSI-X table entry and enables MSI-X, as
+/// Linux's `pci_enable_msix` does (the capability must be the function's
+/// first).
+pub fn enable_all_vectors(config: &mut PciConfiguration, msix: &mut Msix) {
+    for v in 0..u32::from(msix.vectors()) {
+        let entry = u64::from(v) * 16;
+        for (off, value) in [(0, 0xfee0_0000u32), (4, 0), (8, 0x40 + v), (12, 0)] {
+            msix.write_table(entry + off, &value.to_le_bytes());
+        }
+    }
+    let cap = config.read_reg(0x34 / 4) as usize & 0xff;
+    config.write_reg(cap / 4, 3, &[0x80]);
+    msix.config_written(config);
+    assert!(msix.enabled());
+}
+
+/// One registered ioeventfd.
+#[derive(Debug)]
+struct Registration {
+    fd: EventFd,
+    addr: u64,
+    datamatch: Option<u32>,
+}
+
+/// Records ioeventfds like KVM: a second registration of the same address
+/// and datamatch fails with EEXIST, unregistering what is not registered
+/// with ENOENT. A [`MockIoEvents::strict`] one panics instead, and on any
+/// datamatch too: for devices that must never do either.
+#[derive(Debug, Default)]
+pub struct MockIoEvents {
+    regs: Mutex<Vec<Registration>>,
+    fail: AtomicBool,
+    strict: bool,
+}
+
+impl MockIoEvents {
+    /// Panics on a datamatch, a duplicate registration or an unregister of
+    /// what is not registered.
+    pub fn strict() -> Self {
+        Self {
+            strict: true,
+            ..Self::default()
+        }
+    }
+
+    /// Makes every later registration fail (as with RLIMIT_NOFILE hit).
+    pub fn set_fail(&self, fail: bool) {
+        self.fail.store(fail, Ordering::SeqCst);
+    }
+
+    pub fn count(&self) -> usize {
+        lock(&self.regs).len()
+    }
+
+    /// (address, datamatch) of every registration, sorted.
+    pub fn registrations(&self) -> Vec<(u64, Option<u32>)> {
+        let mut all: Vec<_> = lock(&self.regs)
+            .iter()
+            .map(|r| (r.addr, r.datamatch))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// (address, eventfd) of every registration, in registration order, so
+    /// a test can signal a doorbell as KVM would.
+    pub fn doorbells(&self) -> Vec<(u64, EventFd)> {
+        lock(&self.regs)
+            .iter()
+            .map(|r| (r.addr, r.fd.try_clone().unwrap_or_else(|e| panic!("{e}"))))
+            .collect()
+    }
+
+    /// The eventfd KVM would signal for a 4-byte write of `value` at
+    /// `addr`, if any.
+    pub fn lookup(&self, addr: u64, value: u32) -> Option<EventFd> {
+        lock(&self.regs)
+            .iter()
+            .find(|r| r.addr == addr && r.datamatch.is_none_or(|d| d == value))
+            .and_then(|r| r.fd.try_clone().ok())
+    }
+}
+
+impl IoEventRegistrar for MockIoEvents {
+    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        if self.strict {
+            assert_eq!(datamatch, None, "datamatch at {addr:#x}");
+        }
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(libc_errno::EMFILE));
+        }
+        let mut regs = lock(&self.regs);
+        if regs
+            .iter()
+            .any(|r| r.addr == addr && r.datamatch == datamatch)
+        {
+            assert!(!self.strict, "registered {addr:#x} twice");
+            return Err(io::Error::from_raw_os_error(libc_errno::EEXIST));
+        }
+        regs.push(Registration {
+            fd: fd.try_clone()?,
+            addr,
+            datamatch,
+        });
+        Ok(())
+    }
+
+    fn unregister(&self, _fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        let mut regs = lock(&self.regs);
+        let before = regs.len();
+        regs.retain(|r| !(r.addr == addr && r.datamatch == datamatch));
+        if regs.len() == before {
+            assert!(
+                !self.strict,
+                "unregistered {addr:#x}, which is not registered"
+            );
+            return Err(io::Error::from_raw_os_error(libc_errno::ENOENT));
+        }
+        Ok(())
+    }
+}
+
+/// The errno values KVM returns (this crate does not depend on libc).
+mod libc_errno {
+    pub(super) const ENOENT: i32 = 2;
+    pub(super) const EEXIST: i32 = 17;
+    pub(super) const EMFILE: i32 = 24;
+}
