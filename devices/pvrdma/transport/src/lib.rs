@@ -12,10 +12,11 @@
 //!
 //! [`opcode`] the IBA opcode table; [`hdr`] transport headers, [`psn`]
 //! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
-//! Ethernet/IP/UDP framing.
+//! Ethernet/IP/UDP framing, [`packet`] whole frames.
 
 pub mod hdr;
 pub mod icrc;
 pub mod net;
 pub mod opcode;
+pub mod packet;
 pub mod psn;
