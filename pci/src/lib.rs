@@ -66,12 +66,14 @@ impl std::fmt::Debug for DeviceHooks {
 
 mod bus;
 mod configuration;
+mod doorbells;
 mod msix;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 
 pub use bus::{PciBus, PciBusError};
 pub use configuration::{BarKind, BarSpec, PciConfiguration, PciHeader};
+pub use doorbells::{DoorbellAddress, IoEventDoorbells};
 pub use msix::{msix_pba_size, msix_table_size, Msix, MsixError, MAX_MSIX_VECTORS, MSIX_CAP_ID};
 
 /// A PCI function on the bus. Generic config-space behaviour (read-only

@@ -10,7 +10,7 @@ use device_worker::WorkerHandle;
 use log::{error, info, warn};
 use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
-    BarKind, BarSpec, DeviceHooks, IoEventRegistrar, Msix, MsixError, PciBusError,
+    BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
 };
 use vm_memory::{GuestAddress, GuestAddressSpace};
@@ -68,9 +68,8 @@ pub struct Vmxnet3<M: GuestAddressSpace + Send + 'static> {
     metrics: Arc<Vmxnet3Metrics>,
     /// TX doorbells, one per possible queue; the worker has clones.
     tx_evts: Vec<EventFd>,
-    ioevents: Arc<dyn IoEventRegistrar>,
-    /// Where the TX doorbell ioeventfds are registered (BAR 0's base).
-    ioevent_base: Option<u64>,
+    /// The TX doorbell ioeventfds, registered at BAR 0's base.
+    doorbells: IoEventDoorbells,
     /// DSAL, DSAH.
     dsa: [u32; 2],
     /// What CMD reads: the result of the last command.
@@ -85,7 +84,7 @@ impl<M: GuestAddressSpace + Send + 'static> std::fmt::Debug for Vmxnet3<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Vmxnet3")
             .field("mac", &self.mac)
-            .field("ioevent_base", &self.ioevent_base)
+            .field("ioevent_base", &self.doorbells.base())
             .finish_non_exhaustive()
     }
 }
@@ -184,8 +183,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             intr,
             metrics,
             tx_evts,
-            ioevents: hooks.ioevents,
-            ioevent_base: None,
+            doorbells: IoEventDoorbells::new(hooks.ioevents, txprod_address, "vmxnet3", "TX queue"),
             dsa: [0; 2],
             cmd_result: 0,
             mac: config.mac,
@@ -443,44 +441,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             .memory_enabled()
             .then(|| self.config.bar_address(PT_BAR))
             .flatten();
-        if want == self.ioevent_base {
-            return;
-        }
-        if let Some(old) = self.ioevent_base.take() {
-            self.unregister_ioevents(old, self.tx_evts.len());
-        }
-        if let Some(base) = want {
-            if self.register_ioevents(base) {
-                self.ioevent_base = Some(base);
-            }
-        }
-    }
-
-    /// Registers every doorbell at `base`, or none: on failure the
-    /// doorbells take the MMIO path, which signals the same eventfds.
-    fn register_ioevents(&self, base: u64) -> bool {
-        for (queue, evt) in self.tx_evts.iter().enumerate() {
-            let result = txprod_address(base, queue)
-                .ok_or_else(|| io::Error::other("doorbell address overflows"))
-                .and_then(|addr| self.ioevents.register(evt, addr, None));
-            if let Err(e) = result {
-                warn!("vmxnet3: no ioeventfd for TX queue {queue}, doorbells will exit to the VMM: {e}");
-                self.unregister_ioevents(base, queue);
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Unregisters the first `count` doorbells at `base`.
-    fn unregister_ioevents(&self, base: u64, count: usize) {
-        for (queue, evt) in self.tx_evts.iter().enumerate().take(count) {
-            if let Some(addr) = txprod_address(base, queue) {
-                if let Err(e) = self.ioevents.unregister(evt, addr, None) {
-                    warn!("vmxnet3: failed to unregister the ioeventfd of TX queue {queue}: {e}");
-                }
-            }
-        }
+        self.doorbells.sync(want, &self.tx_evts);
     }
 }
 
@@ -552,9 +513,7 @@ impl<M: GuestAddressSpace + Send + 'static> PciDevice for Vmxnet3<M> {
 
 impl<M: GuestAddressSpace + Send + 'static> Drop for Vmxnet3<M> {
     fn drop(&mut self) {
-        if let Some(base) = self.ioevent_base.take() {
-            self.unregister_ioevents(base, self.tx_evts.len());
-        }
+        self.doorbells.sync(None, &self.tx_evts);
         self.port.set_active(false);
     }
 }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use log::{info, warn};
 use pci::{
-    BarKind, BarSpec, DeviceHooks, IoEventRegistrar, Msix, MsixError, PciBusError,
+    BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
 };
 
@@ -110,9 +110,8 @@ pub(crate) struct VirtioPciDevice<D: VirtioDevice> {
     msix: Arc<Mutex<Msix>>,
     msix_vectors: u16,
     device: D,
-    ioevents: Arc<dyn IoEventRegistrar>,
-    /// Where the doorbell ioeventfds are registered (notify region base).
-    ioevent_base: Option<u64>,
+    /// The doorbell ioeventfds, registered at the notify region's base.
+    doorbells: IoEventDoorbells,
 }
 
 impl<D: VirtioDevice> VirtioPciDevice<D> {
@@ -212,8 +211,7 @@ impl<D: VirtioDevice> VirtioPciDevice<D> {
             msix: Arc::new(Mutex::new(msix)),
             msix_vectors,
             device,
-            ioevents: hooks.ioevents,
-            ioevent_base: None,
+            doorbells: IoEventDoorbells::new(hooks.ioevents, doorbell, "virtio-pci", "queue"),
         })
     }
 
@@ -317,44 +315,7 @@ impl<D: VirtioDevice> VirtioPciDevice<D> {
         } else {
             None
         };
-        if want == self.ioevent_base {
-            return;
-        }
-        if let Some(old) = self.ioevent_base.take() {
-            self.unregister_ioevents(old, self.device.queue_events().len());
-        }
-        if let Some(base) = want {
-            if self.register_ioevents(base) {
-                self.ioevent_base = Some(base);
-            }
-        }
-    }
-
-    /// Registers all doorbells at `base`, or none: on failure the ones
-    /// already registered are removed and notifies take the MMIO path.
-    fn register_ioevents(&self, base: u64) -> bool {
-        for (index, evt) in self.device.queue_events().iter().enumerate() {
-            let result = doorbell(base, index)
-                .ok_or_else(|| std::io::Error::other("doorbell address overflows"))
-                .and_then(|addr| self.ioevents.register(evt, addr, None));
-            if let Err(e) = result {
-                warn!("virtio-pci: no ioeventfd for queue {index}, notifies will exit to the VMM: {e}");
-                self.unregister_ioevents(base, index);
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Unregisters the first `count` doorbells at `base`.
-    fn unregister_ioevents(&self, base: u64, count: usize) {
-        for (index, evt) in self.device.queue_events().iter().enumerate().take(count) {
-            if let Some(addr) = doorbell(base, index) {
-                if let Err(e) = self.ioevents.unregister(evt, addr, None) {
-                    warn!("virtio-pci: failed to unregister queue {index} ioeventfd: {e}");
-                }
-            }
-        }
+        self.doorbells.sync(want, self.device.queue_events());
     }
 }
 
@@ -425,9 +386,7 @@ impl<D: VirtioDevice> PciDevice for VirtioPciDevice<D> {
 
 impl<D: VirtioDevice> Drop for VirtioPciDevice<D> {
     fn drop(&mut self) {
-        if let Some(base) = self.ioevent_base.take() {
-            self.unregister_ioevents(base, self.device.queue_events().len());
-        }
+        self.doorbells.sync(None, self.device.queue_events());
     }
 }
 
