@@ -12,7 +12,9 @@
 //!
 //! [`opcode`] the IBA opcode table; [`hdr`] transport headers, [`psn`]
 //! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
-//! Ethernet/IP/UDP framing, [`packet`] whole frames.
+//! Ethernet/IP/UDP framing, [`packet`] whole frames; [`verbs`] statuses,
+//! opcodes, access rights and the MR/completion/packet traits; [`req`] the
+//! requester's pure packet planner.
 
 pub mod hdr;
 pub mod icrc;
@@ -20,3 +22,5 @@ pub mod net;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
+pub mod req;
+pub mod verbs;

@@ -1,0 +1,510 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The RC/UD requester (rxe_req.c): turns the send WQE at the head of the
+//! send queue into packets, one [`req_step`] per packet, with path-MTU
+//! segmentation, PSN assignment and the unacknowledged-PSN window.
+//!
+//! Steps are pure: [`req_step`] reads the WQE and the role state and says
+//! what to send ([`ReqStep::Packet`] with headers and the payload range of
+//! the WQE to gather) or why not; the driver gathers the payload through
+//! its MR table and hands the frame to its packet sink. Opcode choice is
+//! the pure [`next_opcode`], as rxe's `next_opcode_rc`.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use serde::{Deserialize, Serialize};
+
+use crate::hdr::{AtomicEth, Bth, Deth, Ieth, ImmDt, Reth, DEFAULT_PKEY};
+use crate::opcode::Hdrs;
+use crate::opcode::{OpClass, Opcode};
+use crate::packet::Headers;
+use crate::psn::Psn;
+use crate::verbs::{WcStatus, WrOpcode};
+
+/// Most PSNs in flight without an ACK (rxe's `RXE_MAX_UNACKED_PSNS`):
+/// bounds the retransmission work one timeout can cause.
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// Request an ACK at least every this many packets of a long message
+/// (rxe sets AckReq on the last packet and when the window fills up).
+pub const ACK_REQ_EVERY: u32 = MAX_UNACKED_PSNS / 2;
+
+/// Remote part of a send WQE (RC RDMA/atomic or UD destination).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Remote {
+    /// Remote address (RDMA, atomics).
+    pub addr: u64,
+    /// Remote key (RDMA, atomics).
+    pub rkey: u32,
+    /// Compare (CmpSwap) or add (FetchAdd) operand.
+    pub compare_add: u64,
+    /// Swap operand (CmpSwap).
+    pub swap: u64,
+    /// UD destination QPN.
+    pub ud_qpn: u32,
+    /// UD Q_Key.
+    pub ud_qkey: u32,
+}
+
+/// A validated send WQE, as the device decoded it from the SQ ring.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendWqe {
+    /// WR id.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// Total payload length (sum of SGE lengths, or inline length).
+    pub len: u32,
+    /// Solicited event.
+    pub solicited: bool,
+    /// Immediate data (`*_WITH_IMM`) or rkey to invalidate (`SEND_WITH_INV`).
+    pub imm_or_inv: u32,
+    /// Remote operands.
+    pub remote: Remote,
+}
+
+/// Per-QP attributes the requester uses (set by modify_qp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReqAttrs {
+    /// Destination QPN (RC) — UD takes it from the WQE.
+    pub dest_qpn: u32,
+    /// Our QPN (DETH source QPN for UD).
+    pub qpn: u32,
+    /// Path MTU in bytes (256..=4096).
+    pub mtu: u32,
+    /// UD service.
+    pub ud: bool,
+}
+
+/// Requester role state (`qp->req`); plain data, saved for migration and
+/// untrusted on restore.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReqState {
+    /// Next PSN to send.
+    pub psn: Psn,
+    /// Oldest unacknowledged PSN (advanced by the completer).
+    pub una: Psn,
+    /// Bytes of the current WQE already sent.
+    pub offset: u32,
+    /// Opcode of the previous packet of the current message.
+    pub prev: Option<Opcode>,
+    /// Packets of the current message since the last AckReq.
+    pub since_ack_req: u32,
+}
+
+/// What the requester does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReqStep {
+    /// Send a packet with these headers and WQE payload bytes
+    /// `[payload_off, payload_off + payload_len)`; `done` when this was the
+    /// WQE's last packet.
+    Packet {
+        /// Transport headers.
+        hdrs: Headers,
+        /// Offset into the WQE's payload.
+        payload_off: u32,
+        /// Payload bytes.
+        payload_len: u32,
+        /// Last packet of the WQE.
+        done: bool,
+    },
+    /// A local operation (LOCAL_INV, REG_MR): execute without a packet.
+    Local,
+    /// The unacknowledged window is full: wait for the completer.
+    WindowFull,
+    /// The WQE cannot be sent: complete it with this status.
+    CqeErr(WcStatus),
+}
+
+/// Chooses the opcode of the next packet of a `wr` message, given the
+/// previous packet's opcode of the same message and whether the rest fits
+/// in one MTU (rxe `next_opcode_rc`/`next_opcode_ud`). `None` for local
+/// operations and for opcodes the service does not allow.
+pub fn next_opcode(wr: WrOpcode, prev: Option<Opcode>, fits: bool, ud: bool) -> Option<Opcode> {
+    use Opcode::*;
+    let cont =
+        prev.is_some_and(|p| p.is(OpClass::FIRST) && !p.is(OpClass::LAST) || p.is(OpClass::MIDDLE));
+    let pick = |first, middle, last, only| {
+        Some(match (cont, fits) {
+            (false, true) => only,
+            (false, false) => first,
+            (true, true) => last,
+            (true, false) => middle,
+        })
+    };
+    if ud {
+        return match wr {
+            WrOpcode::Send => Some(UdSendOnly),
+            WrOpcode::SendWithImm => Some(UdSendOnlyWithImmediate),
+            _ => None,
+        };
+    }
+    match wr {
+        WrOpcode::Send => pick(RcSendFirst, RcSendMiddle, RcSendLast, RcSendOnly),
+        WrOpcode::SendWithImm => pick(
+            RcSendFirst,
+            RcSendMiddle,
+            RcSendLastWithImmediate,
+            RcSendOnlyWithImmediate,
+        ),
+        WrOpcode::SendWithInv => pick(
+            RcSendFirst,
+            RcSendMiddle,
+            RcSendLastWithInvalidate,
+            RcSendOnlyWithInvalidate,
+        ),
+        WrOpcode::RdmaWrite => pick(
+            RcRdmaWriteFirst,
+            RcRdmaWriteMiddle,
+            RcRdmaWriteLast,
+            RcRdmaWriteOnly,
+        ),
+        WrOpcode::RdmaWriteWithImm => pick(
+            RcRdmaWriteFirst,
+            RcRdmaWriteMiddle,
+            RcRdmaWriteLastWithImmediate,
+            RcRdmaWriteOnlyWithImmediate,
+        ),
+        WrOpcode::RdmaRead => Some(RcRdmaReadRequest),
+        WrOpcode::AtomicCmpAndSwp => Some(RcCompareSwap),
+        WrOpcode::AtomicFetchAndAdd => Some(RcFetchAdd),
+        WrOpcode::LocalInv | WrOpcode::RegMr => None,
+    }
+}
+
+/// Number of PSNs a `len`-byte RDMA READ occupies (one per response packet).
+pub fn read_psns(len: u32, mtu: u32) -> u32 {
+    len.saturating_sub(1)
+        .checked_div(mtu)
+        .unwrap_or(0)
+        .saturating_add(1)
+}
+
+/// Plans the next packet of `wqe` and advances `st` as if it were sent.
+pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
+    if matches!(wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr) {
+        return ReqStep::Local;
+    }
+    if !a.ud && st.psn.distance_from(st.una) >= MAX_UNACKED_PSNS {
+        return ReqStep::WindowFull;
+    }
+    let mtu = a.mtu.clamp(256, 4096);
+    let rest = wqe.len.saturating_sub(st.offset);
+    let is_read = wqe.opcode == WrOpcode::RdmaRead;
+    let fits = is_read || rest <= mtu;
+    let Some(op) = next_opcode(wqe.opcode, st.prev, fits, a.ud) else {
+        return ReqStep::CqeErr(WcStatus::LocQpOpErr);
+    };
+    if a.ud && wqe.len > mtu {
+        return ReqStep::CqeErr(WcStatus::LocLenErr);
+    }
+    let payload_len = if op.is(OpClass::PAYLOAD) {
+        rest.min(mtu)
+    } else {
+        0
+    };
+    let done = op.is(OpClass::LAST) || !op.is(OpClass::PAYLOAD);
+    st.since_ack_req = st.since_ack_req.saturating_add(1);
+    let ack_req = !a.ud && (done || st.since_ack_req >= ACK_REQ_EVERY);
+    if ack_req {
+        st.since_ack_req = 0;
+    }
+    let r = &wqe.remote;
+    let mut hdrs = Headers {
+        bth: Bth {
+            opcode: op as u8,
+            se: wqe.solicited && done,
+            pkey: DEFAULT_PKEY,
+            dqpn: if a.ud { r.ud_qpn } else { a.dest_qpn },
+            ack_req,
+            psn: st.psn,
+            ..Bth::default()
+        },
+        ..Headers::default()
+    };
+    if op.has(Hdrs::RETH) {
+        hdrs.reth = Some(Reth {
+            va: r.addr,
+            rkey: r.rkey,
+            len: wqe.len,
+        });
+    }
+    if op.has(Hdrs::ATMETH) {
+        let (swap_add, compare) = match wqe.opcode {
+            WrOpcode::AtomicCmpAndSwp => (r.swap, r.compare_add),
+            _ => (r.compare_add, 0),
+        };
+        hdrs.atomic = Some(AtomicEth {
+            va: r.addr,
+            rkey: r.rkey,
+            swap_add,
+            compare,
+        });
+    }
+    if op.has(Hdrs::IMMDT) {
+        hdrs.imm = Some(ImmDt {
+            imm: wqe.imm_or_inv,
+        });
+    }
+    if op.has(Hdrs::IETH) {
+        hdrs.ieth = Some(Ieth {
+            rkey: wqe.imm_or_inv,
+        });
+    }
+    if op.has(Hdrs::DETH) {
+        hdrs.deth = Some(Deth {
+            qkey: r.ud_qkey,
+            src_qpn: a.qpn,
+        });
+    }
+    let psns = if is_read { read_psns(wqe.len, mtu) } else { 1 };
+    let payload_off = st.offset;
+    st.psn = st.psn.add(psns);
+    if done {
+        st.offset = 0;
+        st.prev = None;
+    } else {
+        st.offset = st.offset.saturating_add(payload_len);
+        st.prev = Some(op);
+    }
+    ReqStep::Packet {
+        hdrs,
+        payload_off,
+        payload_len,
+        done,
+    }
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+    use Opcode::*;
+
+    fn wqe(opcode: WrOpcode, len: u32) -> SendWqe {
+        SendWqe {
+            wr_id: 1,
+            opcode,
+            len,
+            solicited: false,
+            imm_or_inv: 0xabcd,
+            remote: Remote::default(),
+        }
+    }
+
+    const RC: ReqAttrs = ReqAttrs {
+        dest_qpn: 0x22,
+        qpn: 0x11,
+        mtu: 1024,
+        ud: false,
+    };
+
+    /// IBA 9.4 (packet sequences): FIRST MIDDLE* LAST or ONLY.
+    #[test]
+    fn next_opcode_table() {
+        let cases = [
+            (WrOpcode::Send, None, true, Some(RcSendOnly)),
+            (WrOpcode::Send, None, false, Some(RcSendFirst)),
+            (WrOpcode::Send, Some(RcSendFirst), false, Some(RcSendMiddle)),
+            (WrOpcode::Send, Some(RcSendMiddle), true, Some(RcSendLast)),
+            (
+                WrOpcode::SendWithImm,
+                Some(RcSendMiddle),
+                true,
+                Some(RcSendLastWithImmediate),
+            ),
+            (
+                WrOpcode::SendWithInv,
+                None,
+                true,
+                Some(RcSendOnlyWithInvalidate),
+            ),
+            (
+                WrOpcode::SendWithInv,
+                Some(RcSendFirst),
+                true,
+                Some(RcSendLastWithInvalidate),
+            ),
+            (WrOpcode::RdmaWrite, None, false, Some(RcRdmaWriteFirst)),
+            (
+                WrOpcode::RdmaWrite,
+                Some(RcSendOnly),
+                true,
+                Some(RcRdmaWriteOnly),
+            ),
+            (
+                WrOpcode::RdmaWriteWithImm,
+                Some(RcRdmaWriteFirst),
+                true,
+                Some(RcRdmaWriteLastWithImmediate),
+            ),
+            (
+                WrOpcode::RdmaWriteWithImm,
+                None,
+                true,
+                Some(RcRdmaWriteOnlyWithImmediate),
+            ),
+            (WrOpcode::RdmaRead, None, false, Some(RcRdmaReadRequest)),
+            (WrOpcode::AtomicCmpAndSwp, None, true, Some(RcCompareSwap)),
+            (WrOpcode::AtomicFetchAndAdd, None, true, Some(RcFetchAdd)),
+            (WrOpcode::LocalInv, None, true, None),
+            (WrOpcode::RegMr, None, true, None),
+        ];
+        for (wr, prev, fits, want) in cases {
+            assert_eq!(
+                next_opcode(wr, prev, fits, false),
+                want,
+                "{wr:?} {prev:?} {fits}"
+            );
+        }
+        assert_eq!(
+            next_opcode(WrOpcode::SendWithImm, None, true, true),
+            Some(UdSendOnlyWithImmediate)
+        );
+        assert_eq!(next_opcode(WrOpcode::RdmaWrite, None, true, true), None);
+    }
+
+    #[test]
+    fn segments_by_mtu_with_psns() {
+        let mut st = ReqState {
+            psn: Psn::new(0xff_fffe),
+            una: Psn::new(0xff_fffe),
+            ..ReqState::default()
+        };
+        let w = wqe(WrOpcode::SendWithImm, 2500);
+        let mut got = vec![];
+        loop {
+            match req_step(&mut st, &w, &RC) {
+                ReqStep::Packet {
+                    hdrs,
+                    payload_off,
+                    payload_len,
+                    done,
+                } => {
+                    got.push((
+                        hdrs.bth.opcode,
+                        hdrs.bth.psn.get(),
+                        payload_off,
+                        payload_len,
+                        hdrs.bth.ack_req,
+                    ));
+                    if done {
+                        break;
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (RcSendFirst as u8, 0xff_fffe, 0, 1024, false),
+                (RcSendMiddle as u8, 0xff_ffff, 1024, 1024, false),
+                (RcSendLastWithImmediate as u8, 0, 2048, 452, true),
+            ]
+        );
+        assert_eq!((st.psn.get(), st.offset, st.prev), (1, 0, None));
+    }
+
+    #[test]
+    fn read_takes_one_psn_per_response() {
+        let mut st = ReqState::default();
+        let ReqStep::Packet {
+            hdrs,
+            payload_len,
+            done,
+            ..
+        } = req_step(&mut st, &wqe(WrOpcode::RdmaRead, 3000), &RC)
+        else {
+            panic!()
+        };
+        assert_eq!((hdrs.reth.unwrap().len, payload_len, done), (3000, 0, true));
+        assert_eq!(st.psn.get(), 3);
+        assert_eq!(read_psns(0, 1024), 1);
+        assert_eq!(read_psns(1024, 1024), 1);
+        assert_eq!(read_psns(u32::MAX, 256), 16_777_216);
+    }
+
+    #[test]
+    fn atomics_zero_length_and_window() {
+        let mut st = ReqState::default();
+        let mut w = wqe(WrOpcode::AtomicCmpAndSwp, 8);
+        w.remote = Remote {
+            addr: 0x10,
+            rkey: 3,
+            compare_add: 1,
+            swap: 2,
+            ..Remote::default()
+        };
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &RC) else {
+            panic!()
+        };
+        assert_eq!(
+            hdrs.atomic,
+            Some(AtomicEth {
+                va: 0x10,
+                rkey: 3,
+                swap_add: 2,
+                compare: 1
+            })
+        );
+        // Zero-length send is one ONLY packet.
+        let ReqStep::Packet {
+            hdrs,
+            payload_len,
+            done,
+            ..
+        } = req_step(&mut st, &wqe(WrOpcode::Send, 0), &RC)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (hdrs.bth.opcode, payload_len, done),
+            (RcSendOnly as u8, 0, true)
+        );
+        st.psn = st.una.add(MAX_UNACKED_PSNS);
+        assert_eq!(
+            req_step(&mut st, &wqe(WrOpcode::Send, 1), &RC),
+            ReqStep::WindowFull
+        );
+        assert_eq!(
+            req_step(&mut st, &wqe(WrOpcode::LocalInv, 0), &RC),
+            ReqStep::Local
+        );
+    }
+
+    #[test]
+    fn ud_rules() {
+        let ud = ReqAttrs { ud: true, ..RC };
+        let mut st = ReqState::default();
+        let mut w = wqe(WrOpcode::Send, 100);
+        w.remote.ud_qpn = 1;
+        w.remote.ud_qkey = crate::hdr::GSI_QKEY;
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &ud) else {
+            panic!()
+        };
+        assert_eq!(
+            hdrs.deth,
+            Some(Deth {
+                qkey: crate::hdr::GSI_QKEY,
+                src_qpn: 0x11
+            })
+        );
+        assert_eq!(hdrs.bth.dqpn, 1);
+        assert_eq!(
+            req_step(&mut st, &wqe(WrOpcode::Send, 2000), &ud),
+            ReqStep::CqeErr(WcStatus::LocLenErr)
+        );
+        assert_eq!(
+            req_step(&mut st, &wqe(WrOpcode::RdmaWrite, 1), &ud),
+            ReqStep::CqeErr(WcStatus::LocQpOpErr)
+        );
+    }
+}

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The verbs-level vocabulary the engine shares with the device model:
+//! work-request opcodes, work-completion opcodes and IBTA status codes
+//! (numbered as `ib_wc_status`/`ib_wc_opcode`, which the PVRDMA CQE passes
+//! through unchanged), MR access rights, and the small traits through
+//! which the engine reaches memory regions and emits completions.
+//!
+//! The engine never trusts a key: [`check_mr`] validates key state, PD,
+//! access rights and bounds against the caller's own table for every
+//! access, local or remote.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use bitflags::bitflags;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Work completion status (`ib_wc_status`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WcStatus {
+    /// Success.
+    Success = 0,
+    /// Local length error (receive buffer too small).
+    LocLenErr = 1,
+    /// Local QP operation error.
+    LocQpOpErr = 2,
+    /// Local protection error (lkey, bounds, rights).
+    LocProtErr = 4,
+    /// Flushed because the QP is in the error state.
+    WrFlushErr = 5,
+    /// Local access error.
+    LocAccessErr = 8,
+    /// Remote invalid request (NAK invalid request).
+    RemInvReqErr = 9,
+    /// Remote access error (NAK remote access).
+    RemAccessErr = 10,
+    /// Remote operational error.
+    RemOpErr = 11,
+    /// Transport retry counter exceeded.
+    RetryExcErr = 12,
+    /// RNR retry counter exceeded.
+    RnrRetryExcErr = 13,
+    /// General error.
+    GeneralErr = 21,
+}
+
+/// Work completion opcode (`ib_wc_opcode`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WcOpcode {
+    /// SEND (any flavour).
+    Send = 0,
+    /// RDMA WRITE.
+    RdmaWrite = 1,
+    /// RDMA READ.
+    RdmaRead = 2,
+    /// Compare and swap.
+    CompSwap = 3,
+    /// Fetch and add.
+    FetchAdd = 4,
+    /// Local invalidate.
+    LocalInv = 6,
+    /// Fast registration.
+    RegMr = 8,
+    /// Receive.
+    Recv = 128,
+    /// Receive of an RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// Send work request opcode (`ib_wr_opcode` numbering, as the guest
+/// writes it into the SQ WQE).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WrOpcode {
+    /// RDMA WRITE.
+    RdmaWrite = 0,
+    /// RDMA WRITE with immediate.
+    RdmaWriteWithImm = 1,
+    /// SEND.
+    Send = 2,
+    /// SEND with immediate.
+    SendWithImm = 3,
+    /// RDMA READ.
+    RdmaRead = 4,
+    /// Atomic compare and swap.
+    AtomicCmpAndSwp = 5,
+    /// Atomic fetch and add.
+    AtomicFetchAndAdd = 6,
+    /// Local invalidate.
+    LocalInv = 7,
+    /// SEND with invalidate.
+    SendWithInv = 9,
+    /// Fast registration (`IB_WR_REG_MR`).
+    RegMr = 0x20,
+}
+
+impl WrOpcode {
+    /// Completion opcode of a send WR.
+    pub const fn wc_opcode(self) -> WcOpcode {
+        match self {
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => WcOpcode::Send,
+            WrOpcode::RdmaRead => WcOpcode::RdmaRead,
+            WrOpcode::AtomicCmpAndSwp => WcOpcode::CompSwap,
+            WrOpcode::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            WrOpcode::LocalInv => WcOpcode::LocalInv,
+            WrOpcode::RegMr => WcOpcode::RegMr,
+        }
+    }
+}
+
+bitflags! {
+    /// MR access rights (`ib_access_flags`).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Access: u32 {
+        /// Local write.
+        const LOCAL_WRITE = 1;
+        /// Remote write.
+        const REMOTE_WRITE = 2;
+        /// Remote read.
+        const REMOTE_READ = 4;
+        /// Remote atomic.
+        const REMOTE_ATOMIC = 8;
+    }
+}
+
+/// What the caller's MR table says about a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrInfo {
+    /// Protection domain handle.
+    pub pd: u32,
+    /// Rights granted.
+    pub access: Access,
+    /// First valid IOVA.
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// A memory error reported by the caller's MR table.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+#[error("Memory access failed")]
+pub struct MemError;
+
+/// The caller's memory regions: the device model implements it over guest
+/// memory, tests over a `Vec<u8>`. Keys are looked up here on every use.
+pub trait MrTable {
+    /// The MR with this lkey or rkey, if it exists and is valid.
+    fn lookup(&self, key: u32) -> Option<MrInfo>;
+    /// Reads `buf.len()` bytes at `iova` of the MR `key` (already checked).
+    fn read(&self, key: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError>;
+    /// Writes `data` at `iova` of the MR `key` (already checked).
+    fn write(&mut self, key: u32, iova: u64, data: &[u8]) -> Result<(), MemError>;
+    /// Invalidates `key` (LOCAL_INV, SEND_WITH_INV); false if it is not
+    /// an invalidatable key of this PD.
+    fn invalidate(&mut self, key: u32, pd: u32) -> bool;
+}
+
+/// Why an MR access was refused.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum MrCheckError {
+    /// No such (valid) key.
+    #[error("Unknown or invalid key {0:#x}")]
+    BadKey(u32),
+    /// The MR belongs to another PD.
+    #[error("Key {0:#x} belongs to another PD")]
+    WrongPd(u32),
+    /// The MR lacks a required right.
+    #[error("Key {0:#x} lacks access {1:?}")]
+    NoAccess(u32, Access),
+    /// The range is not inside the MR (or overflows).
+    #[error("Range outside key {0:#x}")]
+    OutOfBounds(u32),
+}
+
+/// Checks that `[iova, iova+len)` of `key` may be accessed with `need`
+/// rights from PD `pd` (IBA 10.6.3 / 9.7.5.1.2 for remote keys).
+pub fn check_mr(
+    table: &dyn MrTable,
+    key: u32,
+    pd: u32,
+    iova: u64,
+    len: u64,
+    need: Access,
+) -> Result<MrInfo, MrCheckError> {
+    let mr = table.lookup(key).ok_or(MrCheckError::BadKey(key))?;
+    if mr.pd != pd {
+        return Err(MrCheckError::WrongPd(key));
+    }
+    if !mr.access.contains(need) {
+        return Err(MrCheckError::NoAccess(key, need));
+    }
+    let end = iova
+        .checked_add(len)
+        .ok_or(MrCheckError::OutOfBounds(key))?;
+    let mr_end = mr
+        .iova
+        .checked_add(mr.len)
+        .ok_or(MrCheckError::OutOfBounds(key))?;
+    if iova < mr.iova || end > mr_end {
+        return Err(MrCheckError::OutOfBounds(key));
+    }
+    Ok(mr)
+}
+
+/// A scatter/gather element of a WQE.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sge {
+    /// IOVA in the MR.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+/// A work completion, before the device maps it into a `pvrdma_cqe`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkCompletion {
+    /// WR id copied from the WQE.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred.
+    pub byte_len: u32,
+    /// Immediate data (with `WITH_IMM`) or invalidated rkey (`WITH_INV`).
+    pub imm_or_inv: Option<ImmOrInv>,
+    /// Local QPN.
+    pub qpn: u32,
+    /// Source QPN (UD/GSI receives).
+    pub src_qpn: u32,
+}
+
+/// Immediate data or an invalidated key of a receive completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImmOrInv {
+    /// `IB_WC_WITH_IMM`.
+    Imm(u32),
+    /// `IB_WC_WITH_INVALIDATE`.
+    Inv(u32),
+}
+
+/// Where completions go (the device maps them into its CQ rings).
+pub trait CompletionSink {
+    /// Pushes one completion for the send (`send == true`) or receive queue.
+    fn complete(&mut self, wc: WorkCompletion, send: bool);
+}
+
+/// Where outgoing frames go.
+pub trait PacketSink {
+    /// Sends one frame.
+    fn send(&mut self, frame: Vec<u8>);
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+
+    struct One(MrInfo);
+    impl MrTable for One {
+        fn lookup(&self, key: u32) -> Option<MrInfo> {
+            (key == 5).then_some(self.0)
+        }
+        fn read(&self, _: u32, _: u64, _: &mut [u8]) -> Result<(), MemError> {
+            Ok(())
+        }
+        fn write(&mut self, _: u32, _: u64, _: &[u8]) -> Result<(), MemError> {
+            Ok(())
+        }
+        fn invalidate(&mut self, _: u32, _: u32) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn check_mr_rules() {
+        let t = One(MrInfo {
+            pd: 1,
+            access: Access::REMOTE_READ,
+            iova: 0x1000,
+            len: 0x100,
+        });
+        let r = Access::REMOTE_READ;
+        assert!(check_mr(&t, 5, 1, 0x1000, 0x100, r).is_ok());
+        assert!(check_mr(&t, 5, 1, 0x1100, 0, r).is_ok());
+        assert_eq!(
+            check_mr(&t, 6, 1, 0x1000, 1, r),
+            Err(MrCheckError::BadKey(6))
+        );
+        assert_eq!(
+            check_mr(&t, 5, 2, 0x1000, 1, r),
+            Err(MrCheckError::WrongPd(5))
+        );
+        let w = Access::REMOTE_WRITE;
+        assert_eq!(
+            check_mr(&t, 5, 1, 0x1000, 1, w),
+            Err(MrCheckError::NoAccess(5, w))
+        );
+        assert_eq!(
+            check_mr(&t, 5, 1, 0xfff, 1, r),
+            Err(MrCheckError::OutOfBounds(5))
+        );
+        assert_eq!(
+            check_mr(&t, 5, 1, 0x1001, 0x100, r),
+            Err(MrCheckError::OutOfBounds(5))
+        );
+        assert_eq!(
+            check_mr(&t, 5, 1, u64::MAX, 2, r),
+            Err(MrCheckError::OutOfBounds(5))
+        );
+    }
+}
