@@ -14,7 +14,7 @@
 //! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
 //! Ethernet/IP/UDP framing, [`packet`] whole frames; [`verbs`] statuses,
 //! opcodes, access rights and the MR/completion/packet traits; [`req`] the
-//! requester's pure packet planner.
+//! requester's pure packet planner, [`resp`] the responder's checks.
 
 pub mod hdr;
 pub mod icrc;
@@ -23,4 +23,5 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod req;
+pub mod resp;
 pub mod verbs;
