@@ -233,7 +233,9 @@ fn vmm_pauses_resumes_and_shuts_down_over_the_api() {
     ] {
         let got = int(suite, &r, phase, key);
         if got != status {
-            fail(format!("malformed request {key}: expected HTTP {status}, got {got}"));
+            fail(format!(
+                "malformed request {key}: expected HTTP {status}, got {got}"
+            ));
         }
     }
     if int(suite, &r, phase, "ping_after_bad_requests") != 0 {
