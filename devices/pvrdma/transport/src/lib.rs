@@ -14,8 +14,10 @@
 //! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
 //! Ethernet/IP/UDP framing, [`packet`] whole frames; [`verbs`] statuses,
 //! opcodes, access rights and the MR/completion/packet traits; [`req`] the
-//! requester's pure packet planner, [`resp`] the responder's checks.
+//! requester's pure packet planner, [`comp`] the completer, [`resp`] the
+//! responder; [`sgl`] scatter/gather over SGE lists.
 
+pub mod comp;
 pub mod hdr;
 pub mod icrc;
 pub mod net;
@@ -24,4 +26,5 @@ pub mod packet;
 pub mod psn;
 pub mod req;
 pub mod resp;
+pub mod sgl;
 pub mod verbs;
