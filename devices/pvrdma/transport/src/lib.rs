@@ -20,6 +20,7 @@
 pub mod comp;
 pub mod hdr;
 pub mod icrc;
+pub mod metrics;
 pub mod net;
 pub mod opcode;
 pub mod packet;

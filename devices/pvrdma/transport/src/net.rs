@@ -313,6 +313,31 @@ impl Writer<'_> {
     }
 }
 
+/// Length of the GRH area at the start of a UD receive buffer (IBA 11.4.1.2).
+pub const GRH_LEN: usize = 40;
+
+/// The 40 bytes a UD receive places before the payload: the IPv6 header
+/// for RoCE v2 over IPv6, or zeros and the IPv4 header in the last 20
+/// bytes over IPv4 (as rxe does and `ibv_init_ah_from_wc` expects, checksum
+/// included). `payload_len` sets the IP length fields.
+pub fn grh(ip: &IpInfo, payload_len: u16) -> [u8; GRH_LEN] {
+    let mut out = [0u8; GRH_LEN];
+    let hl = headers_len(ip);
+    let mut frame = vec![0u8; hl.saturating_add(usize::from(payload_len))];
+    if write_headers(&mut frame, [0; 6], [0; 6], ip, 0).is_ok() {
+        let l3 = frame
+            .get(ETH_LEN..hl.saturating_sub(UDP_LEN))
+            .unwrap_or_default();
+        let at = GRH_LEN.saturating_sub(l3.len());
+        if let Some(dst) = out.get_mut(at..) {
+            if dst.len() == l3.len() {
+                dst.copy_from_slice(l3);
+            }
+        }
+    }
+    out
+}
+
 /// IP address of a RoCE v2 GID: IPv4-mapped GIDs (::ffff:a.b.c.d) are IPv4.
 pub fn ip_from_gid(gid: [u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(gid);

@@ -7,8 +7,8 @@
 //! responder's own MR table (key, PD, rights, bounds with overflow checks)
 //! and against the path MTU before any byte is placed.
 //!
-//! Not yet here: execution (placement into receive WQEs, READ responses,
-//! atomics and their replay cache, ACK coalescing) — see the crate report.
+//! Execution (placement, READ responses, atomics and their replay cache,
+//! ACK coalescing, UD receive) lives in [`exec`].
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -18,6 +18,8 @@
 
 use std::cmp::Ordering;
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 
 use crate::hdr::{NakCode, Syndrome};
@@ -25,6 +27,10 @@ use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
 use crate::verbs::{check_mr, Access, MrInfo, MrTable};
+
+pub mod exec;
+
+pub use exec::{RecvQueue, RecvWqe, Res, RespAttrs, RespCtx, RespOut};
 
 /// Responder role state (`qp->resp`); plain data, untrusted on restore.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +44,17 @@ pub struct RespState {
     /// A PSN sequence error NAK was sent and not yet resolved: IBA 9.7.5.1.1
     /// allows one NAK per error, later out-of-order packets are dropped.
     pub sent_psn_nak: bool,
+    /// Receive WQE of the open SEND / WRITE_WITH_IMM message.
+    pub wqe: Option<RecvWqe>,
+    /// Bytes of the open message placed so far.
+    pub offset: u32,
+    /// Open RDMA WRITE: next va, rkey, bytes left of the DMA length.
+    pub write: Option<(u64, u32, u32)>,
+    /// Requests executed since the last ACK (coalescing).
+    pub unacked: u32,
+    /// READ/atomic replay cache and pending READ responses (at most
+    /// [`exec::MAX_RES`]).
+    pub res: VecDeque<Res>,
 }
 
 /// What the responder does with a request packet.

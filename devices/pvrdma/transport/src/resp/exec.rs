@@ -1,0 +1,547 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Responder execution (rxe_resp.c `execute`, `send_data_in`,
+//! `write_data_in`, `read_reply`, `atomic_reply`, `send_ack`): what happens
+//! once a request passed the checks of the parent module.
+//!
+//! Every placement is bounded by the packet (at most one MTU) and by keys
+//! checked in the responder's own tables; READ responses are produced one
+//! packet per call of [`next_read_response`], so the driver bounds the
+//! work per turn. READ/atomic results are kept in a small replay cache
+//! ([`MAX_RES`]) so a duplicate request is answered, never re-executed.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_length, check_op_seq, check_psn, check_rkey, RespState, RespStep};
+use crate::hdr::{Aeth, AtomicAckEth, Bth, NakCode, Syndrome, ACK_UNLIMITED, DEFAULT_PKEY};
+use crate::hdr::{GSI_QKEY, QPN_MASK};
+use crate::metrics::{inc, Metrics};
+use crate::net::{grh, GRH_LEN};
+use crate::opcode::{OpClass, Opcode};
+use crate::packet::{Headers, Packet};
+use crate::psn::Psn;
+use crate::req::read_psns;
+use crate::sgl::{scatter, SglError};
+use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
+use crate::verbs::{WcOpcode, WcStatus, WorkCompletion};
+
+/// READ/atomic results kept for duplicates (rxe's `max_dest_rd_atomic`
+/// resources): bounds the replay cache whatever the peer sends.
+pub const MAX_RES: usize = 32;
+/// Acknowledge at least every this many requests without AckReq.
+pub const ACK_COALESCE: u32 = 16;
+
+/// A receive WQE, as the device decoded it from the RQ or SRQ ring.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecvWqe {
+    /// WR id.
+    pub wr_id: u64,
+    /// Scatter list (at most [`crate::sgl::MAX_SGE`] are used).
+    pub sges: Vec<Sge>,
+}
+
+/// A receive queue: the QP's own RQ or a shared SRQ, implemented by the
+/// device (and by [`crate::qp::RecvRing`]).
+pub trait RecvQueue {
+    /// Takes the next posted receive WQE.
+    fn take(&mut self) -> Option<RecvWqe>;
+}
+
+/// Per-QP attributes the responder uses (from modify_qp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RespAttrs {
+    /// Our QPN (1 = GSI).
+    pub qpn: u32,
+    /// Peer QPN (RC).
+    pub dest_qpn: u32,
+    /// Protection domain of the QP.
+    pub pd: u32,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// RNR timer code sent in RNR NAKs.
+    pub min_rnr_timer: u8,
+    /// Q_Key of a UD QP.
+    pub qkey: u32,
+    /// UD service.
+    pub ud: bool,
+}
+
+/// A READ or atomic result kept for replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResKind {
+    /// RDMA READ of `len` bytes at `va` of `rkey`.
+    Read {
+        /// Remote address.
+        va: u64,
+        /// Remote key.
+        rkey: u32,
+        /// DMA length.
+        len: u32,
+    },
+    /// Atomic that returned `orig`.
+    Atomic {
+        /// Value before the operation.
+        orig: u64,
+    },
+}
+
+/// One replay-cache entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Res {
+    /// First PSN of the request.
+    pub psn: Psn,
+    /// What was done.
+    pub kind: ResKind,
+    /// Next READ response PSN still to send.
+    pub next: Option<Psn>,
+}
+
+/// The devices the responder reaches.
+pub struct RespCtx<'a> {
+    /// Memory regions.
+    pub mr: &'a mut dyn MrTable,
+    /// Receive WQEs (RQ or SRQ).
+    pub rq: &'a mut dyn RecvQueue,
+    /// Receive completions.
+    pub cq: &'a mut dyn CompletionSink,
+    /// Counters.
+    pub m: &'a mut Metrics,
+}
+
+/// What to send back for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RespOut {
+    /// Nothing now (coalesced ACK, READ responses come later, drop).
+    Nothing,
+    /// An ACK, RNR NAK or atomic ACK.
+    Reply(Headers),
+    /// A fatal NAK: the QP goes to the error state.
+    Fatal(Headers),
+}
+
+fn ack_hdrs(a: &RespAttrs, psn: Psn, syndrome: Syndrome, msn: u32) -> Headers {
+    Headers {
+        bth: Bth {
+            opcode: Opcode::RcAcknowledge as u8,
+            pkey: DEFAULT_PKEY,
+            dqpn: a.dest_qpn,
+            psn,
+            ..Bth::default()
+        },
+        aeth: Some(Aeth { syndrome, msn }),
+        ..Headers::default()
+    }
+}
+
+const ACK: Syndrome = Syndrome::Ack {
+    credits: ACK_UNLIMITED,
+};
+
+/// Ends the open message with an error: its receive WQE (if any) completes
+/// with `status`, the peer gets NAK `code` for `psn`.
+fn fatal(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    code: NakCode,
+    status: WcStatus,
+    psn: Psn,
+) -> RespOut {
+    if let Some(w) = st.wqe.take() {
+        cx.cq
+            .complete(recv_wc(a, w.wr_id, status, WcOpcode::Recv, 0), false);
+    }
+    inc(&mut cx.m.nak_sent);
+    st.end_message();
+    RespOut::Fatal(ack_hdrs(a, psn, Syndrome::Nak(code), st.msn))
+}
+
+fn recv_wc(
+    a: &RespAttrs,
+    wr_id: u64,
+    status: WcStatus,
+    opcode: WcOpcode,
+    len: u32,
+) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode,
+        byte_len: len,
+        imm_or_inv: None,
+        qpn: a.qpn,
+        src_qpn: 0,
+    }
+}
+
+impl RespState {
+    fn end_message(&mut self) {
+        self.prev = None;
+        self.offset = 0;
+        self.write = None;
+    }
+
+    fn push_res(&mut self, r: Res) {
+        if self.res.len() >= MAX_RES {
+            let done = self.res.iter().position(|x| x.next.is_none());
+            let _ = self.res.remove(done.unwrap_or(0));
+        }
+        self.res.push_back(r);
+    }
+
+    fn ack_or_defer(&mut self, a: &RespAttrs, m: &mut Metrics, pkt: &Packet<'_>) -> RespOut {
+        self.unacked = self.unacked.saturating_add(1);
+        if pkt.hdrs.bth.ack_req || self.unacked >= ACK_COALESCE {
+            self.unacked = 0;
+            RespOut::Reply(ack_hdrs(a, pkt.hdrs.bth.psn, ACK, self.msn))
+        } else {
+            inc(&mut m.ack_deferred);
+            RespOut::Nothing
+        }
+    }
+}
+
+/// Handles one RC request packet (or, for UD, one datagram).
+pub fn respond(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> RespOut {
+    if a.ud {
+        ud_receive(a, cx, pkt);
+        return RespOut::Nothing;
+    }
+    let psn = pkt.hdrs.bth.psn;
+    match check_psn(st, psn) {
+        RespStep::Execute => {}
+        RespStep::Duplicate => {
+            inc(&mut cx.m.rx_dup_req);
+            return duplicate(st, a, pkt);
+        }
+        RespStep::Drop => {
+            inc(&mut cx.m.out_of_seq_req);
+            return RespOut::Nothing;
+        }
+        RespStep::Nak(s) => {
+            inc(&mut cx.m.out_of_seq_req);
+            return RespOut::Reply(ack_hdrs(a, st.psn, s, st.msn));
+        }
+    }
+    let op = pkt.opcode;
+    let checked = check_op_seq(st.prev, op)
+        .and_then(|()| check_length(pkt, a.mtu))
+        .and_then(|()| check_rkey(pkt, a.pd, cx.mr));
+    if let Err(s) = checked {
+        let code = match s {
+            Syndrome::Nak(c) => c,
+            _ => NakCode::InvalidRequest,
+        };
+        let status = match code {
+            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+            _ => WcStatus::RemInvReqErr,
+        };
+        return fatal(st, a, cx, code, status, psn);
+    }
+    if op.is(OpClass::RECV) && st.wqe.is_none() {
+        match cx.rq.take() {
+            Some(w) => st.wqe = Some(w),
+            None => {
+                // IBA 9.7.5.2.8: no receive WQE, ask the requester to retry.
+                inc(&mut cx.m.rnr_nak_sent);
+                st.sent_psn_nak = true;
+                let rnr = Syndrome::RnrNak {
+                    timer: a.min_rnr_timer,
+                };
+                return RespOut::Reply(ack_hdrs(a, psn, rnr, st.msn));
+            }
+        }
+    }
+    if op.is(OpClass::READ) {
+        return read_request(st, a, pkt);
+    }
+    if op.is(OpClass::ATOMIC) {
+        return atomic(st, a, cx, pkt);
+    }
+    let placed = if op.is(OpClass::WRITE) {
+        write_data(st, a, cx, pkt)
+    } else {
+        send_data(st, a, cx, pkt)
+    };
+    if let Err((code, status)) = placed {
+        return fatal(st, a, cx, code, status, psn);
+    }
+    st.psn = psn.add(1);
+    if !op.is(OpClass::LAST) {
+        st.prev = Some(op);
+        return st.ack_or_defer(a, cx.m, pkt);
+    }
+    if let Some(e) = complete_recv(st, a, cx, pkt) {
+        return fatal(st, a, cx, e.0, e.1, psn);
+    }
+    st.msn = st.msn.wrapping_add(1) & QPN_MASK;
+    st.end_message();
+    st.ack_or_defer(a, cx.m, pkt)
+}
+
+type Fail = (NakCode, WcStatus);
+
+fn send_data(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> Result<(), Fail> {
+    let sges = st
+        .wqe
+        .as_ref()
+        .map(|w| w.sges.as_slice())
+        .unwrap_or_default();
+    scatter(cx.mr, a.pd, sges, st.offset, pkt.payload).map_err(|e| match e {
+        SglError::TooShort => (NakCode::InvalidRequest, WcStatus::LocLenErr),
+        SglError::Mr(_) | SglError::Mem(_) => {
+            (NakCode::RemoteOperationalError, WcStatus::LocProtErr)
+        }
+    })?;
+    st.offset = st.offset.saturating_add(pkt.payload.len() as u32);
+    Ok(())
+}
+
+fn write_data(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> Result<(), Fail> {
+    let inv = (NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+    if let Some(r) = pkt.hdrs.reth {
+        st.write = Some((r.va, r.rkey, r.len));
+    }
+    let (va, rkey, left) = st.write.ok_or(inv)?;
+    let n = u32::try_from(pkt.payload.len()).map_err(|_| inv)?;
+    let left = left.checked_sub(n).ok_or(inv)?;
+    if pkt.opcode.is(OpClass::LAST) && left != 0 {
+        return Err(inv);
+    }
+    if n > 0 {
+        check_mr(cx.mr, rkey, a.pd, va, u64::from(n), Access::REMOTE_WRITE)
+            .map_err(|_| (NakCode::RemoteAccessError, WcStatus::RemAccessErr))?;
+        cx.mr
+            .write(rkey, va, pkt.payload)
+            .map_err(|_| (NakCode::RemoteOperationalError, WcStatus::RemOpErr))?;
+    }
+    st.write = Some((va.saturating_add(u64::from(n)), rkey, left));
+    st.offset = st.offset.saturating_add(n);
+    Ok(())
+}
+
+/// Completes the receive WQE of a finished SEND or WRITE_WITH_IMM.
+fn complete_recv(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> Option<Fail> {
+    let w = st.wqe.take()?;
+    let mut imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
+    if let Some(ieth) = pkt.hdrs.ieth {
+        if !cx.mr.invalidate(ieth.rkey, a.pd) {
+            st.wqe = Some(w);
+            return Some((NakCode::InvalidRequest, WcStatus::RemInvReqErr));
+        }
+        imm_or_inv = Some(ImmOrInv::Inv(ieth.rkey));
+    }
+    let opcode = if pkt.opcode.is(OpClass::WRITE) {
+        WcOpcode::RecvRdmaWithImm
+    } else {
+        WcOpcode::Recv
+    };
+    let mut wc = recv_wc(a, w.wr_id, WcStatus::Success, opcode, st.offset);
+    wc.imm_or_inv = imm_or_inv;
+    cx.cq.complete(wc, false);
+    None
+}
+
+fn read_request(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
+    let psn = pkt.hdrs.bth.psn;
+    let r = pkt.hdrs.reth.unwrap_or_default();
+    st.push_res(Res {
+        psn,
+        kind: ResKind::Read {
+            va: r.va,
+            rkey: r.rkey,
+            len: r.len,
+        },
+        next: Some(psn),
+    });
+    st.psn = psn.add(read_psns(r.len, a.mtu.max(1)));
+    st.msn = st.msn.wrapping_add(1) & QPN_MASK;
+    st.unacked = 0;
+    st.end_message();
+    RespOut::Nothing
+}
+
+fn atomic(st: &mut RespState, a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) -> RespOut {
+    let psn = pkt.hdrs.bth.psn;
+    let at = pkt.hdrs.atomic.unwrap_or_default();
+    let mut buf = [0u8; 8];
+    if cx.mr.read(at.rkey, at.va, &mut buf).is_err() {
+        return fatal(
+            st,
+            a,
+            cx,
+            NakCode::RemoteOperationalError,
+            WcStatus::RemOpErr,
+            psn,
+        );
+    }
+    // Guest memory holds the value in the host's (little-endian) order.
+    let orig = u64::from_le_bytes(buf);
+    let new = if pkt.opcode == Opcode::RcCompareSwap {
+        if orig == at.compare {
+            at.swap_add
+        } else {
+            orig
+        }
+    } else {
+        orig.wrapping_add(at.swap_add)
+    };
+    if cx.mr.write(at.rkey, at.va, &new.to_le_bytes()).is_err() {
+        return fatal(
+            st,
+            a,
+            cx,
+            NakCode::RemoteOperationalError,
+            WcStatus::RemOpErr,
+            psn,
+        );
+    }
+    st.push_res(Res {
+        psn,
+        kind: ResKind::Atomic { orig },
+        next: None,
+    });
+    st.psn = psn.add(1);
+    st.msn = st.msn.wrapping_add(1) & QPN_MASK;
+    st.unacked = 0;
+    st.end_message();
+    RespOut::Reply(atomic_ack(a, psn, st.msn, orig))
+}
+
+fn atomic_ack(a: &RespAttrs, psn: Psn, msn: u32, orig: u64) -> Headers {
+    let mut h = ack_hdrs(a, psn, ACK, msn);
+    h.bth.opcode = Opcode::RcAtomicAcknowledge as u8;
+    h.atomic_ack = Some(AtomicAckEth { orig });
+    h
+}
+
+/// IBA 9.7.5.1.2 / rxe `duplicate_request`: re-ACK, replay the atomic
+/// result or re-serve the READ from the duplicate PSN; never re-execute.
+fn duplicate(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
+    let psn = pkt.hdrs.bth.psn;
+    let mtu = a.mtu.max(1);
+    let hit = st.res.iter_mut().find(|r| match r.kind {
+        ResKind::Read { len, .. } => psn.distance_from(r.psn) < read_psns(len, mtu),
+        ResKind::Atomic { .. } => r.psn == psn,
+    });
+    match (
+        pkt.opcode.is(OpClass::READ),
+        pkt.opcode.is(OpClass::ATOMIC),
+        hit,
+    ) {
+        (true, _, Some(r)) if matches!(r.kind, ResKind::Read { .. }) => {
+            r.next = Some(psn);
+            RespOut::Nothing
+        }
+        (
+            _,
+            true,
+            Some(&mut Res {
+                kind: ResKind::Atomic { orig },
+                ..
+            }),
+        ) => RespOut::Reply(atomic_ack(a, psn, st.msn, orig)),
+        (false, false, _) => RespOut::Reply(ack_hdrs(a, st.psn.sub(1), ACK, st.msn)),
+        _ => RespOut::Nothing,
+    }
+}
+
+/// rxe `read_reply`: the next READ response packet owed to the peer, if
+/// any (one MTU of data at most), or a remote access NAK when the MR went
+/// away meanwhile.
+pub fn next_read_response(
+    st: &mut RespState,
+    a: &RespAttrs,
+    mr: &dyn MrTable,
+) -> Option<(Headers, Vec<u8>)> {
+    let msn = st.msn;
+    let mtu = a.mtu.max(1);
+    let r = st.res.iter_mut().find(|r| r.next.is_some())?;
+    let psn = r.next?;
+    let ResKind::Read { va, rkey, len } = r.kind else {
+        r.next = None;
+        return None;
+    };
+    let npsn = read_psns(len, mtu);
+    let idx = psn.distance_from(r.psn);
+    let off = idx.saturating_mul(mtu);
+    let n = len.saturating_sub(off).min(mtu);
+    let last = idx.saturating_add(1) >= npsn;
+    r.next = (!last).then(|| psn.add(1));
+    let at = va.saturating_add(u64::from(off));
+    let mut data = vec![0u8; n as usize];
+    let ok = n == 0
+        || check_mr(mr, rkey, a.pd, at, u64::from(n), Access::REMOTE_READ).is_ok()
+            && mr.read(rkey, at, &mut data).is_ok();
+    if !ok {
+        r.next = None;
+        let nak = Syndrome::Nak(NakCode::RemoteAccessError);
+        return Some((ack_hdrs(a, psn, nak, msn), Vec::new()));
+    }
+    let opcode = match (idx == 0, last) {
+        (true, true) => Opcode::RcRdmaReadResponseOnly,
+        (true, false) => Opcode::RcRdmaReadResponseFirst,
+        (false, true) => Opcode::RcRdmaReadResponseLast,
+        (false, false) => Opcode::RcRdmaReadResponseMiddle,
+    };
+    let mut h = ack_hdrs(a, psn, ACK, msn);
+    h.bth.opcode = opcode as u8;
+    Some((h, data))
+}
+
+/// UD/GSI receive (IBA 10.2.4 / 11.4.1.2): Q_Key check, the GRH area in
+/// the first 40 bytes of the buffer, then the payload. Nothing is ever
+/// sent back.
+fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
+    let Some(deth) = pkt.hdrs.deth else {
+        return;
+    };
+    let want = if a.qpn == 1 { GSI_QKEY } else { a.qkey };
+    if deth.qkey != want {
+        inc(&mut cx.m.qkey_violation);
+        return;
+    }
+    let Some(w) = cx.rq.take() else {
+        inc(&mut cx.m.ud_no_wqe);
+        return;
+    };
+    let plen = u16::try_from(pkt.payload.len()).unwrap_or(u16::MAX);
+    let g = grh(&pkt.layers.ip, plen);
+    let placed = scatter(cx.mr, a.pd, &w.sges, 0, &g)
+        .and_then(|()| scatter(cx.mr, a.pd, &w.sges, GRH_LEN as u32, pkt.payload));
+    let status = match placed {
+        Ok(()) => WcStatus::Success,
+        Err(SglError::TooShort) => WcStatus::LocLenErr,
+        Err(_) => WcStatus::LocProtErr,
+    };
+    let len = u32::from(plen).saturating_add(GRH_LEN as u32);
+    let mut wc = recv_wc(a, w.wr_id, status, WcOpcode::Recv, len);
+    wc.src_qpn = deth.src_qpn;
+    wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
+    cx.cq.complete(wc, false);
+}
