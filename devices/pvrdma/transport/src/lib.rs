@@ -15,7 +15,8 @@
 //! Ethernet/IP/UDP framing, [`packet`] whole frames; [`verbs`] statuses,
 //! opcodes, access rights and the MR/completion/packet traits; [`req`] the
 //! requester's pure packet planner, [`comp`] the completer, [`resp`] the
-//! responder; [`sgl`] scatter/gather over SGE lists.
+//! responder; [`sgl`] scatter/gather over SGE lists; [`qp`] the driver
+//! looping the three roles of one QP; [`metrics`] its counters.
 
 pub mod comp;
 pub mod hdr;
@@ -25,6 +26,7 @@ pub mod net;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
+pub mod qp;
 pub mod req;
 pub mod resp;
 pub mod sgl;

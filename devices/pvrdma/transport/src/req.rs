@@ -277,6 +277,29 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
     }
 }
 
+/// rxe `req_retry`: rewinds the requester to resend `wqe` (whose first
+/// PSN is `first`) from `psn`. SEND and WRITE resume at the packet of
+/// `psn`; READ and atomics restart whole (a READ is re-served, an atomic
+/// replayed by the responder). Returns the PSN that goes out first.
+pub fn rewind(st: &mut ReqState, wqe: &SendWqe, first: Psn, psn: Psn, mtu: u32) -> Psn {
+    let mtu = mtu.clamp(256, 4096);
+    let (k, kind) = match wqe.opcode {
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
+            (psn.distance_from(first), Opcode::RcSendFirst)
+        }
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+            (psn.distance_from(first), Opcode::RcRdmaWriteFirst)
+        }
+        _ => (0, Opcode::RcSendFirst),
+    };
+    let k = k.min(read_psns(wqe.len, mtu).saturating_sub(1));
+    st.psn = first.add(k);
+    st.offset = k.saturating_mul(mtu);
+    st.prev = (k > 0).then_some(kind);
+    st.since_ack_req = 0;
+    st.psn
+}
+
 #[cfg(test)]
 #[allow(
     clippy::unwrap_used,

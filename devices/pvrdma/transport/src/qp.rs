@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The engine driver of one QP: it owns the three role states (requester,
+//! completer, responder, as rxe keeps `qp->req`, `qp->comp`, `qp->resp`)
+//! and the send queue the requester and completer share, and loops the
+//! pure steps of [`crate::req`], [`crate::comp`] and [`crate::resp`] over
+//! the caller's sinks.
+//!
+//! The device's worker calls [`Qp::on_packet`] for each frame addressed to
+//! the QP, [`Qp::on_timer`] when time passes and [`Qp::flush`] with a work
+//! budget to push queued packets out; no call does more than its budget
+//! (or one packet's worth) of work, and nothing grows on a peer's say-so.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::collections::VecDeque;
+
+use thiserror::Error;
+
+use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompWqe};
+use crate::hdr::Syndrome;
+use crate::metrics::{inc, Metrics};
+use crate::opcode::OpClass;
+use crate::packet::{build, Addr, Headers, Packet};
+use crate::psn::Psn;
+use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
+use crate::resp::exec::{next_read_response, respond};
+use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
+use crate::sgl::{gather, scatter, sge_total};
+use crate::verbs::{CompletionSink, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
+use crate::verbs::{WorkCompletion, WrOpcode};
+
+/// Most WQEs queued on the send queue or the QP's own receive queue:
+/// bounds the memory a guest's posting can pin in the engine.
+pub const MAX_QUEUE: usize = 4096;
+
+/// Why a post was refused.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum QpError {
+    /// The queue holds [`MAX_QUEUE`] WQEs.
+    #[error("Queue full")]
+    QueueFull,
+    /// Too many SGEs, or their lengths overflow / disagree with the WQE.
+    #[error("Bad scatter/gather list")]
+    BadSgl,
+}
+
+/// QP attributes, as modify_qp set them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttrs {
+    /// Our QPN.
+    pub qpn: u32,
+    /// Peer QPN (RC).
+    pub dest_qpn: u32,
+    /// Protection domain.
+    pub pd: u32,
+    /// Path MTU in bytes.
+    pub mtu: u32,
+    /// UD service (GSI included).
+    pub ud: bool,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retry count.
+    pub retry_cnt: u8,
+    /// RNR retry count (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code our responder sends.
+    pub min_rnr_timer: u8,
+    /// UD Q_Key.
+    pub qkey: u32,
+    /// First PSN we send (`sq_psn`).
+    pub sq_psn: Psn,
+    /// First PSN we expect (`rq_psn`).
+    pub rq_psn: Psn,
+    /// Addressing of RC frames to the peer.
+    pub addr: Addr,
+}
+
+impl QpAttrs {
+    fn req(&self) -> ReqAttrs {
+        ReqAttrs {
+            dest_qpn: self.dest_qpn,
+            qpn: self.qpn,
+            mtu: self.mtu,
+            ud: self.ud,
+        }
+    }
+    fn comp(&self) -> CompAttrs {
+        CompAttrs {
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            mtu: self.mtu.clamp(256, 4096),
+        }
+    }
+    fn resp(&self) -> RespAttrs {
+        RespAttrs {
+            qpn: self.qpn,
+            dest_qpn: self.dest_qpn,
+            pd: self.pd,
+            mtu: self.mtu.clamp(256, 4096),
+            min_rnr_timer: self.min_rnr_timer,
+            qkey: self.qkey,
+            ud: self.ud,
+        }
+    }
+}
+
+/// A send work request as posted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendEntry {
+    /// The decoded WQE.
+    pub wqe: SendWqe,
+    /// Its gather list (the payload).
+    pub sges: Vec<Sge>,
+    /// Generate a completion on success.
+    pub signaled: bool,
+    /// UD destination addressing (the address handle).
+    pub ah: Option<Addr>,
+}
+
+struct Slot {
+    e: SendEntry,
+    first_psn: Option<Psn>,
+    done: Option<WcStatus>,
+}
+
+/// The QP's own receive queue (an SRQ is the device's [`RecvQueue`]).
+#[derive(Debug, Default)]
+pub struct RecvRing(VecDeque<RecvWqe>);
+
+impl RecvQueue for RecvRing {
+    fn take(&mut self) -> Option<RecvWqe> {
+        self.0.pop_front()
+    }
+}
+
+/// The caller's capabilities for one call.
+pub struct Io<'a> {
+    /// Memory regions of the QP's device.
+    pub mr: &'a mut dyn MrTable,
+    /// Completions.
+    pub cq: &'a mut dyn CompletionSink,
+    /// Outgoing frames.
+    pub net: &'a mut dyn PacketSink,
+    /// The SRQ the QP receives from, if any.
+    pub srq: Option<&'a mut dyn RecvQueue>,
+}
+
+/// One queue pair's transport engine.
+pub struct Qp {
+    attrs: QpAttrs,
+    req: ReqState,
+    comp: CompState,
+    resp: RespState,
+    sq: VecDeque<Slot>,
+    next: usize,
+    rq: RecvRing,
+    error: bool,
+    /// Transport counters.
+    pub metrics: Metrics,
+}
+
+/// The completer's view of the oldest WQE, if it was sent.
+fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
+    let s = sq.front()?;
+    let w = CompWqe {
+        opcode: s.e.wqe.opcode,
+        first_psn: s.first_psn?,
+        len: s.e.wqe.len,
+    };
+    Some((w, s))
+}
+
+fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
+    // Our own headers and at most one MTU: building cannot fail short of
+    // a bug, and a frame that cannot be built is a lost frame to RC.
+    if let Ok(f) = build(addr, h, payload) {
+        net.send(f);
+    }
+}
+
+impl Qp {
+    /// A QP in RTS with these attributes.
+    pub fn new(attrs: QpAttrs) -> Self {
+        let comp = CompState::new(attrs.sq_psn, &attrs.comp());
+        Qp {
+            req: ReqState {
+                psn: attrs.sq_psn,
+                una: attrs.sq_psn,
+                ..ReqState::default()
+            },
+            resp: RespState {
+                psn: attrs.rq_psn,
+                ..RespState::default()
+            },
+            attrs,
+            comp,
+            sq: VecDeque::new(),
+            next: 0,
+            rq: RecvRing::default(),
+            error: false,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Whether the QP is in the error state.
+    pub fn is_error(&self) -> bool {
+        self.error
+    }
+
+    /// Moves the QP to the error state: the next [`Qp::flush`] calls
+    /// complete every queued WQE with `WrFlushErr`.
+    pub fn set_error(&mut self) {
+        self.error = true;
+        self.comp.deadline = None;
+        self.comp.rnr_until = None;
+    }
+
+    /// Queues a send WR (completed with `WrFlushErr` if the QP is in error).
+    pub fn post_send(&mut self, e: SendEntry) -> Result<(), QpError> {
+        if self.sq.len() >= MAX_QUEUE {
+            return Err(QpError::QueueFull);
+        }
+        let local = matches!(e.wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr);
+        if !local && sge_total(&e.sges) != Some(e.wqe.len) {
+            return Err(QpError::BadSgl);
+        }
+        self.sq.push_back(Slot {
+            e,
+            first_psn: None,
+            done: None,
+        });
+        Ok(())
+    }
+
+    /// Queues a receive WR on the QP's own receive queue.
+    pub fn post_recv(&mut self, w: RecvWqe) -> Result<(), QpError> {
+        if self.rq.0.len() >= MAX_QUEUE {
+            return Err(QpError::QueueFull);
+        }
+        sge_total(&w.sges).ok_or(QpError::BadSgl)?;
+        self.rq.0.push_back(w);
+        Ok(())
+    }
+
+    /// Handles one received packet addressed to this QP.
+    pub fn on_packet(&mut self, pkt: &Packet<'_>, now: u64, io: &mut Io<'_>) {
+        if self.error || pkt.hdrs.bth.dqpn != self.attrs.qpn {
+            return;
+        }
+        if pkt.opcode.is(OpClass::ACK) {
+            if !self.attrs.ud {
+                self.complete(pkt, now, io);
+            }
+            return;
+        }
+        let ra = self.attrs.resp();
+        let rq: &mut dyn RecvQueue = match io.srq.as_deref_mut() {
+            Some(s) => s,
+            None => &mut self.rq,
+        };
+        let mut cx = RespCtx {
+            mr: &mut *io.mr,
+            rq,
+            cq: &mut *io.cq,
+            m: &mut self.metrics,
+        };
+        match respond(&mut self.resp, &ra, &mut cx, pkt) {
+            RespOut::Nothing => {}
+            RespOut::Reply(h) => emit(io.net, &self.attrs.addr, &h, &[]),
+            RespOut::Fatal(h) => {
+                emit(io.net, &self.attrs.addr, &h, &[]);
+                self.set_error();
+            }
+        }
+    }
+
+    fn finish_head(&mut self, status: WcStatus) {
+        if let Some(s) = self.sq.front_mut() {
+            s.done = Some(status);
+        }
+        if status != WcStatus::Success {
+            match status {
+                WcStatus::RetryExcErr => inc(&mut self.metrics.retry_exceeded),
+                WcStatus::RnrRetryExcErr => inc(&mut self.metrics.rnr_retry_exceeded),
+                _ => {}
+            }
+            self.set_error();
+        }
+    }
+
+    fn complete(&mut self, pkt: &Packet<'_>, now: u64, io: &mut Io<'_>) {
+        let ca = self.attrs.comp();
+        let pd = self.attrs.pd;
+        if matches!(pkt.hdrs.aeth, Some(a) if matches!(a.syndrome, Syndrome::RnrNak { .. })) {
+            inc(&mut self.metrics.rnr_nak_rcvd);
+        }
+        let mut rearm = false;
+        for _ in 0..=self.sq.len() {
+            self.drain(io);
+            let head = head(&self.sq);
+            let w = head.as_ref().map(|h| h.0);
+            let step = comp_packet(&mut self.comp, &ca, w.as_ref(), self.req.psn, pkt, now);
+            rearm = !matches!(step, CompStep::Drop | CompStep::RnrWait);
+            let placed = match (step, head) {
+                (CompStep::ReadData { offset, .. }, Some((_, s))) => {
+                    scatter(io.mr, pd, &s.e.sges, offset, pkt.payload)
+                }
+                (CompStep::AtomicOrig(v), Some((_, s))) => {
+                    scatter(io.mr, pd, &s.e.sges, 0, &v.to_le_bytes())
+                }
+                _ => Ok(()),
+            };
+            if placed.is_err() {
+                self.finish_head(WcStatus::LocProtErr);
+                break;
+            }
+            match step {
+                CompStep::Drop => inc(&mut self.metrics.comp_dropped),
+                CompStep::AckedHead => {
+                    self.finish_head(WcStatus::Success);
+                    continue;
+                }
+                CompStep::Completed
+                | CompStep::AtomicOrig(_)
+                | CompStep::ReadData { last: true, .. } => self.finish_head(WcStatus::Success),
+                CompStep::Progress | CompStep::ReadData { .. } | CompStep::RnrWait => {}
+                CompStep::Retry => self.retry(),
+                CompStep::CqeErr(s) => self.finish_head(s),
+            }
+            break;
+        }
+        self.req.una = self.comp.psn;
+        if rearm {
+            let outstanding = self.req.psn != self.comp.psn;
+            self.comp.rearm(&ca, now, outstanding);
+        }
+        self.drain(io);
+    }
+
+    fn retry(&mut self) {
+        inc(&mut self.metrics.completer_retry);
+        let mtu = self.attrs.mtu;
+        if let Some((w, s)) = head(&self.sq) {
+            let psn = rewind(&mut self.req, &s.e.wqe, w.first_psn, self.comp.psn, mtu);
+            self.comp.psn = psn;
+            self.req.una = psn;
+            self.next = 0;
+        }
+    }
+
+    /// Lets time pass: retransmission and RNR timers.
+    pub fn on_timer(&mut self, now: u64, io: &mut Io<'_>) {
+        if self.error || self.attrs.ud {
+            return;
+        }
+        let outstanding = self.req.psn != self.comp.psn;
+        match comp_timer(&mut self.comp, now, outstanding) {
+            Some(CompStep::Retry) => {
+                self.retry();
+                self.comp.rearm(&self.attrs.comp(), now, true);
+            }
+            Some(CompStep::CqeErr(s)) => self.finish_head(s),
+            _ => {}
+        }
+        self.drain(io);
+    }
+
+    /// Pops finished WQEs from the head of the send queue, in order,
+    /// completing the signaled ones and every error.
+    fn drain(&mut self, io: &mut Io<'_>) {
+        while let Some(status) = self.sq.front().and_then(|s| s.done) {
+            let Some(s) = self.sq.pop_front() else { break };
+            self.next = self.next.saturating_sub(1);
+            if s.e.signaled || status != WcStatus::Success {
+                let wc = WorkCompletion {
+                    wr_id: s.e.wqe.wr_id,
+                    status,
+                    opcode: s.e.wqe.opcode.wc_opcode(),
+                    byte_len: s.e.wqe.len,
+                    imm_or_inv: None,
+                    qpn: self.attrs.qpn,
+                    src_qpn: 0,
+                };
+                io.cq.complete(wc, true);
+            }
+        }
+    }
+
+    /// Does up to `budget` units of queued work: READ responses owed to
+    /// the peer, then new or retransmitted request packets; in the error
+    /// state, flushes WQEs instead. Returns the work done (0 = idle).
+    pub fn flush(&mut self, now: u64, io: &mut Io<'_>, budget: usize) -> usize {
+        let mut work = 0usize;
+        while work < budget {
+            let did = if self.error {
+                self.flush_one(io)
+            } else if let Some((h, d)) =
+                next_read_response(&mut self.resp, &self.attrs.resp(), io.mr)
+            {
+                emit(io.net, &self.attrs.addr, &h, &d);
+                true
+            } else {
+                self.comp.rnr_until.is_none() && self.send_one(now, io)
+            };
+            if !did {
+                break;
+            }
+            work = work.saturating_add(1);
+            self.drain(io);
+        }
+        work
+    }
+
+    fn flush_one(&mut self, io: &mut Io<'_>) -> bool {
+        self.drain(io);
+        if let Some(s) = self.sq.iter_mut().find(|s| s.done.is_none()) {
+            s.done = Some(WcStatus::WrFlushErr);
+            return true;
+        }
+        let w = self.resp.wqe.take().or_else(|| self.rq.take());
+        let Some(w) = w else { return false };
+        let wc = WorkCompletion {
+            wr_id: w.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_or_inv: None,
+            qpn: self.attrs.qpn,
+            src_qpn: 0,
+        };
+        io.cq.complete(wc, false);
+        true
+    }
+
+    fn send_one(&mut self, now: u64, io: &mut Io<'_>) -> bool {
+        let ra = self.attrs.req();
+        let Some(slot) = self.sq.get_mut(self.next) else {
+            return false;
+        };
+        if slot.done.is_some() {
+            self.next = self.next.saturating_add(1);
+            return true;
+        }
+        if self.req.offset == 0 && self.req.prev.is_none() {
+            slot.first_psn = Some(self.req.psn);
+        }
+        match req_step(&mut self.req, &slot.e.wqe, &ra) {
+            ReqStep::Packet {
+                hdrs,
+                payload_off,
+                payload_len,
+                done,
+            } => {
+                let len = payload_len as usize;
+                let Ok(p) = gather(io.mr, self.attrs.pd, &slot.e.sges, payload_off, len) else {
+                    slot.done = Some(WcStatus::LocProtErr);
+                    self.set_error();
+                    return true;
+                };
+                emit(
+                    io.net,
+                    slot.e.ah.as_ref().unwrap_or(&self.attrs.addr),
+                    &hdrs,
+                    &p,
+                );
+                if done {
+                    self.next = self.next.saturating_add(1);
+                    if ra.ud {
+                        slot.done = Some(WcStatus::Success);
+                    }
+                }
+                if !ra.ud {
+                    self.comp.arm(&self.attrs.comp(), now);
+                }
+            }
+            ReqStep::Local => {
+                let ok = slot.e.wqe.opcode != WrOpcode::LocalInv
+                    || io.mr.invalidate(slot.e.wqe.imm_or_inv, self.attrs.pd);
+                slot.done = Some(if ok {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                });
+                self.next = self.next.saturating_add(1);
+                if !ok {
+                    self.set_error();
+                }
+            }
+            ReqStep::WindowFull => return false,
+            ReqStep::CqeErr(s) => {
+                slot.done = Some(s);
+                self.set_error();
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,392 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Two in-memory engines over a seeded lossy channel: end-to-end verbs,
+//! error statuses and loss recovery.
+#![allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::net::Ipv4Addr;
+
+use rdma_transport::net::IpInfo;
+use rdma_transport::packet::{parse, Addr};
+use rdma_transport::psn::Psn;
+use rdma_transport::qp::{Io, Qp, QpAttrs, SendEntry};
+use rdma_transport::req::{Remote, SendWqe};
+use rdma_transport::resp::RecvWqe;
+use rdma_transport::verbs::*;
+
+struct Mem {
+    buf: Vec<u8>,
+    valid: bool,
+}
+impl MrTable for Mem {
+    fn lookup(&self, key: u32) -> Option<MrInfo> {
+        (key == 1 && self.valid).then_some(MrInfo {
+            pd: 1,
+            access: Access::all(),
+            iova: 0,
+            len: self.buf.len() as u64,
+        })
+    }
+    fn read(&self, _: u32, iova: u64, b: &mut [u8]) -> Result<(), MemError> {
+        let i = iova as usize;
+        b.copy_from_slice(&self.buf[i..i + b.len()]);
+        Ok(())
+    }
+    fn write(&mut self, _: u32, iova: u64, d: &[u8]) -> Result<(), MemError> {
+        let i = iova as usize;
+        self.buf[i..i + d.len()].copy_from_slice(d);
+        Ok(())
+    }
+    fn invalidate(&mut self, key: u32, _: u32) -> bool {
+        let ok = key == 1 && self.valid;
+        self.valid = false;
+        ok
+    }
+}
+
+#[derive(Default)]
+struct Cq(Vec<(WorkCompletion, bool)>);
+impl CompletionSink for Cq {
+    fn complete(&mut self, wc: WorkCompletion, send: bool) {
+        self.0.push((wc, send));
+    }
+}
+#[derive(Default)]
+struct Net(Vec<Vec<u8>>);
+impl PacketSink for Net {
+    fn send(&mut self, f: Vec<u8>) {
+        self.0.push(f);
+    }
+}
+
+struct Node {
+    qp: Qp,
+    mem: Mem,
+    cq: Cq,
+    out: Net,
+}
+
+fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
+    QpAttrs {
+        qpn: u32::from(me),
+        dest_qpn: u32::from(peer),
+        pd: 1,
+        mtu: 256,
+        ud: false,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        qkey: 0x1234,
+        sq_psn: Psn::new(psn),
+        rq_psn: Psn::new(peer_psn),
+        addr: Addr {
+            src_mac: [2, 0, 0, 0, 0, me],
+            dst_mac: [2, 0, 0, 0, 0, peer],
+            ip: IpInfo {
+                src: Ipv4Addr::new(10, 0, 0, me).into(),
+                dst: Ipv4Addr::new(10, 0, 0, peer).into(),
+                tclass: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+            udp_sport: 0xc000,
+        },
+    }
+}
+
+struct World {
+    n: [Node; 2],
+    rng: u64,
+    drop_pct: u64,
+    now: u64,
+}
+
+impl World {
+    fn new(psn: u32, ud: bool) -> Self {
+        let node = |me, peer| {
+            let mut a = attrs(me, peer, psn, psn);
+            a.ud = ud;
+            Node {
+                qp: Qp::new(a),
+                mem: Mem {
+                    buf: vec![0; 8192],
+                    valid: true,
+                },
+                cq: Cq::default(),
+                out: Net::default(),
+            }
+        };
+        World {
+            n: [node(1, 2), node(2, 1)],
+            rng: 0x9e37_79b9,
+            drop_pct: 0,
+            now: 0,
+        }
+    }
+    fn rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng % 100
+    }
+    /// Runs both engines until idle (or `steps` rounds), with loss,
+    /// duplication and reordering from the seed.
+    fn run(&mut self, steps: usize) {
+        for _ in 0..steps {
+            let mut moved = 0;
+            for i in 0..2 {
+                let nd = &mut self.n[i];
+                let mut io = Io {
+                    mr: &mut nd.mem,
+                    cq: &mut nd.cq,
+                    net: &mut nd.out,
+                    srq: None,
+                };
+                moved += nd.qp.flush(self.now, &mut io, 64);
+                nd.qp.on_timer(self.now, &mut io);
+            }
+            for i in 0..2 {
+                let mut frames = std::mem::take(&mut self.n[i].out.0);
+                if frames.len() > 1 && self.rand() < self.drop_pct {
+                    frames.swap(0, 1);
+                }
+                for f in frames {
+                    moved += 1;
+                    let r = self.rand();
+                    if r < self.drop_pct {
+                        continue;
+                    }
+                    let copies = if r > 100 - self.drop_pct { 2 } else { 1 };
+                    let pkt = parse(&f).unwrap();
+                    let nd = &mut self.n[1 - i];
+                    let mut io = Io {
+                        mr: &mut nd.mem,
+                        cq: &mut nd.cq,
+                        net: &mut nd.out,
+                        srq: None,
+                    };
+                    for _ in 0..copies {
+                        nd.qp.on_packet(&pkt, self.now, &mut io);
+                    }
+                }
+            }
+            self.now += 1_000_000;
+            if moved == 0 && self.n.iter().all(|n| n.out.0.is_empty()) && self.now > 50_000_000_000
+            {
+                break;
+            }
+        }
+    }
+    fn post(&mut self, i: usize, opcode: WrOpcode, len: u32, addr: u64, remote: Remote) {
+        let wqe = SendWqe {
+            wr_id: 100 + u64::from(len),
+            opcode,
+            len,
+            solicited: false,
+            imm_or_inv: 0x77,
+            remote,
+        };
+        let sges = vec![Sge { addr, len, lkey: 1 }];
+        self.n[i]
+            .qp
+            .post_send(SendEntry {
+                wqe,
+                sges,
+                signaled: true,
+                ah: None,
+            })
+            .unwrap();
+    }
+    fn recv(&mut self, i: usize, addr: u64, len: u32) {
+        let sges = vec![Sge { addr, len, lkey: 1 }];
+        self.n[i].qp.post_recv(RecvWqe { wr_id: 7, sges }).unwrap();
+    }
+    fn fill(&mut self, i: usize) {
+        for (k, b) in self.n[i].mem.buf.iter_mut().enumerate() {
+            *b = (k * 7 + i) as u8;
+        }
+    }
+    fn wcs(&self, i: usize, send: bool) -> Vec<(WcStatus, WcOpcode, u32)> {
+        self.n[i]
+            .cq
+            .0
+            .iter()
+            .filter(|(_, s)| *s == send)
+            .map(|(w, _)| (w.status, w.opcode, w.byte_len))
+            .collect()
+    }
+}
+
+fn remote(addr: u64) -> Remote {
+    Remote {
+        addr,
+        rkey: 1,
+        ..Remote::default()
+    }
+}
+
+#[test]
+fn send_write_read_end_to_end_with_psn_wrap_and_loss() {
+    for drop_pct in [0, 10, 20] {
+        let mut w = World::new(0xff_fffd, false);
+        w.drop_pct = drop_pct;
+        w.fill(0);
+        w.recv(1, 0, 2000);
+        w.recv(1, 2000, 100);
+        w.post(0, WrOpcode::SendWithImm, 1000, 0, Remote::default());
+        w.post(0, WrOpcode::RdmaWrite, 700, 1000, remote(4000));
+        w.post(0, WrOpcode::RdmaWriteWithImm, 10, 1700, remote(5000));
+        w.post(0, WrOpcode::RdmaRead, 900, 6000, remote(0));
+        w.run(2000);
+        let s = Success;
+        use WcStatus::Success;
+        assert_eq!(
+            w.wcs(0, true),
+            [
+                (s, WcOpcode::Send, 1000),
+                (s, WcOpcode::RdmaWrite, 700),
+                (s, WcOpcode::RdmaWrite, 10),
+                (s, WcOpcode::RdmaRead, 900)
+            ],
+            "drop {drop_pct}"
+        );
+        assert_eq!(
+            w.wcs(1, false),
+            [
+                (s, WcOpcode::Recv, 1000),
+                (s, WcOpcode::RecvRdmaWithImm, 10)
+            ]
+        );
+        let (a, b) = (&w.n[0].mem.buf, &w.n[1].mem.buf);
+        assert_eq!(a[..1000], b[..1000]);
+        assert_eq!(a[1000..1700], b[4000..4700]);
+        assert_eq!(a[1700..1710], b[5000..5010]);
+        assert_eq!(a[6000..6900], b[..900]);
+        if drop_pct > 0 {
+            assert!(w.n[0].qp.metrics.completer_retry > 0);
+        }
+    }
+}
+
+#[test]
+fn atomics_execute_once() {
+    let mut w = World::new(5, false);
+    w.drop_pct = 20;
+    w.n[1].mem.buf[64..72].copy_from_slice(&10u64.to_le_bytes());
+    let mut r = remote(64);
+    r.compare_add = 5;
+    w.post(0, WrOpcode::AtomicFetchAndAdd, 8, 0, r);
+    r.compare_add = 15;
+    r.swap = 99;
+    w.post(0, WrOpcode::AtomicCmpAndSwp, 8, 8, r);
+    w.run(2000);
+    assert!(w.wcs(0, true).iter().all(|c| c.0 == WcStatus::Success));
+    assert_eq!(w.wcs(0, true).len(), 2);
+    assert_eq!(w.n[0].mem.buf[0..8], 10u64.to_le_bytes());
+    assert_eq!(w.n[0].mem.buf[8..16], 15u64.to_le_bytes());
+    assert_eq!(w.n[1].mem.buf[64..72], 99u64.to_le_bytes());
+}
+
+#[test]
+fn remote_errors_and_flush() {
+    let mut w = World::new(0, false);
+    let mut bad = remote(8190);
+    w.post(0, WrOpcode::RdmaWrite, 10, 0, bad);
+    w.post(0, WrOpcode::Send, 10, 0, Remote::default());
+    w.run(200);
+    assert_eq!(
+        w.wcs(0, true),
+        [
+            (WcStatus::RemAccessErr, WcOpcode::RdmaWrite, 10),
+            (WcStatus::WrFlushErr, WcOpcode::Send, 10)
+        ]
+    );
+    assert!(w.n[0].qp.is_error() && w.n[1].qp.is_error());
+    // Misaligned atomic: remote invalid request.
+    let mut w = World::new(0, false);
+    bad.addr = 4;
+    w.post(0, WrOpcode::AtomicFetchAndAdd, 8, 0, bad);
+    w.run(200);
+    assert_eq!(w.wcs(0, true)[0].0, WcStatus::RemInvReqErr);
+    // Local protection: bad lkey on the gather list.
+    let mut w = World::new(0, false);
+    w.n[0].mem.valid = false;
+    w.post(0, WrOpcode::Send, 10, 0, Remote::default());
+    w.run(50);
+    assert_eq!(w.wcs(0, true)[0].0, WcStatus::LocProtErr);
+}
+
+#[test]
+fn rnr_and_transport_retry_exceeded() {
+    let mut w = World::new(0, false);
+    w.post(0, WrOpcode::Send, 10, 0, Remote::default());
+    w.run(3000);
+    assert_eq!(w.wcs(0, true)[0].0, WcStatus::RnrRetryExcErr);
+    assert_eq!(w.n[1].qp.metrics.rnr_nak_sent, 3);
+    let mut w = World::new(0, false);
+    w.drop_pct = 100;
+    w.post(0, WrOpcode::RdmaWrite, 10, 0, remote(0));
+    w.run(3000);
+    assert_eq!(w.wcs(0, true)[0].0, WcStatus::RetryExcErr);
+    assert_eq!(w.n[0].qp.metrics.retry_exceeded, 1);
+}
+
+#[test]
+fn ud_send_places_grh() {
+    let mut w = World::new(0, true);
+    w.fill(0);
+    w.recv(1, 100, 40 + 64);
+    let r = Remote {
+        ud_qpn: 2,
+        ud_qkey: 0x1234,
+        ..Remote::default()
+    };
+    w.post(0, WrOpcode::Send, 64, 0, r);
+    w.run(20);
+    assert_eq!(w.wcs(0, true), [(WcStatus::Success, WcOpcode::Send, 64)]);
+    assert_eq!(w.wcs(1, false), [(WcStatus::Success, WcOpcode::Recv, 104)]);
+    let b = &w.n[1].mem.buf;
+    assert_eq!(b[120], 0x45, "IPv4 header in the last 20 GRH bytes");
+    assert_eq!(b[140..204], w.n[0].mem.buf[..64]);
+}
+
+#[test]
+fn hostile_frames_do_not_panic() {
+    let mut w = World::new(0, false);
+    let mut rng = 1u64;
+    w.post(0, WrOpcode::RdmaWrite, 300, 0, remote(0));
+    let nd = &mut w.n[0];
+    let mut io = Io {
+        mr: &mut nd.mem,
+        cq: &mut nd.cq,
+        net: &mut nd.out,
+        srq: None,
+    };
+    nd.qp.flush(0, &mut io, 10);
+    let frame = nd.out.0[0].clone();
+    for _ in 0..5000 {
+        let mut f = frame.clone();
+        for _ in 0..4 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let i = (rng as usize) % f.len();
+            f[i] = (rng >> 32) as u8;
+        }
+        f.truncate(((rng >> 40) as usize) % (f.len() + 1));
+        if let Ok(p) = parse(&f) {
+            let nd = &mut w.n[1];
+            let mut io = Io {
+                mr: &mut nd.mem,
+                cq: &mut nd.cq,
+                net: &mut nd.out,
+                srq: None,
+            };
+            nd.qp.on_packet(&p, 0, &mut io);
+        }
+    }
+}
