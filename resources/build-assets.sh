@@ -25,10 +25,17 @@ CACHE=${PVRDMA_VMM_CACHE:-$HOME/.cache/pvrdma-vmm}
 # Modules the guest loads at boot (their dependencies come from modules.dep, not from this list).
 GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
+# libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads.
 USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1
-  libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils)
+  libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2)
+# Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
+# would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary.
+USERSPACE_PICKS=(iproute2:usr/bin/rdma)
+# Packages unpacked only to build guest programs against (guest/verbs-check.c), never shipped.
+USERSPACE_BUILD_PACKAGES=(libibverbs-dev)
 # Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
-HOST_PACKAGES=(qemu-system-x86 cpio e2fsprogs kmod gzip xz-utils make gcc "linux-headers-$KVER" linux-source-6.1)
+# libc6-dev: the guest's verbs-check program is compiled here (the kernel module build needs no libc).
+HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)
@@ -73,6 +80,8 @@ build_stage() {
 
 image_version=$(candidate_versions "linux-image-$KVER" | cut -d' ' -f2)
 userspace_versions=$(candidate_versions "${USERSPACE_PACKAGES[@]}")
+pick_versions=$(candidate_versions "${USERSPACE_PICKS[@]%%:*}")
+build_versions=$(candidate_versions "${USERSPACE_BUILD_PACKAGES[@]}")
 # Installed tools that shape the outputs: the module build's, and the image builders'.
 build_tools=$(for p in "linux-headers-$KVER" linux-source-6.1 make kmod; do echo "$p $(installed_version "$p")"; done
   gcc --version | head -n1)
@@ -82,9 +91,11 @@ key=$(stage_key kernel "$KVER $image_version $build_tools" recipes/kernel.sh lib
 KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
-key=$(stage_key userspace "$userspace_versions" recipes/userspace.sh lib/common.sh)
+key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $(gcc --version | head -n1)" \
+  recipes/userspace.sh guest/verbs-check.c lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
-build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions"
+build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
+  PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"
 
 key=$(stage_key guest "$KERNEL_DIR $USERSPACE_DIR $GUEST_MODULES $image_tools" recipes/guest.sh guest/init lib/common.sh)
 GUEST_DIR=$CACHE/guest-$key

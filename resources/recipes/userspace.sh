@@ -1,8 +1,11 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # Stage "userspace": the guest's user land, unpacked from Debian's packages: busybox (static) and
-# rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils with every library they load.
-# Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version"). Output: OUT/root/, a guest root tree.
+# rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, with every
+# library they load; plus pvrdma-verbs-check (guest/verbs-check.c) compiled against libibverbs-dev.
+# Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version": unpacked whole), PICK_PACKAGES (lines
+# "pkg version") and PICKS ("pkg:path" words: only these files of those packages), BUILD_PACKAGES
+# (lines "pkg version": headers to compile against, not shipped). Output: OUT/root/, a guest root tree.
 set -euo pipefail
 . "$RES/lib/common.sh"
 LOG_TAG=userspace
@@ -12,6 +15,28 @@ mkdir -p "$root"
 while read -r pkg ver; do
   dpkg-deb -x "$(fetch_deb "$DEBS" "$pkg" "$ver")" "$root"
 done <<<"$PACKAGES"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+while read -r pkg ver; do
+  [[ -n $pkg ]] || continue
+  dpkg-deb -x "$(fetch_deb "$DEBS" "$pkg" "$ver")" "$work/pick-$pkg"
+done <<<"$PICK_PACKAGES"
+for pick in $PICKS; do
+  pkg=${pick%%:*} path=${pick#*:}
+  [[ -f $work/pick-$pkg/$path ]] || die "package $pkg has no $path"
+  install -D -m 0755 "$work/pick-$pkg/$path" "$root/$path"
+done
+
+# pvrdma-verbs-check: compiled against the -dev headers, linked to the tree's own libibverbs.so.1
+# (by path, so that its DT_NEEDED is the soname the guest resolves).
+while read -r pkg ver; do
+  [[ -n $pkg ]] || continue
+  dpkg-deb -x "$(fetch_deb "$DEBS" "$pkg" "$ver")" "$work/dev"
+done <<<"$BUILD_PACKAGES"
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-verbs-check" \
+  "$RES/guest/verbs-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
+  || die "compiling guest/verbs-check.c failed"
 
 # What a guest without systemd/udev/locales never uses; keeps the initramfs small (TCG boots
 # decompress it at ~50x native cost). The two daemons also need libsystemd, which we do not ship.
@@ -36,6 +61,6 @@ unresolved=$(find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 | wh
 done)
 [[ -z $unresolved ]] || die "libraries resolved outside the guest tree (add their packages):"$'\n'"$unresolved"
 for f in bin/busybox etc/libibverbs.d/vmw_pvrdma.driver 'usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so' \
-         usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping; do
+         usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check; do
   compgen -G "$root/$f" >/dev/null || die "expected $f in the guest tree"
 done

@@ -3,8 +3,10 @@
 # Sourced by scripts that run inside the test host (L1, see l1-init): KVM and network set-up.
 # Every helper fails (non-zero) with a message on stderr, for callers under `set -euo pipefail`.
 
-if [[ ${PVRDMA_L1:-} != 1 ]]; then
-  echo "l1-common.sh: not inside the test host (PVRDMA_L1 is not 1); refusing to load kernel modules here" >&2
+# Also loaded by DIRECT-mode e2e scenarios inside a network namespace of their own
+# (tests/scenarios/lib.sh: isolate_network), where bridges and TAPs stay out of the host's network.
+if [[ ${PVRDMA_L1:-} != 1 && ${PVRDMA_E2E_NETNS:-} != 1 ]]; then
+  echo "l1-common.sh: not inside the test host (PVRDMA_L1 is not 1) nor an e2e network namespace; refusing to load kernel modules here" >&2
   return 1
 fi
 

@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # GUEST_CMDLINE, WORK, EXIT_STATUS, VMM_PID: set here for the scenarios
+# shellcheck disable=SC2034 # GUEST_CMDLINE, GUEST_SCRIPTS, WORK, EXIT_STATUS, VMM_PID: set here for the scenarios
 # Helpers for scenario scripts, sourced by the wrapper e2e::testhost generates (set -euo pipefail,
 # OUT and PVRDMA_ASSETS_ENV exported). Results go to $OUT/<name>.env as key=value lines that the
 # Rust test reads; waits are polls with a deadline, never open-ended.
 
 # shellcheck source=/dev/null
 . "$PVRDMA_ASSETS_ENV"
+
+# tests/guest/: the scripts scenarios ship to `pvtest=run` guests (guest_script_disk).
+GUEST_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/../guest" && pwd)
+E2E_RESOURCES=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../resources" && pwd)
 
 # Kernel command line shared by every guest: serial console, and `quiet` because every console
 # byte is a trapped I/O write, very slow in a nested guest; panic=-1 turns a panic into a reset
@@ -78,14 +82,54 @@ last_tick() {
 }
 
 # start_vmm NAME ARGS...: our VMM in the background with the stock guest kernel and initramfs,
-# 2 vCPUs and 512 MiB; its stdout/stderr in $OUT/NAME-vmm.log. Sets VMM_PID.
+# VMM_CPUS vCPUs (default 2) and 512 MiB; its stdout/stderr in $OUT/NAME-vmm.log. Sets VMM_PID.
 start_vmm() {
   local name=$1
   shift
   [[ -x ${PVRDMA_VMM_BIN:-} ]] || { log "PVRDMA_VMM_BIN is not set to an executable"; return 1; }
-  "$PVRDMA_VMM_BIN" --kernel "${KERNEL:-$PVRDMA_KERNEL}" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus 2 --memory 512M \
+  "$PVRDMA_VMM_BIN" --kernel "${KERNEL:-$PVRDMA_KERNEL}" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus "${VMM_CPUS:-2}" --memory 512M \
     "$@" > "$OUT/$name-vmm.log" 2>&1 &
   VMM_PID=$!
+}
+
+# isolate_network: first call of a scenario that makes bridges and TAPs (l1_bridge, l1_tap). In
+# TEST-HOST mode there is nothing to do: L1 is a machine of its own. In DIRECT mode the scenario
+# runs again (the wrapper, $0) inside a network namespace of its own (unshare --net; needs root),
+# so that nothing it does touches this host's network, with resources/test-host/l1-common.sh's
+# helpers loaded.
+isolate_network() {
+  [[ $PVRDMA_E2E_MODE == direct ]] || return 0
+  if [[ ${PVRDMA_E2E_NETNS:-} != 1 ]]; then
+    rm -rf "$WORK"
+    trap - EXIT
+    exec env PVRDMA_E2E_NETNS=1 unshare --net -- bash "$0"
+  fi
+  ip link set lo up
+  # shellcheck source=/dev/null
+  . "$E2E_RESOURCES/test-host/l1-common.sh"
+}
+
+# guest_script_disk IMG HEADER SCRIPT: the raw disk a `pvtest=run pvrun=/dev/vdX` guest runs
+# (guest/init): HEADER (variable assignments, one per line) then SCRIPT's text, NUL-padded to
+# whole 512-byte sectors. A copy of the text goes to $OUT/<IMG's name>.sh for the logs.
+guest_script_disk() {
+  local img=$1 header=$2 script=$3
+  [[ -r $script ]] || { log "guest_script_disk: cannot read $script"; return 1; }
+  { printf '%s\n' "$header"; cat "$script"; } > "$img"
+  cp "$img" "$OUT/$(basename "${img%.*}").sh"
+  truncate -s %512 "$img"
+}
+
+# wait_for_path PATH SECONDS: until PATH exists (e.g. a TAP device the VMM creates).
+wait_for_path() {
+  local deadline=$(($(now_us) + $2 * 1000000))
+  until [[ -e $1 ]]; do
+    if (($(now_us) >= deadline)); then
+      log "wait_for_path: no $1 after $2 s"
+      return 1
+    fi
+    sleep 0.1
+  done
 }
 
 # remote NAME SOCKET COMMAND: pvrdma-remote COMMAND (bounded), output appended to $OUT/NAME-remote.log;

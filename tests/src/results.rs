@@ -84,9 +84,37 @@ impl SerialLog {
 
     /// `key=value` from the first line carrying `marker`, e.g. `cpus` of `PVRDMA-VMM-GUEST cpus=2`.
     pub fn marker_field(&self, marker: &str, key: &str) -> Option<&str> {
-        self.marker(marker)?
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        field(self.marker(marker)?, key)
+    }
+
+    /// The rest of every line carrying `marker` (after it, trimmed), in order.
+    pub fn markers(&self, marker: &str) -> Vec<&str> {
+        self.text
+            .lines()
+            .filter_map(|l| l.split_once(marker).map(|(_, rest)| rest.trim()))
+            .collect()
+    }
+
+    /// The output a guest script framed with `SECTION-BEGIN <name>` and `SECTION-END <name> rc=N`
+    /// lines (the first such section), or None if the section never began.
+    pub fn section(&self, name: &str) -> Option<Section> {
+        let begin = format!("SECTION-BEGIN {name}");
+        let end = format!("SECTION-END {name} ");
+        let mut lines = self.text.lines();
+        lines.find(|l| l.trim_end() == begin || l.ends_with(&format!(" {begin}")))?;
+        let mut body = Vec::new();
+        let mut rc = None;
+        for line in lines {
+            if let Some((_, rest)) = line.split_once(&end) {
+                rc = field(rest, "rc").and_then(|v| v.parse().ok());
+                break;
+            }
+            body.push(line.trim_end_matches('\r'));
+        }
+        Some(Section {
+            text: body.join("\n"),
+            rc,
+        })
     }
 
     /// The last `count` lines, to quote in a failure message.
@@ -94,6 +122,50 @@ impl SerialLog {
         let lines: Vec<&str> = self.text.lines().collect();
         lines[lines.len().saturating_sub(count)..].join("\n")
     }
+}
+
+/// The value of `key` among the whitespace-separated `key=value` words of `text`.
+pub fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+/// A framed part of a guest's output (see [`SerialLog::section`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    /// The lines between the frames.
+    pub text: String,
+    /// The framed command's exit status; None if the end frame is missing (the guest stopped).
+    pub rc: Option<i32>,
+}
+
+impl Section {
+    /// The value after `key` on the first line whose first word is `key` followed by a colon, as
+    /// in `ibv_devinfo`'s `max_qp:   1024` (whitespace-separated, so `state: PORT_ACTIVE (4)`
+    /// gives `PORT_ACTIVE (4)`).
+    pub fn colon_value(&self, key: &str) -> Option<&str> {
+        self.text.lines().find_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            (k.trim() == key).then(|| v.trim())
+        })
+    }
+}
+
+/// The lines of a VMM log (env_logger format, `[<time> LEVEL ] message`) logged at WARN or ERROR:
+/// what a well-behaved guest never causes.
+pub fn vmm_log_problems(path: &Path) -> Result<Vec<String>> {
+    let log = SerialLog::read(path)?;
+    Ok(log
+        .text
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .map(|level| level.trim_end_matches(']'))
+                .is_some_and(|level| level == "WARN" || level == "ERROR")
+        })
+        .map(str::to_string)
+        .collect())
 }
 
 /// Last `count` lines of a file for a failure message, or why it could not be read.
@@ -137,5 +209,48 @@ mod tests {
         assert_eq!(log.marker("ROOTDISK-OK"), Some("id-1 mode=ro"));
         assert_eq!(log.marker("GUEST-MARKER-DONE"), None);
         assert_eq!(log.tail(1), "ROOTDISK-OK id-1 mode=ro");
+    }
+
+    #[test]
+    fn vmm_log_problems_are_warn_and_error_lines() {
+        let path = std::env::temp_dir().join(format!("e2e-vmm-log-{}.log", std::process::id()));
+        fs::write(
+            &path,
+            "[2026-11-22T16:59:20Z INFO ] vmxnet3: MAC x\n[2026-11-22T16:59:21Z WARN ] vmxnet3: bad\n\
+             [2026-11-22T16:59:22Z ERROR] fatal\nWARN not a log line\n",
+        )
+        .unwrap();
+        let got = vmm_log_problems(&path).unwrap();
+        fs::remove_file(&path).unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].ends_with("vmxnet3: bad") && got[1].ends_with("fatal"));
+    }
+
+    #[test]
+    fn repeated_markers_and_fields() {
+        let log = SerialLog {
+            text: "NET-SENT round=1 secs=2.5\nx\n[ 9.1] NET-SENT round=2 secs=3.0\n".to_string(),
+        };
+        let rounds = log.markers("NET-SENT ");
+        assert_eq!(rounds, ["round=1 secs=2.5", "round=2 secs=3.0"]);
+        assert_eq!(field(rounds[1], "secs"), Some("3.0"));
+        assert_eq!(field(rounds[1], "sec"), None);
+    }
+
+    #[test]
+    fn sections_have_their_body_and_exit_status() {
+        let log = SerialLog {
+            text: "SECTION-BEGIN info\r\n\tmax_qp:\t\t1024\r\n\t\tstate:\t\tPORT_ACTIVE (4)\n\
+                   SECTION-END info rc=0\nSECTION-BEGIN cut\nhalf\n"
+                .to_string(),
+        };
+        let info = log.section("info").unwrap();
+        assert_eq!(info.rc, Some(0));
+        assert_eq!(info.colon_value("max_qp"), Some("1024"));
+        assert_eq!(info.colon_value("state"), Some("PORT_ACTIVE (4)"));
+        assert_eq!(info.colon_value("max_cq"), None);
+        let cut = log.section("cut").unwrap();
+        assert_eq!((cut.text.as_str(), cut.rc), ("half", None));
+        assert!(log.section("missing").is_none());
     }
 }

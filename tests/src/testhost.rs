@@ -58,6 +58,20 @@ impl Outcome {
         self.out.join(name)
     }
 
+    /// A failure message: `what`, the last `lines` lines of each of `logs` (files in `$OUT`; the
+    /// missing ones are skipped) and [`Outcome::context`].
+    pub fn failure(&self, what: &str, logs: &[String], lines: usize) -> String {
+        let mut msg = format!("{what}\n");
+        for log in logs {
+            let path = self.file(log);
+            if path.exists() {
+                msg += &tail_of(&path, lines);
+                msg.push('\n');
+            }
+        }
+        msg + &self.context()
+    }
+
     /// Where to look, for failure messages: mode, run directory, the end of the console and of
     /// the runner's messages (TEST-HOST mode: why L1 ended).
     pub fn context(&self) -> String {
