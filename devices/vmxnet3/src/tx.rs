@@ -299,7 +299,7 @@ fn frame_and_header<'b>(
         (VLAN_TAG_LEN, 0)
     };
     let frame = buf
-        .get(start..VLAN_TAG_LEN.saturating_add(len))
+        .get_mut(start..VLAN_TAG_LEN.saturating_add(len))
         .ok_or(TxDrop::TooLarge)?;
     // 10 bits.
     let hlen = usize::try_from(sop.hlen).map_err(|_| TxDrop::BadOffload)?;
@@ -336,9 +336,47 @@ fn be16(frame: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.first()?, *b.get(1)?]))
 }
 
+/// One's-complement sum of `bytes` (big-endian 16-bit words), folded.
+fn csum_fold(bytes: &[u8], mut sum: u32) -> u16 {
+    for word in bytes.chunks(2) {
+        let [hi, lo] = match *word {
+            [hi, lo] => [hi, lo],
+            [hi] => [hi, 0],
+            _ => [0, 0],
+        };
+        sum = sum.wrapping_add(u32::from(u16::from_be_bytes([hi, lo])));
+        // Keep the carries folded so the sum never overflows.
+        sum = (sum & 0xffff).wrapping_add(sum >> 16);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff).wrapping_add(sum >> 16);
+    }
+    u16::try_from(sum).unwrap_or(0)
+}
+
+/// The TCP pseudo-header sum (not complemented) for `tcp_len` bytes of TCP
+/// header and payload between the addresses in `addrs` (source then
+/// destination, 8 bytes for IPv4, 32 for IPv6).
+fn pseudo_header_sum(addrs: &[u8], tcp_len: usize) -> u16 {
+    // tcp_len < 64 KiB + headers; its upper 16 bits are summed too (IPv6
+    // uses a 32-bit length).
+    let len = u32::try_from(tcp_len).unwrap_or(u32::MAX);
+    let sum = u32::from(IPPROTO_TCP)
+        .wrapping_add(len >> 16)
+        .wrapping_add(len & 0xffff);
+    csum_fold(addrs, sum)
+}
+
 /// TSO: `hlen` must be exactly the Ethernet, IP and TCP headers the frame
 /// carries (what Linux's driver puts there), and `mss` a sane segment size.
-fn tso_header(frame: &[u8], hlen: usize, mss: u32) -> Result<VnetHdr, TxDrop> {
+///
+/// The TCP checksum field is rewritten to what the host kernel's GSO
+/// expects of a partial-checksum frame: the pseudo-header sum over the
+/// whole frame's TCP length (it subtracts that length and adds each
+/// segment's). Linux's vmxnet3 driver leaves the pseudo-header sum with a
+/// length of 0 there (`vmxnet3_prepare_tso`; real devices recompute it, as
+/// QEMU does), which would give every segment a wrong checksum.
+fn tso_header(frame: &mut [u8], hlen: usize, mss: u32) -> Result<VnetHdr, TxDrop> {
     let bad = TxDrop::BadOffload;
     let mss = u16::try_from(mss)
         .ok()
@@ -353,20 +391,29 @@ fn tso_header(frame: &[u8], hlen: usize, mss: u32) -> Result<VnetHdr, TxDrop> {
     }
     let l3 = type_at.saturating_add(2);
     let version = frame.get(l3).ok_or(bad)? >> 4;
-    let (l4, gso_type) = match (be16(frame, type_at), version) {
+    // Where the source and destination addresses are, and their length.
+    let (l4, gso_type, addrs) = match (be16(frame, type_at), version) {
         (Some(ETH_P_IP), 4) => {
             let ihl = usize::from(frame.get(l3).ok_or(bad)? & 0xf).saturating_mul(4);
             let proto = *frame.get(l3.saturating_add(9)).ok_or(bad)?;
             if ihl < 20 || proto != IPPROTO_TCP {
                 return Err(bad);
             }
-            (l3.saturating_add(ihl), VNET_HDR_GSO_TCPV4)
+            (
+                l3.saturating_add(ihl),
+                VNET_HDR_GSO_TCPV4,
+                (l3.saturating_add(12), 8),
+            )
         }
         (Some(ETH_P_IPV6), 6) => {
             if *frame.get(l3.saturating_add(6)).ok_or(bad)? != IPPROTO_TCP {
                 return Err(bad);
             }
-            (l3.saturating_add(IPV6_HLEN), VNET_HDR_GSO_TCPV6)
+            (
+                l3.saturating_add(IPV6_HLEN),
+                VNET_HDR_GSO_TCPV6,
+                (l3.saturating_add(8), 32),
+            )
         }
         _ => return Err(bad),
     };
@@ -375,6 +422,14 @@ fn tso_header(frame: &[u8], hlen: usize, mss: u32) -> Result<VnetHdr, TxDrop> {
     if doff < TCP_MIN_HLEN || l4.saturating_add(doff) != hlen || hlen > frame.len() {
         return Err(bad);
     }
+    let (at, n) = addrs;
+    let addrs = frame.get(at..at.saturating_add(n)).ok_or(bad)?;
+    let seed = pseudo_header_sum(addrs, frame.len().saturating_sub(l4)).to_be_bytes();
+    let check_at = l4.saturating_add(usize::from(TCP_CSUM_OFFSET));
+    frame
+        .get_mut(check_at..check_at.saturating_add(2))
+        .ok_or(bad)?
+        .copy_from_slice(&seed);
     let ecn = if flags & TCP_CWR != 0 {
         VNET_HDR_GSO_ECN
     } else {
@@ -527,8 +582,80 @@ mod tests {
         assert_eq!(wire.len(), frame.len() + 4);
         assert_eq!(&wire[..12], &frame[..12]);
         assert_eq!(&wire[12..16], &[0x81, 0, 0x01, 0x23]);
-        assert_eq!(&wire[16..], &frame[12..]);
+        // All but the TCP checksum field, which gets the pseudo-header sum.
+        assert_eq!(&wire[16..54], &frame[12..50]);
+        assert_eq!(&wire[56..], &frame[52..]);
         assert_eq!((hdr.csum_start, hdr.hdr_len), (38, 58));
+    }
+
+    /// The TCP checksum of every segment the host kernel cuts a TSO frame
+    /// into, as its GSO does for a partial-checksum frame headed to a
+    /// device without checksum offload (`tcp_gso_segment`): the seed in the
+    /// checksum field is adjusted from the whole TCP length to the
+    /// segment's, then the segment is summed from the TCP header on.
+    /// Returns whether each segment's checksum verifies.
+    fn kernel_gso_checksums_ok(wire: &[u8], hdr: &VnetHdr, addrs: &[u8]) -> Vec<bool> {
+        let l4 = usize::from(hdr.csum_start);
+        let hlen = usize::from(hdr.hdr_len);
+        let check_at = l4 + 16;
+        let seed = u32::from(u16::from_be_bytes([wire[check_at], wire[check_at + 1]]));
+        let full_len = (wire.len() - l4) as u32;
+        let payload = &wire[hlen..];
+        payload
+            .chunks(usize::from(hdr.gso_size))
+            .map(|chunk| {
+                let seg_len = (hlen - l4 + chunk.len()) as u32;
+                // One's complement: subtract the whole length, add the segment's.
+                let adjusted = csum_fold(&[], seed + (!full_len & 0xffff) + seg_len);
+                let mut seg = wire[l4..hlen].to_vec();
+                seg.extend_from_slice(chunk);
+                seg[16..18].copy_from_slice(&adjusted.to_be_bytes());
+                let check = !csum_fold(&seg, 0);
+                seg[16..18].copy_from_slice(&check.to_be_bytes());
+                // The receiver: pseudo header (with the segment's length) plus segment.
+                csum_fold(&seg, u32::from(pseudo_header_sum(addrs, seg.len()))) == 0xffff
+            })
+            .collect()
+    }
+
+    /// A frame as Linux's vmxnet3 driver hands it over for TSO
+    /// (`vmxnet3_prepare_tso`): IPv4 checksum 0, TCP checksum field the
+    /// pseudo-header sum with a TCP length of 0.
+    fn as_vmxnet3_driver_leaves_it(
+        mut frame: Vec<u8>,
+        l4: usize,
+        addrs: (usize, usize),
+    ) -> Vec<u8> {
+        let seed = pseudo_header_sum(&frame[addrs.0..addrs.0 + addrs.1], 0);
+        frame[l4 + 16..l4 + 18].copy_from_slice(&seed.to_be_bytes());
+        frame
+    }
+
+    #[test]
+    fn tso_segments_get_valid_tcp_checksums() {
+        // IPv4, 3000 bytes at MSS 1448: segments of 1448, 1448 and 104.
+        let frame = as_vmxnet3_driver_leaves_it(tcp4_frame(3000, 0), 34, (26, 8));
+        let (wire, hdr) = header(&frame, &desc(OM_TSO, 54, 1448)).unwrap();
+        assert_eq!(
+            kernel_gso_checksums_ok(&wire, &hdr, &wire[26..34]),
+            [true; 3]
+        );
+        // IPv6, 20000 bytes at MSS 8928.
+        let frame = as_vmxnet3_driver_leaves_it(tcp6_frame(20000), 54, (22, 32));
+        let (wire, hdr) = header(&frame, &desc(OM_TSO, 74, 8928)).unwrap();
+        assert_eq!(
+            kernel_gso_checksums_ok(&wire, &hdr, &wire[22..54]),
+            [true; 3]
+        );
+        // With an inserted tag, the field moves with the headers.
+        let mut sop = desc(OM_TSO, 54, 1448);
+        sop.ti = true;
+        let frame = as_vmxnet3_driver_leaves_it(tcp4_frame(5000, 0), 34, (26, 8));
+        let (wire, hdr) = header(&frame, &sop).unwrap();
+        assert_eq!(
+            kernel_gso_checksums_ok(&wire, &hdr, &wire[30..38]),
+            [true; 4]
+        );
     }
 
     #[test]
