@@ -3,7 +3,7 @@
 # Scenario of tests/tests/net.rs (issue 3): two guests, each with a vmxnet3 NIC on a TAP (--net),
 # on one Linux bridge of this host, run tests/guest/net.sh at the same time:
 #   A (10.10.0.1): its TAP "tapa" created by the VMM with mtu=9000 (this script then adds it to
-#                  the bridge and brings it up); receives 8 MiB over TCP at MTU 1500 and 64 MiB at
+#                  the bridge and brings it up); receives 64 MiB over TCP at MTU 1500 and again at
 #                  MTU 9000, watches B's link go down and up, sees B's new MAC in its neighbour table
 #   B (10.10.0.2): its TAP "tapb" made here; sends, takes its link down and up, sets MTU 9000 (both
 #                  do) and changes its MAC
@@ -13,12 +13,11 @@
 
 isolate_network
 
-# Both guests' whole run, boot included; typically ~4 min with one L1 vCPU shared by both.
+# Both guests' whole run, boot included; typically ~3 min with one L1 vCPU shared by both.
 NET_LIMIT=${NET_LIMIT:-480}
 MAC_A=52:54:00:0a:00:01
 MAC_B=52:54:00:0b:00:02
 NEW_MAC_B=52:54:00:0b:00:99
-SMALL_MB=${SMALL_MB:-8}
 DATA_MB=${DATA_MB:-64}
 
 t0=$(now_us)
@@ -27,7 +26,7 @@ ip addr add 10.10.0.254/16 dev br0
 l1_tap tapb br0
 ip link set tapb mtu 9000
 
-header="MODE=test PORT=5001 SMALL_MB=$SMALL_MB DATA_MB=$DATA_MB HOST_SIG=3 DOWN_WINDOW=8 NEW_MAC=$NEW_MAC_B"
+header="MODE=test PORT=5001 DATA_MB=$DATA_MB HOST_SIG=3 DOWN_WINDOW=8 NEW_MAC=$NEW_MAC_B"
 guest_script_disk "$WORK/net-a-run.img" "$header ROLE=a MY_IP=10.10.0.1 PEER_IP=10.10.0.2 MY_SIG=1 PEER_SIG=2" "$GUEST_SCRIPTS/net.sh"
 guest_script_disk "$WORK/net-b-run.img" "$header ROLE=b MY_IP=10.10.0.2 PEER_IP=10.10.0.1 MY_SIG=2 PEER_SIG=1" "$GUEST_SCRIPTS/net.sh"
 
