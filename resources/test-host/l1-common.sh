@@ -21,13 +21,14 @@ l1_setup_kvm() {
 
 # l1_bridge NAME: an L1 bridge to join guests' TAP devices (a switch between L2 guests).
 l1_bridge() {
-  modprobe bridge || { echo "l1_bridge: modprobe bridge failed" >&2; return 1; }
+  # A kernel with the bridge built in has no module to load.
+  [[ -d /sys/module/bridge ]] || modprobe bridge || { echo "l1_bridge: modprobe bridge failed" >&2; return 1; }
   ip link add "$1" type bridge && ip link set "$1" up
 }
 
 # l1_tap NAME [BRIDGE]: a TAP device for a VMM's NIC backend, up, optionally on BRIDGE.
 l1_tap() {
-  modprobe tun || { echo "l1_tap: modprobe tun failed" >&2; return 1; }
+  [[ -c /dev/net/tun ]] || modprobe tun || { echo "l1_tap: modprobe tun failed" >&2; return 1; }
   ip tuntap add dev "$1" mode tap && ip link set "$1" up
   if [[ -n ${2:-} ]]; then ip link set "$1" master "$2"; fi
 }

@@ -228,13 +228,16 @@ role_b_test() {
   say "DONE role=$ROLE"
 }
 
-# Bench: BENCH_ROUNDS transfers of DATA_MB MiB from B to A, timed by B (guest clock).
+# Bench: BENCH_ROUNDS transfers of DATA_MB MiB from B to A, timed by B (guest clock). A signals
+# each round once it listens, so that B never sends while A is still checksumming the last one
+# (both guests share one L1 vCPU: that would be measured too).
 role_a_bench() {
   net_up
   bench_mtu
   round=1
   while [ "$round" -le "$BENCH_ROUNDS" ]; do
     start_receiver /tmp/recv
+    signal "$round"
     wait_receiver 600 || fail "round $round: no complete transfer within 600 s"
     say "TCP-RECV round=$round bytes=$(size /tmp/recv) md5=$(md5 /tmp/recv) $(tcp_counters)"
     round=$((round + 1))
@@ -249,6 +252,7 @@ role_b_bench() {
   retry 240 ping -c 1 -W 1 -s $((${BENCH_MTU:-1500} - 28)) "$PEER_IP" || fail "no full-size ping answer from $PEER_IP in 240 s"
   round=1
   while [ "$round" -le "$BENCH_ROUNDS" ]; do
+    wait_signal 600 "$round" || fail "round $round: the receiver never got ready"
     send_file /tmp/data 600 || fail "round $round: sending failed: $(cat /tmp/nc.err)"
     say "TCP-SENT round=$round bytes=$(size /tmp/data) md5=$DATA_MD5 secs=$SEND_SECS $(tcp_counters)"
     round=$((round + 1))

@@ -114,7 +114,7 @@ fn suite() -> &'static Suite {
         let scenario = Scenario {
             name: "pvrdma".to_string(),
             env: vec![("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string())],
-            // Typically ~1.5 min; the guest has 300 s (scenarios/pvrdma.sh).
+            // Typically ~40 s; the guest has 300 s (scenarios/pvrdma.sh).
             timeout: Duration::from_secs(420),
             // One L2 guest: multi-threaded TCG is fine and faster.
             l1_cpus: 2,
