@@ -10,7 +10,10 @@
 # Output: the L1 console on stdout and in OUT/console.log (lines prefixed with host seconds since
 # start), QEMU's own messages in OUT/qemu-l1.stderr, the script's exit status in OUT/l1-rc.
 # Exit status: the script's; 124 if L1 hit the timeout; 125 if L1 ended without reporting one;
-# 126 if L1 stalled: no console line (l1-init prints a heartbeat every 30 s) for STALL_LIMIT s.
+# 126 if L1 stalled: no console line (l1-init prints a heartbeat every 30 s) for STALL_LIMIT s, or
+# L1's kernel reports a CPU stuck for SOFTLOCKUP_LIMIT s or more (a soft lockup: seen with a nested
+# guest's vCPU threads spinning on both CPUs of an -smp 2 L1 while the guest printed nothing; the
+# heartbeat and the lockup reports themselves keep the console going, so silence never comes).
 # Nested guests under TCG have been seen to wedge L1 itself (its timers stop, so its own timeouts
 # never fire); the stall check ends such a run in minutes instead of at --timeout.
 set -euo pipefail
@@ -43,6 +46,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 rm -f "$out/l1-rc" "$out/l1-stalled" "$out/qemu-l1.stderr"
 STALL_LIMIT=${STALL_LIMIT:-180}
+SOFTLOCKUP_LIMIT=${SOFTLOCKUP_LIMIT:-120}
 
 # L1 takes most of a CPU per vCPU for its whole run: one at a time per machine.
 exec 8>/tmp/pvrdma-vmm-l1.lock
@@ -74,8 +78,13 @@ timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-t
       if IFS= read -r -t "$STALL_LIMIT" line; then
         now=${EPOCHREALTIME/./}
         printf '[%4d.%02d] %s\n' $(((now - t0) / 1000000)) $(((now - t0) / 10000 % 100)) "${line%$'\r'}"
+        if [[ $line =~ soft\ lockup\ -\ CPU#[0-9]+\ stuck\ for\ ([0-9]+)s ]] && ((BASH_REMATCH[1] >= SOFTLOCKUP_LIMIT)); then
+          echo "a CPU of L1 stuck for ${BASH_REMATCH[1]}s (soft lockup)" > "$out/l1-stalled"
+          kill -KILL "$(<"$pidfile")"
+          break
+        fi
       elif (($? > 128)); then
-        touch "$out/l1-stalled"
+        echo "no console output for ${STALL_LIMIT}s" > "$out/l1-stalled"
         kill -KILL "$(<"$pidfile")"
         break
       else
@@ -87,7 +96,7 @@ exec 2>&3 3>&-
 set -e
 qemu_rc=${status[0]}
 if [[ -e $out/l1-stalled ]]; then
-  log "L1 STALLED: no console output for ${STALL_LIMIT}s, killed it (console: $out/console.log)"
+  log "L1 STALLED: $(<"$out/l1-stalled"), killed it (console: $out/console.log)"
   exit 126
 fi
 if [[ $qemu_rc == 124 || $qemu_rc == 137 ]]; then
