@@ -13,4 +13,4 @@ resources/build-assets.sh >/dev/null
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets --locked -- -D warnings
 cargo build --release --workspace --bins --locked
-cargo test --release --workspace --locked "$@"
+cargo test --release --workspace --locked --no-fail-fast "$@"
