@@ -303,12 +303,10 @@ pub fn comp_timer(st: &mut CompState, now: u64, outstanding: bool) -> Option<Com
     clippy::arithmetic_side_effects
 )]
 mod tests {
-    use std::net::Ipv4Addr;
 
     use super::*;
     use crate::hdr::{Aeth, AtomicAckEth, Bth};
-    use crate::net::{IpInfo, Layers};
-    use crate::packet::Headers;
+    use crate::packet::{test_packet, Headers};
 
     const A: CompAttrs = CompAttrs {
         timeout: 14,
@@ -318,36 +316,17 @@ mod tests {
     };
 
     fn pkt(op: Opcode, psn: u32, syn: Option<Syndrome>, payload: &[u8]) -> Packet<'_> {
-        let ip = Ipv4Addr::LOCALHOST.into();
-        Packet {
-            layers: Layers {
-                src_mac: [0; 6],
-                dst_mac: [0; 6],
-                ip: IpInfo {
-                    src: ip,
-                    dst: ip,
-                    tclass: 0,
-                    hop_limit: 0,
-                    flow_label: 0,
-                },
-                udp_sport: 0,
-                l3_off: 14,
-                l3_len: 20,
-                udp_payload_len: 0,
+        let hdrs = Headers {
+            bth: Bth {
+                opcode: op as u8,
+                psn: Psn::new(psn),
+                ..Bth::default()
             },
-            opcode: op,
-            hdrs: Headers {
-                bth: Bth {
-                    opcode: op as u8,
-                    psn: Psn::new(psn),
-                    ..Bth::default()
-                },
-                aeth: syn.map(|syndrome| Aeth { syndrome, msn: 0 }),
-                atomic_ack: Some(AtomicAckEth { orig: 9 }),
-                ..Headers::default()
-            },
-            payload,
-        }
+            aeth: syn.map(|syndrome| Aeth { syndrome, msn: 0 }),
+            atomic_ack: Some(AtomicAckEth { orig: 9 }),
+            ..Headers::default()
+        };
+        test_packet(op, hdrs, payload)
     }
 
     fn wqe(opcode: WrOpcode, first: u32, len: u32) -> CompWqe {

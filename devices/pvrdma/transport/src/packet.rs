@@ -265,6 +265,33 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
     Ok(frame)
 }
 
+/// A packet as `parse` would return it, on loopback IPv4 with `hdrs`:
+/// what the role tests (completer, responder) feed their state machines.
+#[cfg(test)]
+pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'_> {
+    let ip = std::net::Ipv4Addr::LOCALHOST.into();
+    Packet {
+        layers: Layers {
+            src_mac: [0; 6],
+            dst_mac: [0; 6],
+            ip: IpInfo {
+                src: ip,
+                dst: ip,
+                tclass: 0,
+                hop_limit: 0,
+                flow_label: 0,
+            },
+            udp_sport: 0,
+            l3_off: 14,
+            l3_len: 20,
+            udp_payload_len: 0,
+        },
+        opcode: op,
+        hdrs,
+        payload,
+    }
+}
+
 #[cfg(test)]
 #[allow(
     clippy::unwrap_used,

@@ -164,43 +164,26 @@ pub fn check_rkey(
     clippy::arithmetic_side_effects
 )]
 mod tests {
-    use std::net::Ipv4Addr;
 
     use super::*;
     use crate::hdr::{AtomicEth, Bth, Reth};
-    use crate::net::{IpInfo, Layers};
-    use crate::packet::Headers;
+    use crate::packet::{test_packet, Headers};
     use crate::verbs::MemError;
     use Opcode::*;
 
     fn pkt(op: Opcode, payload: &[u8]) -> Packet<'_> {
-        let ip = Ipv4Addr::LOCALHOST.into();
-        Packet {
-            layers: Layers {
-                src_mac: [0; 6],
-                dst_mac: [0; 6],
-                ip: IpInfo {
-                    src: ip,
-                    dst: ip,
-                    tclass: 0,
-                    hop_limit: 0,
-                    flow_label: 0,
-                },
-                udp_sport: 0,
-                l3_off: 14,
-                l3_len: 20,
-                udp_payload_len: 0,
-            },
-            opcode: op,
-            hdrs: Headers {
-                bth: Bth {
-                    opcode: op as u8,
-                    ..Bth::default()
-                },
+        let bth = Bth {
+            opcode: op as u8,
+            ..Bth::default()
+        };
+        test_packet(
+            op,
+            Headers {
+                bth,
                 ..Headers::default()
             },
             payload,
-        }
+        )
     }
 
     #[test]
