@@ -30,7 +30,7 @@ use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_read_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
 use crate::sgl::{gather, scatter, sge_total};
-use crate::verbs::{CompletionSink, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
+use crate::verbs::{CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
 /// Most WQEs queued on the send queue or the QP's own receive queue:
@@ -120,6 +120,8 @@ pub struct SendEntry {
     pub signaled: bool,
     /// UD destination addressing (the address handle).
     pub ah: Option<Addr>,
+    /// The operands of a REG_MR.
+    pub fast_reg: Option<FastReg>,
 }
 
 struct Slot {
@@ -205,6 +207,31 @@ impl Qp {
             error: false,
             metrics: Metrics::default(),
         }
+    }
+
+    /// Send WQEs queued and not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// The attributes in force.
+    pub fn attrs(&self) -> &QpAttrs {
+        &self.attrs
+    }
+
+    /// Applies attributes modify_qp changed (RTR to RTS, RTS to RTS). The
+    /// send PSN only takes effect while nothing was sent, the receive PSN
+    /// while nothing was received: a running QP keeps its sequence.
+    pub fn modify(&mut self, attrs: QpAttrs) {
+        if self.req.psn == self.attrs.sq_psn && self.sq.is_empty() {
+            self.req.psn = attrs.sq_psn;
+            self.req.una = attrs.sq_psn;
+            self.comp = CompState::new(attrs.sq_psn, &attrs.comp());
+        }
+        if self.resp.psn == self.attrs.rq_psn && self.resp.prev.is_none() {
+            self.resp.psn = attrs.rq_psn;
+        }
+        self.attrs = attrs;
     }
 
     /// Whether the QP is in the error state.
@@ -385,6 +412,7 @@ impl Qp {
                     imm_or_inv: None,
                     qpn: self.attrs.qpn,
                     src_qpn: 0,
+                    ud_src: None,
                 };
                 io.cq.complete(wc, true);
             }
@@ -432,6 +460,7 @@ impl Qp {
             imm_or_inv: None,
             qpn: self.attrs.qpn,
             src_qpn: 0,
+            ud_src: None,
         };
         io.cq.complete(wc, false);
         true
@@ -479,8 +508,12 @@ impl Qp {
                 }
             }
             ReqStep::Local => {
-                let ok = slot.e.wqe.opcode != WrOpcode::LocalInv
-                    || io.mr.invalidate(slot.e.wqe.imm_or_inv, self.attrs.pd);
+                let pd = self.attrs.pd;
+                let ok = match (slot.e.wqe.opcode, slot.e.fast_reg) {
+                    (WrOpcode::LocalInv, _) => io.mr.invalidate(slot.e.wqe.imm_or_inv, pd),
+                    (WrOpcode::RegMr, Some(fr)) => io.mr.fast_reg(&fr, pd),
+                    _ => false,
+                };
                 slot.done = Some(if ok {
                     WcStatus::Success
                 } else {

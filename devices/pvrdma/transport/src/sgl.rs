@@ -145,6 +145,9 @@ mod tests {
         fn invalidate(&mut self, _: u32, _: u32) -> bool {
             false
         }
+        fn fast_reg(&mut self, _: &crate::verbs::FastReg, _: u32) -> bool {
+            false
+        }
     }
 
     #[test]

@@ -160,6 +160,28 @@ pub trait MrTable {
     /// Invalidates `key` (LOCAL_INV, SEND_WITH_INV); false if it is not
     /// an invalidatable key of this PD.
     fn invalidate(&mut self, key: u32, pd: u32) -> bool;
+    /// Executes a fast registration (REG_MR) of PD `pd`; false if the MR
+    /// cannot take it (unknown, wrong PD, still valid, page list too long).
+    fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool;
+}
+
+/// The operands of a fast registration WQE (`IB_WR_REG_MR`): the page
+/// list stays in guest memory until the requester reaches the WQE, so
+/// registrations happen in send-queue order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastReg {
+    /// The MR's new key (same index, new key byte).
+    pub key: u32,
+    /// First IOVA of the registration.
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Rights (`ib_access_flags`).
+    pub access: u32,
+    /// Guest address of the page list's page directory.
+    pub page_list: u64,
+    /// Entries of the page list.
+    pub pages: u32,
 }
 
 /// Why an MR access was refused.
@@ -237,6 +259,18 @@ pub struct WorkCompletion {
     pub qpn: u32,
     /// Source QPN (UD/GSI receives).
     pub src_qpn: u32,
+    /// Where a UD/GSI receive came from (the GRH area's network type).
+    pub ud_src: Option<UdSource>,
+}
+
+/// The sender of a UD/GSI receive, for the CQE's `smac` and
+/// `network_hdr_type` (needed to parse the GRH area).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UdSource {
+    /// RoCE v2 over IPv6 (else IPv4).
+    pub ipv6: bool,
+    /// Source MAC of the frame.
+    pub smac: [u8; 6],
 }
 
 /// Immediate data or an invalidated key of a receive completion.
@@ -282,6 +316,9 @@ mod tests {
             Ok(())
         }
         fn invalidate(&mut self, _: u32, _: u32) -> bool {
+            false
+        }
+        fn fast_reg(&mut self, _: &FastReg, _: u32) -> bool {
             false
         }
     }

@@ -45,6 +45,11 @@ impl MrTable for Mem {
         self.valid = false;
         ok
     }
+    fn fast_reg(&mut self, fr: &rdma_transport::verbs::FastReg, _: u32) -> bool {
+        let ok = fr.key == 1 && !self.valid;
+        self.valid |= ok;
+        ok
+    }
 }
 
 #[derive(Default)]
@@ -194,6 +199,7 @@ impl World {
         self.n[i]
             .qp
             .post_send(SendEntry {
+                fast_reg: None,
                 wqe,
                 sges,
                 signaled: true,

@@ -28,7 +28,7 @@ use crate::psn::Psn;
 use crate::req::read_psns;
 use crate::sgl::{scatter, SglError};
 use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
-use crate::verbs::{WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{UdSource, WcOpcode, WcStatus, WorkCompletion};
 
 /// READ/atomic results kept for duplicates (rxe's `max_dest_rd_atomic`
 /// resources): bounds the replay cache whatever the peer sends.
@@ -176,6 +176,7 @@ fn recv_wc(
         imm_or_inv: None,
         qpn: a.qpn,
         src_qpn: 0,
+        ud_src: None,
     }
 }
 
@@ -542,6 +543,10 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
     let len = u32::from(plen).saturating_add(GRH_LEN as u32);
     let mut wc = recv_wc(a, w.wr_id, status, WcOpcode::Recv, len);
     wc.src_qpn = deth.src_qpn;
+    wc.ud_src = Some(UdSource {
+        ipv6: pkt.layers.ip.src.is_ipv6(),
+        smac: pkt.layers.src_mac,
+    });
     wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
     cx.cq.complete(wc, false);
 }
