@@ -233,13 +233,13 @@ impl DeviceManager {
             let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
             // One converged slot: the NIC at function 0 owns the port, PVRDMA
             // at function 1 follows it (the guest driver pairs them by slot).
-            let (slot, port) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
+            let (slot, port, tap) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
                 ..Default::default()
             };
-            let dev =
-                Pvrdma::new(&cfg, port, mem.clone(), hooks.clone()).map_err(DeviceError::Pvrdma)?;
+            let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
+                .map_err(DeviceError::Pvrdma)?;
             bus.add_device(slot, 1, Arc::new(Mutex::new(dev)))
                 .map_err(DeviceError::Pci)?;
             log::info!("PVRDMA ({:?}) at 00:{slot:02x}.1", rdma.gid);
@@ -279,7 +279,7 @@ fn add_vmxnet3(
     multifunction: bool,
     mem: &Arc<GuestMemory>,
     hooks: &DeviceHooks,
-) -> Result<(u8, Arc<Port>), DeviceError> {
+) -> Result<(u8, Arc<Port>, Arc<Tap>), DeviceError> {
     let tap = Arc::new(Tap::open(&net.tap).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?);
     if let (true, Some(mtu)) = (tap.created(), net.mtu) {
         tap.set_mtu(mtu)
@@ -300,7 +300,7 @@ fn add_vmxnet3(
         net.tap,
         if tap.created() { "created" } else { "existing" }
     );
-    Ok((slot, port))
+    Ok((slot, port, tap))
 }
 
 fn register_irqfd(vm: &VmFd, fd: &EventFd, gsi: u32) -> Result<(), DeviceError> {

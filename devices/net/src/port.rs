@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Port state and change notification.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 /// A snapshot of the port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,12 +35,15 @@ pub enum PortEvent {
 }
 
 type Listener = Box<dyn Fn(PortEvent) + Send + Sync>;
+type Steering = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// The shared port. Writers are the NIC model and the backend; readers and
 /// subscribers are the functions that share the port.
 pub struct Port {
     state: Mutex<PortState>,
     listeners: Mutex<Vec<Listener>>,
+    /// The RDMA function's claim on received frames (RoCE v2).
+    rdma: RwLock<Option<Steering>>,
 }
 
 impl std::fmt::Debug for Port {
@@ -65,7 +68,25 @@ impl Port {
         Self {
             state: Mutex::new(state),
             listeners: Mutex::new(Vec::new()),
+            rdma: RwLock::new(None),
         }
+    }
+
+    /// Lets the RDMA function of the port claim received frames: `f` is
+    /// offered every frame before the NIC and returns whether it took it,
+    /// as a converged NIC steers RoCE traffic to its RDMA engine.
+    pub fn set_rdma_steering(&self, f: impl Fn(&[u8]) -> bool + Send + Sync + 'static) {
+        *self.rdma.write().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(f));
+    }
+
+    /// Offers a received frame to the RDMA function; true if it took it
+    /// (the NIC must then not deliver it).
+    pub fn steer_to_rdma(&self, frame: &[u8]) -> bool {
+        self.rdma
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|f| f(frame))
     }
 
     fn lock(&self) -> MutexGuard<'_, PortState> {

@@ -12,7 +12,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 
 use device_worker::WorkerHandle;
-use net_port::{Port, PortEvent};
+use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
     BarKind, BarSpec, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration, PciDevice,
     PciHeader,
@@ -25,6 +25,8 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{LimitsError, PvrdmaConfig};
+use crate::datapath::wire::{Inbox, Wire};
+use crate::datapath::Clock;
 use crate::events::Interrupts;
 use crate::metrics::Metrics;
 use crate::regs;
@@ -127,10 +129,13 @@ fn pci_config(
 impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
     /// Creates the function and starts its worker thread. `mem` is guest
     /// memory (every device write goes through it, so dirty tracking sees
-    /// it); `hooks` give it MSI-X vectors and doorbell ioeventfds.
+    /// it); `hooks` give it MSI-X vectors and doorbell ioeventfds; RoCE v2
+    /// frames leave through `backend` (the port's wire, shared with the
+    /// NIC) and arrive steered off `port`.
     pub fn new(
         config: &PvrdmaConfig,
         port: Arc<Port>,
+        backend: Arc<dyn FrameBackend>,
         mem: M,
         hooks: DeviceHooks,
     ) -> Result<Self, PvrdmaError> {
@@ -149,6 +154,9 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 }
             }
         });
+        let inbox = Arc::new(Inbox::new(Arc::clone(&metrics)).map_err(PvrdmaError::EventFd)?);
+        let weak = Arc::downgrade(&inbox);
+        port.set_rdma_steering(move |frame| weak.upgrade().is_some_and(|i| i.offer(frame)));
         let shared = Arc::new(Shared {
             env: Env {
                 config: config.clone(),
@@ -156,6 +164,8 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 irq: Interrupts::new(msix),
                 metrics,
                 hub: Arc::new(hub),
+                wire: Wire { backend, inbox },
+                clock: Clock::new(),
             },
             state: Mutex::new(State::new()),
         });

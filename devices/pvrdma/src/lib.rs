@@ -46,6 +46,7 @@ mod metrics;
 mod caps;
 mod cmd;
 mod config;
+mod datapath;
 mod device;
 mod dsr;
 mod events;

@@ -123,6 +123,24 @@ metrics! {
     wqe_flushed,
     /// Port link changes reported to the guest.
     link_change,
+    /// Work requests the device could not decode or execute as posted.
+    wqe_invalid,
+    /// Completions with an error status.
+    wqe_error,
+    /// RoCE v2 frames received for the device.
+    roce_rx,
+    /// Received frames dropped: the inbox was full.
+    roce_rx_dropped,
+    /// Received frames that failed to parse (bad headers, ICRC).
+    roce_rx_bad,
+    /// Received frames for no GID of ours or no QP in a receiving state.
+    roce_rx_no_qp,
+    /// Frames sent on the port's backend.
+    roce_tx,
+    /// Frames the backend refused.
+    roce_tx_error,
+    /// Frames for one of the device's own GIDs, looped back.
+    roce_loopback,
 }
 
 #[cfg(test)]

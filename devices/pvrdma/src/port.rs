@@ -29,7 +29,7 @@ const WIDTH_4X: u8 = 2;
 const SPEED_SDR: u8 = 1;
 
 /// The largest IB MTU (enum) whose packets fit an Ethernet MTU of `mtu`.
-fn ib_mtu(mtu: u16) -> u32 {
+pub(crate) fn ib_mtu(mtu: u16) -> u32 {
     let payload = u32::from(mtu.saturating_sub(ROCE_OVERHEAD));
     (mtu::MTU_256..=mtu::MTU_4096)
         .rev()

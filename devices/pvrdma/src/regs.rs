@@ -110,6 +110,7 @@ fn handle_dsr_high<M: GuestMemory>(shared: &Shared, mem: &M, high: u32) {
     let gpa = u64::from(high) << 32 | u64::from(state.dsr_low);
     state.session = None;
     state.active = false;
+    env.wire.inbox.set_open(false);
     let caps = device_caps(&env.config, env.port.state().mac);
     match dsr::load(mem, gpa, &caps) {
         Ok(dsr) => {
@@ -142,6 +143,7 @@ fn handle_ctl(shared: &Shared, value: u32) {
         Ok(Ctl::Activate) => match session.as_mut() {
             Some(session) => {
                 *active = true;
+                env.wire.inbox.set_open(true);
                 session.link_up = env.port.state().link_up();
                 true
             }
@@ -151,6 +153,7 @@ fn handle_ctl(shared: &Shared, value: u32) {
         Ok(Ctl::Reset) => {
             *session = None;
             *active = false;
+            env.wire.inbox.set_open(false);
             env.irq.clear();
             true
         }

@@ -107,6 +107,24 @@ impl Ring {
             .map_err(RingError::Memory)
     }
 
+    /// Bytes of one entry (a power of two no larger than a page).
+    pub(crate) fn stride(&self) -> u32 {
+        self.stride
+    }
+
+    /// Reads the first `buf.len()` (at most `stride`) bytes of entry `idx`.
+    fn read_entry_bytes<M: GuestMemory>(
+        &self,
+        mem: &M,
+        idx: u32,
+        buf: &mut [u8],
+    ) -> Result<(), RingError> {
+        let addr = self.entry(idx).ok_or(RingError::BadIndex(idx))?;
+        let len = buf.len().min(self.stride as usize);
+        let buf = buf.get_mut(..len).ok_or(RingError::BadIndex(idx))?;
+        mem.read_slice(buf, addr).map_err(RingError::Memory)
+    }
+
     fn read_entry<M: GuestMemory, T: ByteValued>(&self, mem: &M, idx: u32) -> Result<T, RingError> {
         let addr = self.entry(idx).ok_or(RingError::BadIndex(idx))?;
         mem.read_obj(addr).map_err(RingError::Memory)
@@ -205,6 +223,15 @@ impl ConsumerRing {
     /// Reads the entry at the consumer index (its header, for WQEs).
     pub(crate) fn peek<M: GuestMemory, T: ByteValued>(&self, mem: &M) -> Result<T, RingError> {
         self.ring.read_entry(mem, self.cons)
+    }
+
+    /// Reads the entry at the consumer index into `buf` (up to a stride).
+    pub(crate) fn peek_bytes<M: GuestMemory>(
+        &self,
+        mem: &M,
+        buf: &mut [u8],
+    ) -> Result<(), RingError> {
+        self.ring.read_entry_bytes(mem, self.cons, buf)
     }
 
     /// Consumes the entry at the consumer index (not yet published).

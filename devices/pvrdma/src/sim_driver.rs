@@ -14,7 +14,7 @@ use std::mem::size_of;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use net_port::Port;
+use net_port::{FrameBackend, Port, VnetHdr};
 use pci::test_utils::{MockIoEvents, MockMsi};
 use pci::{DeviceHooks, PciBus};
 use pvrdma_abi::cmd::*;
@@ -26,6 +26,7 @@ use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, SqWqeHdr};
 use pvrdma_abi::{PAGE_SIZE, PDIR_ENTRIES_PER_PAGE};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
 mod verbs;
 mod work;
@@ -142,6 +143,7 @@ impl QpSpec {
 pub struct SimDriver {
     pub mem: Mem,
     pub port: Arc<Port>,
+    pub wire: Arc<SimWire>,
     pub msi: Arc<MockMsi>,
     pub ioevents: Arc<MockIoEvents>,
     pub bus: PciBus,
@@ -164,7 +166,72 @@ pub struct SimDriver {
     seq: u64,
 }
 
+/// The simulated wire of a [`SimDriver`]: frames the device sends are
+/// offered to the peer's port ([`SimDriver::connect`]) as a TAP on one
+/// bridge would deliver them, or kept in `sent` without a peer.
+pub struct SimWire {
+    peer: Mutex<Option<std::sync::Weak<Port>>>,
+    pub sent: Mutex<Vec<Vec<u8>>>,
+    /// Frames the peer's RDMA function did not claim.
+    pub unclaimed: std::sync::atomic::AtomicU64,
+    never: EventFd,
+}
+
+impl SimWire {
+    /// A wire with no peer: sent frames are kept in `sent`.
+    pub fn unconnected() -> Self {
+        Self {
+            peer: Mutex::new(None),
+            sent: Mutex::new(Vec::new()),
+            unclaimed: std::sync::atomic::AtomicU64::new(0),
+            never: EventFd::new(0).expect("eventfd"),
+        }
+    }
+}
+
+impl FrameBackend for SimWire {
+    fn send(&self, _: &VnetHdr, frame: &[u8]) -> std::io::Result<()> {
+        let peer = self
+            .peer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match peer.and_then(|p| p.upgrade()) {
+            Some(port) => {
+                if !port.steer_to_rdma(frame) {
+                    self.unclaimed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            None => self
+                .sent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(frame.to_vec()),
+        }
+        Ok(())
+    }
+
+    fn recv(&self, _: &mut [u8]) -> std::io::Result<Option<(VnetHdr, usize)>> {
+        Ok(None)
+    }
+
+    fn rx_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.never)
+    }
+
+    fn link_up(&self) -> bool {
+        true
+    }
+}
+
 impl SimDriver {
+    /// Joins the wires of two simulated devices, as one bridge would.
+    pub fn connect(a: &SimDriver, b: &SimDriver) {
+        *a.wire.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(&b.port));
+        *b.wire.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(&a.port));
+    }
+
     pub fn new() -> Self {
         Self::with_config(&PvrdmaConfig::default())
     }
@@ -184,8 +251,9 @@ impl SimDriver {
             msi: msi.clone(),
             ioevents: ioevents.clone(),
         };
+        let wire = Arc::new(SimWire::unconnected());
         let dev = Arc::new(Mutex::new(
-            Pvrdma::new(config, port.clone(), mem.clone(), hooks).expect("device"),
+            Pvrdma::new(config, port.clone(), wire.clone(), mem.clone(), hooks).expect("device"),
         ));
         let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1_0000_0000));
         let placed = bus
@@ -200,6 +268,7 @@ impl SimDriver {
         let mut sim = Self {
             mem,
             port,
+            wire,
             msi,
             ioevents,
             bus,

@@ -17,10 +17,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use net_port::Port;
 
 use crate::config::PvrdmaConfig;
+use crate::datapath::wire::Wire;
+use crate::datapath::Clock;
 use crate::dsr::LoadedDsr;
 use crate::events::Interrupts;
 use crate::metrics::Metrics;
 use crate::namespace::Namespace;
+use crate::objects::gid::GidTable;
 use crate::objects::Objects;
 use crate::uar::Hub;
 
@@ -35,6 +38,15 @@ pub(crate) struct Env {
     pub(crate) irq: Interrupts,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) hub: Arc<Hub>,
+    pub(crate) wire: Wire,
+    pub(crate) clock: Clock,
+}
+
+impl Env {
+    /// Sends frames the engine emitted (see [`Wire::transmit`]).
+    pub(crate) fn transmit(&self, gids: &GidTable, frames: Vec<Vec<u8>>) {
+        self.wire.transmit(gids, &self.metrics, frames);
+    }
 }
 
 #[derive(Debug)]

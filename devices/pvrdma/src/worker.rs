@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The doorbell worker: one thread per device running an event-manager
+//! The device's worker: one thread per device running an event-manager
 //! loop. Every doorbell the guest rings ends up here, whether KVM signalled
-//! the object's eventfd or the UAR MMIO path did, and so do port link
-//! changes. Today it validates what the guest claims to have posted, keeps
-//! CQ arm state, flushes QPs in the error state and reports link changes;
-//! the transport engine will take its work from here.
+//! the object's eventfd or the UAR MMIO path did, and so do RoCE frames
+//! steered off the port, the engine's timer and port link changes. QPs
+//! with an engine run through [`datapath::run_qp`]; the others only have
+//! their rings validated (or flushed, in the error state). CQ arm state
+//! and link changes are kept here too.
 //!
 //! The eventfds to watch change as objects come and go: the vCPU thread
 //! queues [`WatchOp`]s in the [`crate::uar::Hub`] and wakes the worker,
@@ -18,17 +19,24 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use device_worker::Stoppable;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
+use pvrdma_abi::verbs::qp_state;
+use rdma_transport::net::gid_from_ip;
+use rdma_transport::packet::parse;
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::timerfd::TimerFd;
 
-use crate::objects::qp;
+use crate::datapath::{self, Input, Outcome};
+
+use crate::objects::{qp, Objects};
 use crate::port::handle_link_change;
 use crate::state::Shared;
 use crate::uar::{Class, WatchOp};
@@ -38,11 +46,20 @@ use crate::uar::{Class, WatchOp};
 const KILL_EVENT: u32 = 0xff00_0000;
 const WATCH_EVENT: u32 = 0xff00_0001;
 const LINK_EVENT: u32 = 0xff00_0002;
+const INBOX_EVENT: u32 = 0xff00_0003;
+const TIMER_EVENT: u32 = 0xff00_0004;
+const KICK_EVENT: u32 = 0xff00_0005;
+/// Frames taken from the inbox per wake-up before other events get a turn.
+const RX_BATCH: usize = 256;
+/// Shortest timer the worker arms, so an overdue deadline cannot spin it.
+const MIN_TIMER: Duration = Duration::from_micros(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     #[error("Failed to create a worker eventfd")]
     EventFd(#[source] std::io::Error),
+    #[error("Failed to create the engine timer")]
+    Timer(#[source] std::io::Error),
     #[error(transparent)]
     Start(#[from] device_worker::SpawnError),
 }
@@ -61,6 +78,12 @@ pub(crate) struct Worker<M> {
     wake: EventFd,
     link: EventFd,
     watched: BTreeMap<u32, Watched>,
+    /// The engine's retransmission/RNR timer, armed for the earliest
+    /// deadline of any QP.
+    timer: TimerFd,
+    /// Wakes the worker for QPs whose budget ran out.
+    kick: EventFd,
+    busy: BTreeSet<u32>,
     stopped: bool,
 }
 
@@ -80,6 +103,9 @@ impl<M: GuestAddressSpace> Worker<M> {
             wake,
             link,
             watched: BTreeMap::new(),
+            timer: TimerFd::new().map_err(|e| SpawnError::Timer(e.into()))?,
+            kick: EventFd::new(EFD_NONBLOCK).map_err(SpawnError::EventFd)?,
+            busy: BTreeSet::new(),
             stopped: false,
         })
     }
@@ -105,22 +131,45 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
+    /// Takes what a run of QP `handle` left: frames to send, more work.
+    fn finish_run(
+        &mut self,
+        env: &crate::state::Env,
+        objects: &Objects,
+        handle: u32,
+        out: Outcome,
+    ) {
+        env.transmit(&objects.gids, out.frames);
+        if out.more && self.busy.insert(handle) {
+            if let Err(e) = self.kick.write(1) {
+                error!("pvrdma: failed to requeue QP {handle}: {e}");
+            }
+        }
+    }
+
     /// A doorbell of object `handle`; `gen` says which object it was.
-    fn handle_doorbell(&self, class: Class, handle: u32, gen: u64) {
+    fn handle_doorbell(&mut self, class: Class, handle: u32, gen: u64) {
         let mem = self.mem.memory();
-        let env = &self.shared.env;
-        let mut state = self.shared.lock();
+        let shared = Arc::clone(&self.shared);
+        let env = &shared.env;
+        let mut state = shared.lock();
         let Some(session) = state.session.as_mut() else {
             return;
         };
         let events = &mut session.dsr.events;
         let objects = &mut session.objects;
         match class {
-            Class::Qp => {
-                if objects.qps.get(&handle).is_some_and(|o| o.gen == gen) {
-                    qp::handle_doorbell(&*mem, env, events, objects, handle);
+            Class::Qp => match objects.qps.get(&handle).filter(|o| o.gen == gen) {
+                Some(o) if o.engine.is_some() => {
+                    env.metrics.doorbell_qp.inc();
+                    let now = env.clock.now();
+                    let out =
+                        datapath::run_qp(&*mem, env, events, objects, handle, now, Input::Kick);
+                    self.finish_run(env, objects, handle, out);
                 }
-            }
+                Some(_) => qp::handle_doorbell(&*mem, env, events, objects, handle),
+                None => {}
+            },
             Class::CqArm | Class::CqArmSol => {
                 if let Some(cq) = objects.cqs.get_mut(&handle).filter(|o| o.gen == gen) {
                     cq.handle_arm(&*mem, env, events, handle, class == Class::CqArmSol);
@@ -131,6 +180,125 @@ impl<M: GuestAddressSpace> Worker<M> {
                     srq.handle_doorbell(&*mem, env, events, handle);
                 }
             }
+        }
+    }
+
+    /// Frames steered to the device: each goes to the QP it names, if
+    /// that QP is ours, has an engine and is in a receiving state.
+    fn handle_inbox(&mut self) {
+        let _ = self.shared.env.wire.inbox.evt.read();
+        let frames = self.shared.env.wire.inbox.take(RX_BATCH);
+        let mem = self.mem.memory();
+        let shared = Arc::clone(&self.shared);
+        let env = &shared.env;
+        let mut state = shared.lock();
+        let active = state.active;
+        let Some(session) = state.session.as_mut().filter(|_| active) else {
+            return;
+        };
+        let events = &mut session.dsr.events;
+        let objects = &mut session.objects;
+        for frame in &frames {
+            env.metrics.roce_rx.inc();
+            let pkt = match parse(frame) {
+                Ok(pkt) => pkt,
+                Err(e) => {
+                    guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
+                    continue;
+                }
+            };
+            let ours = objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst));
+            let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied();
+            let receiving = handle.and_then(|h| objects.qps.get(&h)).is_some_and(|qp| {
+                qp.engine.is_some()
+                    && matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD)
+            });
+            let (true, true, Some(handle)) = (ours, receiving, handle) else {
+                env.metrics.roce_rx_no_qp.inc();
+                continue;
+            };
+            let now = env.clock.now();
+            let out = datapath::run_qp(
+                &*mem,
+                env,
+                events,
+                objects,
+                handle,
+                now,
+                Input::Packet(&pkt),
+            );
+            self.finish_run(env, objects, handle, out);
+        }
+        if !env.wire.inbox.is_empty() {
+            // Come back after the other events.
+            if let Err(e) = env.wire.inbox.evt.write(1) {
+                error!("pvrdma: failed to requeue received frames: {e}");
+            }
+        }
+    }
+
+    /// Runs the QPs whose deadline passed, and those left with work.
+    fn handle_timer_or_kick(&mut self, kick: bool) {
+        let busy = if kick {
+            let _ = self.kick.read();
+            std::mem::take(&mut self.busy)
+        } else {
+            let _ = self.timer.wait();
+            BTreeSet::new()
+        };
+        let mem = self.mem.memory();
+        let shared = Arc::clone(&self.shared);
+        let env = &shared.env;
+        let mut state = shared.lock();
+        let Some(session) = state.session.as_mut() else {
+            return;
+        };
+        let events = &mut session.dsr.events;
+        let objects = &mut session.objects;
+        let now = env.clock.now();
+        let due: Vec<(u32, bool)> = if kick {
+            busy.into_iter().map(|h| (h, false)).collect()
+        } else {
+            objects
+                .qps
+                .iter()
+                .filter(|(_, qp)| {
+                    qp.engine
+                        .as_ref()
+                        .and_then(|e| e.deadline())
+                        .is_some_and(|d| d <= now)
+                })
+                .map(|(&h, _)| (h, true))
+                .collect()
+        };
+        for (handle, timer) in due {
+            let input = if timer { Input::Timer } else { Input::Kick };
+            let out = datapath::run_qp(&*mem, env, events, objects, handle, now, input);
+            self.finish_run(env, objects, handle, out);
+        }
+    }
+
+    /// Arms the timer for the earliest engine deadline, or disarms it.
+    fn rearm_timer(&mut self) {
+        let state = self.shared.lock();
+        let next = state.session.as_ref().and_then(|s| {
+            s.objects
+                .qps
+                .values()
+                .filter_map(|qp| qp.engine.as_ref().and_then(|e| e.deadline()))
+                .min()
+        });
+        drop(state);
+        let result = match next {
+            Some(deadline) => {
+                let wait = deadline.saturating_sub(self.shared.env.clock.now());
+                self.timer
+                    .reset(Duration::from_nanos(wait).max(MIN_TIMER), None)
+            }
+            None => self.timer.clear(),
+        };
+        if let Err(e) = result {
+            error!("pvrdma: failed to arm the engine timer: {e}");
         }
     }
 
@@ -155,14 +323,20 @@ impl<M: GuestAddressSpace> Worker<M> {
 
 impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
     fn init(&mut self, ops: &mut EventOps) {
+        let inbox = Arc::clone(&self.shared.env.wire.inbox);
         for (fd, data) in [
             (&self.kill, KILL_EVENT),
             (&self.wake, WATCH_EVENT),
             (&self.link, LINK_EVENT),
+            (&inbox.evt, INBOX_EVENT),
+            (&self.kick, KICK_EVENT),
         ] {
             if let Err(e) = ops.add(Events::with_data(fd, data, EventSet::IN)) {
                 error!("pvrdma: failed to watch worker eventfd {data:#x}: {e}");
             }
+        }
+        if let Err(e) = ops.add(Events::with_data(&self.timer, TIMER_EVENT, EventSet::IN)) {
+            error!("pvrdma: failed to watch the engine timer: {e}");
         }
     }
 
@@ -178,6 +352,9 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 let _ = self.link.read();
                 self.handle_link();
             }
+            INBOX_EVENT => self.handle_inbox(),
+            TIMER_EVENT => self.handle_timer_or_kick(false),
+            KICK_EVENT => self.handle_timer_or_kick(true),
             data => {
                 let Some(w) = self.watched.get(&data) else {
                     return;
@@ -193,6 +370,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 }
             }
         }
+        self.rearm_timer();
     }
 }
 

@@ -621,7 +621,8 @@ fn p09_caps_consistency() {
             ..PvrdmaConfig::default()
         };
         let port = std::sync::Arc::new(net_port::Port::new([2; 6], true));
-        assert!(pvrdma::Pvrdma::new(&config, port, mem, hooks()).is_err());
+        let wire = std::sync::Arc::new(pvrdma::sim_driver::SimWire::unconnected());
+        assert!(pvrdma::Pvrdma::new(&config, port, wire, mem, hooks()).is_err());
     }
 }
 

@@ -238,6 +238,11 @@ impl<M: GuestAddressSpace> Worker<M> {
             match self.p.backend.recv(&mut self.rx_buf) {
                 Ok(Some((hdr, len))) => {
                     let frame = self.rx_buf.get(..len).unwrap_or_default();
+                    // RoCE v2 for the port's RDMA function never reaches
+                    // the guest's network stack.
+                    if hdr.is_plain() && self.p.port.steer_to_rdma(frame) {
+                        continue;
+                    }
                     delivered |= receive(st, &*mem, &self.p.intr, &self.p.metrics, &hdr, frame);
                 }
                 Ok(None) => break,
@@ -287,11 +292,9 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 }
 
-/// Every frame from the backend comes through here. This is the place
-/// where RoCE v2 frames (UDP port 4791) for the guest's addresses will be
-/// diverted to the RDMA engine of the PVRDMA function; all others go to
-/// the guest's RX queue 0 (RSS is not emulated: one queue serves every
-/// flow). Returns whether the frame was delivered.
+/// Every frame from the backend the port's RDMA function did not claim
+/// comes through here, to the guest's RX queue 0 (RSS is not emulated: one
+/// queue serves every flow). Returns whether the frame was delivered.
 fn receive<M: GuestMemory>(
     st: &mut DeviceState,
     mem: &M,

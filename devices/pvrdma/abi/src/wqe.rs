@@ -156,6 +156,21 @@ pub mod wc_opcode {
     pub const RECV_RDMA_WITH_IMM: u32 = 129;
 }
 
+/// CQE `wc_flags` (kernel `ib_wc_flags` numbering; rdma-core copies the
+/// value into `ibv_wc`, where only GRH and WITH_IMM mean the same).
+pub mod wc_flags {
+    pub const GRH: u32 = 1;
+    pub const WITH_IMM: u32 = 2;
+    pub const WITH_INVALIDATE: u32 = 4;
+    pub const WITH_NETWORK_HDR_TYPE: u32 = 0x40;
+}
+
+/// CQE `network_hdr_type` (`rdma_network_type`).
+pub mod network_type {
+    pub const IPV4: u8 = 1;
+    pub const IPV6: u8 = 2;
+}
+
 /// Send WQE opcodes as the guest writes them (`ib_wr_opcode` numbering).
 pub mod send_opcode {
     pub const RDMA_WRITE: u32 = 0;

@@ -35,6 +35,11 @@ impl GidTable {
             .ok_or(CmdError::Invalid("GID index"))
     }
 
+    /// Whether `gid` is bound (a received packet's destination must be).
+    pub(crate) fn contains(&self, gid: &[u8; 16]) -> bool {
+        self.entries.iter().flatten().any(|g| g == gid)
+    }
+
     /// The GID bound at `index`, if any.
     pub(crate) fn get(&self, index: u32) -> Option<&[u8; 16]> {
         self.entries.get(usize::try_from(index).ok()?)?.as_ref()

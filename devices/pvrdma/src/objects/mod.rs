@@ -48,6 +48,8 @@ pub(crate) struct Objects {
     pub(crate) srqs: BTreeMap<u32, srq::Srq>,
     pub(crate) mrs: BTreeMap<u32, mr::Mr>,
     pub(crate) gids: gid::GidTable,
+    /// QP handle of each QPN (received packets name the QPN).
+    pub(crate) qpns: BTreeMap<u32, u32>,
     /// Guest pages all objects map, against `Limits::max_mapped_pages`.
     mapped_pages: u64,
     /// Creation counter: tells a new object from an old one with the same
@@ -65,6 +67,7 @@ impl Objects {
             srqs: BTreeMap::new(),
             mrs: BTreeMap::new(),
             gids: gid::GidTable::new(limits.gid_tbl_len),
+            qpns: BTreeMap::new(),
             mapped_pages: 0,
             next_gen: 0,
         }
@@ -99,6 +102,12 @@ impl Objects {
             return Ok(0);
         }
         get(&self.ctxs, "context", ctx).map(|c| c.uar_index)
+    }
+
+    /// The context QP `handle` belongs to (through its PD).
+    pub(crate) fn qp_ctx(&self, handle: u32) -> Option<u32> {
+        let qp = self.qps.get(&handle)?;
+        ctx::pd_ctx(self, qp.pd).ok()
     }
 
     /// The doorbells of object `handle` of kind `owner`.

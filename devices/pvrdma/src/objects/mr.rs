@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Memory regions: CREATE_MR (user, DMA and fast-register) / DESTROY_MR.
+//! Memory regions: CREATE_MR (user, DMA and fast-register) / DESTROY_MR,
+//! fast registration and invalidation (REG_MR / LOCAL_INV work requests),
+//! and the translation of an MR's IOVAs into guest-physical pages that the
+//! data path's memory accesses go through.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,6 +13,7 @@
 use pvrdma_abi::cmd::{CreateMrReq, CreateMrResp, DestroyMrReq};
 use pvrdma_abi::verbs::{access, mr_flags};
 use pvrdma_abi::{PAGE_SIZE, PDIR_MAX_PAGES};
+use rdma_transport::verbs::{Access, FastReg, MrInfo};
 use vm_memory::GuestMemory;
 
 use super::ctx::{pd_ctx, release_pd, take_pd};
@@ -26,21 +30,39 @@ const MR_ACCESS: u32 = access::LOCAL_WRITE
     | access::REMOTE_ATOMIC
     | access::MW_BIND;
 
+/// IOVAs `[iova, iova + len)` backed by guest pages: page `i` holds the
+/// IOVAs from `(iova & !0xfff) + i * 4096`, as snapshotted at registration.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    iova: u64,
+    len: u64,
+    pages: Vec<u64>,
+}
+
+impl Mapping {
+    /// The guest address of `iova` and the bytes from there to the end of
+    /// its page, if `iova` is mapped.
+    fn translate(&self, iova: u64) -> Option<(u64, u64)> {
+        let rel = iova.checked_sub(self.iova & !(PAGE_SIZE - 1))?;
+        let page = self.pages.get(usize::try_from(rel / PAGE_SIZE).ok()?)?;
+        let in_page = rel % PAGE_SIZE;
+        Some((page.checked_add(in_page)?, PAGE_SIZE.checked_sub(in_page)?))
+    }
+}
+
 /// What an MR maps.
 #[derive(Debug)]
-#[expect(dead_code, reason = "read by the transport engine (next issue)")]
 pub(crate) enum Region {
     /// All of guest memory, addressed by GPA; kernel PDs, local access only.
     Dma,
-    /// Up to `max_pages` pages, mapped later by a fast-register WR.
-    Fast { max_pages: u32 },
-    /// `length` bytes at IOVA `start`, backed by `pages` (the first holds
-    /// `start`), as snapshotted at registration.
-    User {
-        start: u64,
-        length: u64,
-        pages: Vec<u64>,
+    /// Up to `max_pages` pages, mapped by a REG_MR work request, unmapped
+    /// by LOCAL_INV (or SEND_WITH_INV).
+    Fast {
+        max_pages: u32,
+        map: Option<Mapping>,
     },
+    /// A user registration.
+    User(Mapping),
 }
 
 #[derive(Debug)]
@@ -48,17 +70,81 @@ pub(crate) struct Mr {
     pub(crate) pd: u32,
     /// Pages charged to the mapping budget.
     pub(crate) pages: u64,
-    #[expect(dead_code, reason = "read by the transport engine (next issue)")]
     pub(crate) region: Region,
-    #[expect(dead_code, reason = "read by the transport engine (next issue)")]
     pub(crate) access: u32,
-    /// lkey and rkey (the same value).
-    #[expect(dead_code, reason = "read by the transport engine (next issue)")]
+    /// lkey and rkey (the same value); REG_MR may change its key byte.
     pub(crate) key: u32,
 }
 
-/// `ib_check_mr_access`: known bits only, and remote write or atomic
-/// access needs local write. Returns the bits the device keeps.
+impl Mr {
+    /// What the data path may do with the MR, `None` while a fast-register
+    /// MR is invalid.
+    pub(crate) fn info(&self) -> Option<MrInfo> {
+        let (iova, len) = match &self.region {
+            Region::Dma => (0, u64::MAX),
+            Region::Fast { map: None, .. } => return None,
+            Region::Fast { map: Some(m), .. } | Region::User(m) => (m.iova, m.len),
+        };
+        Some(MrInfo {
+            pd: self.pd,
+            access: Access::from_bits_truncate(self.access),
+            iova,
+            len,
+        })
+    }
+
+    /// Guest address of `iova` and how many bytes are contiguous from
+    /// there (to the end of its page; for the DMA MR, unbounded).
+    pub(crate) fn translate(&self, iova: u64) -> Option<(u64, u64)> {
+        match &self.region {
+            Region::Dma => Some((iova, u64::MAX.saturating_sub(iova))),
+            Region::Fast { map: None, .. } => None,
+            Region::Fast { map: Some(m), .. } | Region::User(m) => m.translate(iova),
+        }
+    }
+
+    /// LOCAL_INV / SEND_WITH_INV of `key` from PD `pd`: only a valid
+    /// fast-register MR of that PD with that exact key.
+    pub(crate) fn invalidate(&mut self, key: u32, pd: u32) -> bool {
+        match &mut self.region {
+            Region::Fast { map, .. } if self.key == key && self.pd == pd && map.is_some() => {
+                *map = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// REG_MR: maps an invalid fast-register MR of PD `pd` over the page
+    /// list at `fr.page_list` (a page directory, read and checked here).
+    pub(crate) fn fast_reg<M: GuestMemory>(&mut self, mem: &M, fr: &FastReg, pd: u32) -> bool {
+        let Region::Fast { max_pages, map } = &mut self.region else {
+            return false;
+        };
+        let same_index = fr.key >> 8 == self.key >> 8;
+        let fits = fr.len > 0
+            && fr.pages <= *max_pages
+            && spanned_pages(fr.iova, fr.len).is_some_and(|p| p <= u64::from(fr.pages));
+        let Ok(access) = check_access(fr.access) else {
+            return false;
+        };
+        if !same_index || !fits || self.pd != pd || map.is_some() {
+            return false;
+        }
+        let pages =
+            PageDir::new(mem, fr.page_list, fr.pages).and_then(|dir| dir.pages(mem, 0..fr.pages));
+        let Ok(pages) = pages else { return false };
+        *map = Some(Mapping {
+            iova: fr.iova,
+            len: fr.len,
+            pages,
+        });
+        self.key = fr.key;
+        self.access = access;
+        true
+    }
+}
+
 fn check_access(flags: u32) -> Result<u32, CmdError> {
     let kept = flags & !access::OPTIONAL;
     check(kept & !MR_ACCESS == 0, "MR access flags")?;
@@ -101,7 +187,13 @@ fn region<M: GuestMemory>(
             let pages = u64::from(req.nchunks);
             cx.s.objects.check_pages(limits, pages)?;
             let max_pages = req.nchunks;
-            Ok((Region::Fast { max_pages }, pages))
+            Ok((
+                Region::Fast {
+                    max_pages,
+                    map: None,
+                },
+                pages,
+            ))
         }
         0 => {
             check((1..=limits.max_mr_size).contains(&req.length), "MR length")?;
@@ -112,15 +204,12 @@ fn region<M: GuestMemory>(
             cx.s.objects.check_pages(limits, spanned)?;
             let pdir = PageDir::new(cx.mem, req.pdir_dma, req.nchunks)?;
             let pages = pdir.pages(cx.mem, 0..req.nchunks)?;
-            let (start, length) = (req.start, req.length);
-            Ok((
-                Region::User {
-                    start,
-                    length,
-                    pages,
-                },
-                spanned,
-            ))
+            let map = Mapping {
+                iova: req.start,
+                len: req.length,
+                pages,
+            };
+            Ok((Region::User(map), spanned))
         }
         _ => Err(CmdError::Invalid("MR flags")),
     }

@@ -37,6 +37,8 @@ use crate::ring::{ConsumerRing, Ring, RingError};
 use crate::state::{Ctx, Env};
 use crate::uar::{Doorbell, Doorbells};
 
+type Engine = rdma_transport::qp::Qp;
+
 #[derive(Debug)]
 pub(crate) struct Qp {
     pub(crate) gen: u64,
@@ -51,7 +53,6 @@ pub(crate) struct Qp {
     /// `None` with an SRQ.
     pub(crate) rq: Option<ConsumerRing>,
     pub(crate) cap: QpCap,
-    #[expect(dead_code, reason = "read by the transport engine (next issue)")]
     pub(crate) sq_sig_all: bool,
     /// `verbs::qp_state`.
     pub(crate) state: u32,
@@ -61,6 +62,8 @@ pub(crate) struct Qp {
     pub(crate) events: u32,
     pub(crate) pages: u64,
     pub(crate) doorbells: Doorbells,
+    /// The transport engine, from RTR until RESET or destruction.
+    pub(crate) engine: Option<Box<Engine>>,
 }
 
 /// Checks a work queue's size and SGE count; returns its stride.
@@ -283,8 +286,10 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             events: 0,
             pages: mapped,
             doorbells,
+            engine: None,
         },
     );
+    cx.s.objects.qpns.insert(qpn, handle);
     Ok(if v2 {
         encode(&CreateQpRespV2 {
             qpn,
@@ -343,6 +348,7 @@ pub(crate) fn handle_destroy_qp<M>(
         srq.refs.release();
     }
     objects.sub_pages(qp.pages);
+    objects.qpns.remove(&qp.qpn);
     free_ids(&mut cx.s.ns, handle, qp.qpn);
     Ok(DestroyQpResp {
         events_reported: qp.events,
@@ -351,7 +357,7 @@ pub(crate) fn handle_destroy_qp<M>(
 }
 
 /// The completion opcode of a send WQE's opcode.
-fn wc_opcode(opcode: u32) -> u32 {
+pub(crate) fn wc_opcode(opcode: u32) -> u32 {
     match opcode {
         send_opcode::RDMA_WRITE | send_opcode::RDMA_WRITE_WITH_IMM => wc_opcode::RDMA_WRITE,
         send_opcode::RDMA_READ => wc_opcode::RDMA_READ,
@@ -428,7 +434,16 @@ fn flush<M: GuestMemory>(
 }
 
 impl Qp {
-    fn post_event<M: GuestMemory>(
+    /// Validates the producer indices of both rings.
+    pub(crate) fn check_rings<M: GuestMemory>(&self, mem: &M) -> Result<(), RingError> {
+        self.sq.pending(mem)?;
+        if let Some(rq) = self.rq.as_ref() {
+            rq.pending(mem)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_event<M: GuestMemory>(
         &mut self,
         mem: &M,
         env: &Env,
@@ -440,8 +455,27 @@ impl Qp {
         events.post_async(mem, &env.irq, &env.metrics, event_type, handle);
     }
 
-    /// Moves the QP to the error state: outstanding work is flushed and an
-    /// SRQ user hears that its last WQE was reached.
+    /// Moves the QP to the error state and stops its engine; an SRQ user
+    /// hears that its last WQE was reached. What the engine holds is
+    /// flushed by its next run, which then flushes the rings.
+    pub(crate) fn set_error_state<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+    ) {
+        let was = std::mem::replace(&mut self.state, qp_state::ERR);
+        if let Some(engine) = self.engine.as_mut() {
+            engine.set_error();
+        }
+        if was != qp_state::ERR && self.srq.is_some() {
+            self.post_event(mem, env, events, handle, event::QP_LAST_WQE_REACHED);
+        }
+    }
+
+    /// Moves the QP to the error state and flushes the work still in its
+    /// rings (the engine's, if any, must have been flushed before).
     pub(crate) fn enter_error<M: GuestMemory>(
         &mut self,
         mem: &M,
@@ -450,11 +484,20 @@ impl Qp {
         handle: u32,
         cqs: &mut BTreeMap<u32, Cq>,
     ) {
-        let was = std::mem::replace(&mut self.state, qp_state::ERR);
+        self.set_error_state(mem, env, events, handle);
+        self.flush_rings(mem, env, events, handle, cqs);
+    }
+
+    /// Completes every WQE left in the rings with WR_FLUSH_ERR.
+    pub(crate) fn flush_rings<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+        cqs: &mut BTreeMap<u32, Cq>,
+    ) {
         flush(mem, env, events, self, handle, cqs);
-        if was != qp_state::ERR && self.srq.is_some() {
-            self.post_event(mem, env, events, handle, event::QP_LAST_WQE_REACHED);
-        }
     }
 }
 

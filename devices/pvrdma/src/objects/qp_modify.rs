@@ -21,6 +21,7 @@ use super::get_mut;
 use super::gid::GidTable;
 use crate::caps::{MAX_PKEYS, MAX_RD_ATOMIC, PORT_NUM};
 use crate::cmd::{check, CmdError};
+use crate::datapath::{self, Input};
 use crate::state::Ctx;
 
 /// QP access flags: local write, remote write/read/atomic, MW bind.
@@ -242,20 +243,39 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
     )?;
     check_attrs(mask, a, gids)?;
 
+    let before = qp.attrs;
     apply(&mut qp.attrs, mask, a);
+    let events = &mut cx.s.dsr.events;
     match next {
         s::RESET => {
             // The guest zeroes the ring indices itself.
             qp.state = s::RESET;
             qp.attrs = QpAttr::default();
+            qp.engine = None;
             qp.sq.reset();
             if let Some(rq) = qp.rq.as_mut() {
                 rq.reset();
             }
         }
-        s::ERR => {
-            let events = &mut cx.s.dsr.events;
-            qp.enter_error(cx.mem, cx.env, events, handle, &mut objects.cqs);
+        s::ERR if qp.engine.is_some() => {
+            // The engine's WQEs are older than the rings': flush them first.
+            qp.set_error_state(cx.mem, cx.env, events, handle);
+            let now = cx.env.clock.now();
+            let out = datapath::run_qp(cx.mem, cx.env, events, objects, handle, now, Input::Kick);
+            cx.env.transmit(&objects.gids, out.frames);
+        }
+        s::ERR => qp.enter_error(cx.mem, cx.env, events, handle, &mut objects.cqs),
+        s::RTR | s::RTS | s::SQD => {
+            let port = cx.env.port.state();
+            let Some(attrs) = datapath::engine_attrs(qp, gids, port.mac, port.mtu) else {
+                qp.attrs = before;
+                return Err(CmdError::Invalid("QP address vector"));
+            };
+            match qp.engine.as_mut() {
+                Some(engine) => engine.modify(attrs),
+                None => qp.engine = Some(Box::new(rdma_transport::qp::Qp::new(attrs))),
+            }
+            qp.state = next;
         }
         _ => qp.state = next,
     }

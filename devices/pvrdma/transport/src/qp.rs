@@ -166,6 +166,16 @@ pub struct Qp {
     pub metrics: Metrics,
 }
 
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp")
+            .field("qpn", &self.attrs.qpn)
+            .field("error", &self.error)
+            .field("sq", &self.sq.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The completer's view of the oldest WQE, if it was sent.
 fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
     let s = sq.front()?;
@@ -212,6 +222,18 @@ impl Qp {
     /// Send WQEs queued and not yet completed.
     pub fn send_queue_len(&self) -> usize {
         self.sq.len()
+    }
+
+    /// When [`Qp::on_timer`] has work (retransmission or the end of an RNR
+    /// wait), in the caller's clock.
+    pub fn deadline(&self) -> Option<u64> {
+        if self.error || self.attrs.ud {
+            return None;
+        }
+        match (self.comp.deadline, self.comp.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The attributes in force.

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The engine's view of the device's memory regions ([`MrTable`] over the
+//! session's MRs and guest memory).
+//!
+//! Every byte the data path writes into guest memory (received payloads,
+//! READ responses, atomic results) goes through [`GuestMrs::write`], and
+//! so through vm-memory's `write_slice`, which marks the pages in the
+//! dirty bitmap migration reads. CQEs and ring indices go through the
+//! rings, which write the same way.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::collections::BTreeMap;
+
+use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
+use vm_memory::{Bytes, GuestAddress, GuestMemory};
+
+use crate::objects::mr::Mr;
+
+/// The MRs of one session over guest memory.
+pub(crate) struct GuestMrs<'a, M> {
+    pub(crate) mem: &'a M,
+    pub(crate) mrs: &'a mut BTreeMap<u32, Mr>,
+}
+
+/// The MR index of a key (lkey = rkey = `index << 8 | key byte`).
+const fn index(key: u32) -> u32 {
+    key >> 8
+}
+
+impl<M: GuestMemory> GuestMrs<'_, M> {
+    fn mr(&self, key: u32) -> Option<&Mr> {
+        self.mrs.get(&index(key)).filter(|mr| mr.key == key)
+    }
+
+    /// Calls `f(gpa, range of buf)` for each guest-contiguous piece of
+    /// `[iova, iova + len)` of MR `key`.
+    fn pieces(
+        &self,
+        key: u32,
+        iova: u64,
+        len: usize,
+        mut f: impl FnMut(GuestAddress, std::ops::Range<usize>) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        let mr = self.mr(key).ok_or(MemError)?;
+        let mut done = 0usize;
+        while done < len {
+            let at = iova
+                .checked_add(u64::try_from(done).map_err(|_| MemError)?)
+                .ok_or(MemError)?;
+            let (gpa, room) = mr.translate(at).ok_or(MemError)?;
+            let left = len.checked_sub(done).ok_or(MemError)?;
+            let n = usize::try_from(room).unwrap_or(usize::MAX).min(left);
+            if n == 0 {
+                return Err(MemError);
+            }
+            let end = done.checked_add(n).ok_or(MemError)?;
+            f(GuestAddress(gpa), done..end)?;
+            done = end;
+        }
+        Ok(())
+    }
+}
+
+impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
+    fn lookup(&self, key: u32) -> Option<MrInfo> {
+        self.mr(key)?.info()
+    }
+
+    fn read(&self, key: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let mem = self.mem;
+        let len = buf.len();
+        self.pieces(key, iova, len, |gpa, range| {
+            let dst = buf.get_mut(range).ok_or(MemError)?;
+            mem.read_slice(dst, gpa).map_err(|_| MemError)
+        })
+    }
+
+    fn write(&mut self, key: u32, iova: u64, data: &[u8]) -> Result<(), MemError> {
+        let mem = self.mem;
+        self.pieces(key, iova, data.len(), |gpa, range| {
+            let src = data.get(range).ok_or(MemError)?;
+            mem.write_slice(src, gpa).map_err(|_| MemError)
+        })
+    }
+
+    fn invalidate(&mut self, key: u32, pd: u32) -> bool {
+        self.mrs
+            .get_mut(&index(key))
+            .is_some_and(|mr| mr.invalidate(key, pd))
+    }
+
+    fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool {
+        let mem = self.mem;
+        self.mrs
+            .get_mut(&index(fr.key))
+            .is_some_and(|mr| mr.fast_reg(mem, fr, pd))
+    }
+}

@@ -1,0 +1,426 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The data path: the RoCE v2 engine of `rdma-transport` run over the
+//! device's objects. The worker thread calls [`run_qp`] for a QP when its
+//! doorbell rings, a frame arrives for it or its timer expires; each call
+//! takes the guest's new send WQEs into the engine, lets the engine act,
+//! and turns its completions into CQEs, all under the state lock and
+//! within a fixed work budget.
+//!
+//! `wqe` decodes work requests from the rings, `mem` is the engine's view
+//! of MRs over guest memory, `wire` the frames in and out.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+pub(crate) mod mem;
+pub(crate) mod wire;
+pub(crate) mod wqe;
+
+use std::collections::BTreeMap;
+
+use pvrdma_abi::verbs::{mtu, qp_state, qp_type};
+use pvrdma_abi::wqe::{network_type, wc_flags, wc_status, Cqe};
+use rdma_transport::net::Mac;
+use rdma_transport::packet::Packet;
+use rdma_transport::psn::Psn;
+use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
+use rdma_transport::verbs::{CompletionSink, ImmOrInv, WorkCompletion};
+use vm_memory::GuestMemory;
+
+use self::mem::GuestMrs;
+use self::wire::Frames;
+use self::wqe::{peek_send, GuestRecvQueue};
+use crate::events::EventRings;
+use crate::objects::cq::Cq;
+use crate::objects::gid::GidTable;
+use crate::objects::qp::Qp;
+use crate::objects::{Objects, KERNEL_CTX};
+use crate::port::ib_mtu;
+use crate::state::Env;
+
+/// The engine's clock: nanoseconds since the device was created.
+#[derive(Debug)]
+pub(crate) struct Clock(std::time::Instant);
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Packets (or flushed WQEs) one QP may produce per call before the
+/// worker gives other QPs and events a turn.
+pub(crate) const BUDGET: usize = 64;
+
+/// Why the worker runs a QP.
+#[derive(Clone, Copy)]
+pub(crate) enum Input<'p> {
+    /// A doorbell (new WQEs), or left-over work.
+    Kick,
+    /// A frame addressed to the QP.
+    Packet(&'p Packet<'p>),
+    /// Time passed (`now` reached its deadline).
+    Timer,
+}
+
+/// What a [`run_qp`] call leaves to the worker.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// Frames to transmit.
+    pub(crate) frames: Vec<Vec<u8>>,
+    /// The budget ran out: call again.
+    pub(crate) more: bool,
+}
+
+/// Completions collected during one engine call, posted afterwards (the
+/// CQs live beside the QP in [`Objects`]).
+#[derive(Default)]
+struct Completions(Vec<(WorkCompletion, bool)>);
+
+impl CompletionSink for Completions {
+    fn complete(&mut self, wc: WorkCompletion, send: bool) {
+        self.0.push((wc, send));
+    }
+}
+
+/// The CQE of a completion of QP `handle` (`kernel`: a kernel QP, whose
+/// driver reads `network_hdr_type`).
+fn cqe(handle: u32, wc: &WorkCompletion, kernel: bool) -> Cqe {
+    let mut cqe = Cqe {
+        wr_id: wc.wr_id,
+        qp: handle.into(),
+        opcode: wc.opcode as u32,
+        status: wc.status as u32,
+        byte_len: wc.byte_len,
+        src_qp: wc.src_qpn,
+        port_num: crate::caps::PORT_NUM,
+        ..Cqe::default()
+    };
+    match wc.imm_or_inv {
+        Some(ImmOrInv::Imm(imm)) => {
+            cqe.wc_flags |= wc_flags::WITH_IMM;
+            // Big-endian in the CQE, as it was in the sender's WQE.
+            cqe.imm_data = imm.swap_bytes();
+        }
+        Some(ImmOrInv::Inv(key)) => {
+            cqe.wc_flags |= wc_flags::WITH_INVALIDATE;
+            cqe.imm_data = key;
+        }
+        None => {}
+    }
+    if let Some(src) = wc.ud_src {
+        cqe.wc_flags |= wc_flags::GRH;
+        cqe.smac = src.smac;
+        if kernel {
+            cqe.wc_flags |= wc_flags::WITH_NETWORK_HDR_TYPE;
+            cqe.network_hdr_type = if src.ipv6 {
+                network_type::IPV6
+            } else {
+                network_type::IPV4
+            };
+        }
+    }
+    cqe
+}
+
+/// The engine attributes of `qp` as modify_qp left them; `None` when its
+/// address vector cannot be resolved (source GID gone, IP versions mixed).
+pub(crate) fn engine_attrs(qp: &Qp, gids: &GidTable, mac: Mac, port_mtu: u16) -> Option<QpAttrs> {
+    let a = &qp.attrs;
+    let ud = qp.qp_type != qp_type::RC;
+    let port = mtu::bytes(ib_mtu(port_mtu)).unwrap_or(256);
+    let path = if ud {
+        port
+    } else {
+        mtu::bytes(a.path_mtu).unwrap_or(port).min(port)
+    };
+    let addr = if ud {
+        wire::no_addr()
+    } else {
+        let ah = &a.ah_attr;
+        let sgid = *gids.get(ah.grh.sgid_index.into())?;
+        let g = &ah.grh;
+        wire::addr(
+            mac,
+            sgid,
+            g.dgid,
+            ah.dmac,
+            g.traffic_class,
+            g.hop_limit,
+            g.flow_label,
+            qp.qpn,
+        )?
+    };
+    Some(QpAttrs {
+        qpn: qp.qpn,
+        dest_qpn: a.dest_qp_num,
+        pd: qp.pd,
+        mtu: path,
+        ud,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        min_rnr_timer: a.min_rnr_timer,
+        qkey: a.qkey,
+        sq_psn: Psn::new(a.sq_psn),
+        rq_psn: Psn::new(a.rq_psn),
+        addr,
+    })
+}
+
+/// Takes the guest's new send WQEs into the engine, up to the queue's
+/// size. A WQE that does not decode completes with an error and fails
+/// the QP, as a HCA's local QP operation error does.
+#[allow(clippy::too_many_arguments)]
+fn fetch_sends<M: GuestMemory>(
+    mem: &M,
+    env: &Env,
+    qp: &mut Qp,
+    engine: &mut Engine,
+    handle: u32,
+    gids: &GidTable,
+    mac: Mac,
+    cq: &mut Completions,
+) {
+    let ud = qp.qp_type != qp_type::RC;
+    let cap = usize::try_from(qp.cap.max_send_wr).unwrap_or(usize::MAX);
+    let mut taken = false;
+    while engine.send_queue_len() < cap && !engine.is_error() {
+        match qp.sq.pending(mem) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                guest_warn!(env.metrics.ring_invalid, "qp={handle}: send ring: {e}");
+                engine.set_error();
+                break;
+            }
+        }
+        let decoded = peek_send(mem, &qp.sq, qp.cap.max_send_sge, ud, qp.sq_sig_all);
+        qp.sq.advance();
+        taken = true;
+        let mut entry = match decoded {
+            Ok(d) => {
+                let ah = d.av.and_then(|av| {
+                    let sgid = *gids.get(av.gid_index.into())?;
+                    let (tc, hl, fl) = (av.tclass, av.hop_limit, av.flow_label);
+                    wire::addr(mac, sgid, av.dgid, av.dmac, tc, hl, fl, qp.qpn)
+                });
+                if ud && ah.is_none() {
+                    guest_warn!(env.metrics.wqe_invalid, "qp={handle}: bad address vector");
+                    fail_send(
+                        engine,
+                        cq,
+                        d.entry.wqe.wr_id,
+                        d.entry.wqe.opcode.wc_opcode() as u32,
+                        handle,
+                    );
+                    continue;
+                }
+                let mut e = d.entry;
+                e.ah = ah;
+                e
+            }
+            Err(bad) => {
+                guest_warn!(env.metrics.wqe_invalid, "qp={handle}: {}", bad.error);
+                fail_send(
+                    engine,
+                    cq,
+                    bad.wr_id,
+                    crate::objects::qp::wc_opcode(bad.opcode),
+                    handle,
+                );
+                continue;
+            }
+        };
+        if ud {
+            // The kernel substitutes the QP's Q_Key when bit 31 is set.
+            if entry.wqe.remote.ud_qkey & 0x8000_0000 != 0 && qp.qp_type == qp_type::GSI {
+                entry.wqe.remote.ud_qkey = qp.attrs.qkey;
+            }
+        }
+        if engine.post_send(entry).is_err() {
+            guest_warn!(env.metrics.wqe_invalid, "qp={handle}: send WQE refused");
+            engine.set_error();
+        }
+    }
+    if taken {
+        if let Err(e) = qp.sq.publish(mem) {
+            guest_warn!(env.metrics.ring_invalid, "qp={handle}: send ring: {e}");
+            engine.set_error();
+        }
+    }
+}
+
+/// Completes a WQE that never reached the engine with a local QP
+/// operation error and fails the QP.
+fn fail_send(engine: &mut Engine, cq: &mut Completions, wr_id: u64, opcode: u32, handle: u32) {
+    engine.set_error();
+    cq.0.push((
+        WorkCompletion {
+            wr_id,
+            status: rdma_transport::verbs::WcStatus::LocQpOpErr,
+            opcode: wc_opcode_of(opcode),
+            byte_len: 0,
+            imm_or_inv: None,
+            qpn: handle,
+            src_qpn: 0,
+            ud_src: None,
+        },
+        true,
+    ));
+}
+
+fn wc_opcode_of(opcode: u32) -> rdma_transport::verbs::WcOpcode {
+    use pvrdma_abi::wqe::wc_opcode as W;
+    use rdma_transport::verbs::WcOpcode as O;
+    match opcode {
+        W::RDMA_WRITE => O::RdmaWrite,
+        W::RDMA_READ => O::RdmaRead,
+        W::COMP_SWAP => O::CompSwap,
+        W::FETCH_ADD => O::FetchAdd,
+        W::LOCAL_INV => O::LocalInv,
+        W::REG_MR => O::RegMr,
+        _ => O::Send,
+    }
+}
+
+/// Posts collected completions to the QP's CQs.
+#[allow(clippy::too_many_arguments)]
+fn post_completions<M: GuestMemory>(
+    mem: &M,
+    env: &Env,
+    events: &mut EventRings,
+    cqs: &mut BTreeMap<u32, Cq>,
+    qp: &Qp,
+    handle: u32,
+    kernel: bool,
+    done: Completions,
+) {
+    for (wc, send) in done.0 {
+        let cq_handle = if send { qp.send_cq } else { qp.recv_cq };
+        let Some(cq) = cqs.get_mut(&cq_handle) else {
+            continue;
+        };
+        match wc.status as u32 {
+            wc_status::SUCCESS => {}
+            wc_status::WR_FLUSH_ERR => {
+                env.metrics.wqe_flushed.inc();
+            }
+            _ => {
+                env.metrics.wqe_error.inc();
+            }
+        }
+        cq.post(mem, env, events, cq_handle, &cqe(handle, &wc, kernel), true);
+    }
+}
+
+/// Runs QP `handle` once for `input` at time `now` (nanoseconds).
+pub(crate) fn run_qp<M: GuestMemory>(
+    mem: &M,
+    env: &Env,
+    events: &mut EventRings,
+    objects: &mut Objects,
+    handle: u32,
+    now: u64,
+    input: Input<'_>,
+) -> Outcome {
+    let kernel = objects.qp_ctx(handle) == Some(KERNEL_CTX);
+    let Objects {
+        qps,
+        cqs,
+        srqs,
+        mrs,
+        gids,
+        ..
+    } = objects;
+    let Some(qp) = qps.get_mut(&handle) else {
+        return Outcome::default();
+    };
+    let Some(mut engine) = qp.engine.take() else {
+        return Outcome::default();
+    };
+    let port = env.port.state();
+    let mut done = Completions::default();
+    if matches!(input, Input::Kick) && !engine.is_error() {
+        // What the guest claims to have posted must make sense: a bad
+        // index is fatal for the QP (QP_FATAL, then the error state).
+        if let Err(e) = qp.check_rings(mem) {
+            guest_warn!(env.metrics.ring_invalid, "qp={handle}: {e}");
+            qp.post_event(mem, env, events, handle, pvrdma_abi::wqe::event::QP_FATAL);
+            engine.set_error();
+        }
+    }
+    if qp.state == qp_state::RTS && !engine.is_error() {
+        fetch_sends(mem, env, qp, &mut engine, handle, gids, port.mac, &mut done);
+    }
+    let mut frames = Frames::default();
+    let mut recv_error = None;
+    let work = {
+        let srq = qp.srq.and_then(|h| srqs.get_mut(&h));
+        let mut rq = match (srq, qp.rq.as_mut()) {
+            (Some(srq), _) => Some(GuestRecvQueue::new(mem, &mut srq.ring, srq.max_sge)),
+            (None, Some(rq)) => Some(GuestRecvQueue::new(mem, rq, qp.cap.max_recv_sge)),
+            (None, None) => None,
+        };
+        let mut mrs = GuestMrs { mem, mrs };
+        let mut io = Io {
+            mr: &mut mrs,
+            cq: &mut done,
+            net: &mut frames,
+            srq: rq
+                .as_mut()
+                .map(|q| q as &mut dyn rdma_transport::resp::RecvQueue),
+        };
+        match input {
+            Input::Packet(pkt) => engine.on_packet(pkt, now, &mut io),
+            Input::Timer => engine.on_timer(now, &mut io),
+            Input::Kick => {}
+        }
+        let budget = if engine.is_error() {
+            usize::MAX
+        } else {
+            BUDGET
+        };
+        let work = engine.flush(now, &mut io, budget);
+        if let Some(q) = rq {
+            recv_error = q.error;
+        }
+        work
+    };
+    if let Some(e) = recv_error {
+        guest_warn!(env.metrics.wqe_invalid, "qp={handle}: receive queue: {e}");
+        engine.set_error();
+        engine.flush(
+            now,
+            &mut Io {
+                mr: &mut GuestMrs { mem, mrs },
+                cq: &mut done,
+                net: &mut frames,
+                srq: None,
+            },
+            usize::MAX,
+        );
+    }
+    let failed = engine.is_error();
+    let more = !failed && work >= BUDGET;
+    qp.engine = Some(engine);
+    post_completions(mem, env, events, cqs, qp, handle, kernel, done);
+    if failed && qp.state != qp_state::ERR {
+        // A transport error (retry exceeded, fatal NAK, bad WQE): the QP
+        // is in the error state; what the engine never took is flushed.
+        qp.enter_error(mem, env, events, handle, cqs);
+    } else if failed {
+        qp.flush_rings(mem, env, events, handle, cqs);
+    }
+    Outcome {
+        frames: frames.0,
+        more,
+    }
+}

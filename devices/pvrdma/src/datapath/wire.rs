@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The device's side of the wire: RoCE v2 frames in (steered off the
+//! shared port before the NIC sees them) and out (through the port's
+//! backend), and the addressing of outgoing frames from GIDs and MACs.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use net_port::{FrameBackend, VnetHdr};
+use rdma_transport::net::{gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac};
+use rdma_transport::packet::Addr;
+use rdma_transport::verbs::PacketSink;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::metrics::Metrics;
+use crate::objects::gid::GidTable;
+
+/// Received frames waiting for the worker: beyond this, frames are
+/// dropped (RC retransmits them), so a flood cannot grow the VMM.
+pub(crate) const INBOX_FRAMES: usize = 1024;
+/// Default hop limit / TTL of RoCE v2 packets (rxe's).
+const DEFAULT_HOP_LIMIT: u8 = 64;
+
+/// RoCE v2 frames steered to the device, for the worker.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    frames: Mutex<VecDeque<Vec<u8>>>,
+    /// Signalled when a frame is queued.
+    pub(crate) evt: EventFd,
+    /// The guest driver has activated the device: until then (and after
+    /// RESET) RoCE frames go to the NIC like any other.
+    open: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl Inbox {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        Ok(Self {
+            frames: Mutex::new(VecDeque::new()),
+            evt: EventFd::new(EFD_NONBLOCK)?,
+            open: AtomicBool::new(false),
+            metrics,
+        })
+    }
+
+    pub(crate) fn set_open(&self, open: bool) {
+        self.open.store(open, Ordering::Release);
+        if !open {
+            self.frames
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+    }
+
+    /// Takes `frame` if it is RoCE v2 and the device is active; true if
+    /// taken (queued, or dropped for lack of room).
+    pub(crate) fn offer(&self, frame: &[u8]) -> bool {
+        if !self.open.load(Ordering::Acquire) || parse_layers(frame).is_err() {
+            return false;
+        }
+        self.push(frame.to_vec());
+        true
+    }
+
+    /// Queues a frame for the worker (also the loopback path).
+    pub(crate) fn push(&self, frame: Vec<u8>) {
+        let mut frames = self.frames.lock().unwrap_or_else(PoisonError::into_inner);
+        if frames.len() >= INBOX_FRAMES {
+            self.metrics.roce_rx_dropped.inc();
+            return;
+        }
+        frames.push_back(frame);
+        drop(frames);
+        if let Err(e) = self.evt.write(1) {
+            log::warn!("pvrdma: cannot wake the worker for a received frame: {e}");
+        }
+    }
+
+    /// Up to `max` queued frames, oldest first.
+    pub(crate) fn take(&self, max: usize) -> Vec<Vec<u8>> {
+        let mut frames = self.frames.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = frames.len().min(max);
+        frames.drain(..n).collect()
+    }
+
+    /// Frames still queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.frames
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+}
+
+/// Frames the engine emitted during one call, sent afterwards.
+#[derive(Debug, Default)]
+pub(crate) struct Frames(pub(crate) Vec<Vec<u8>>);
+
+impl PacketSink for Frames {
+    fn send(&mut self, frame: Vec<u8>) {
+        self.0.push(frame);
+    }
+}
+
+/// Where outgoing frames go: back into our own inbox when addressed to one
+/// of our own GIDs (a TAP does not reflect a frame to its sender), else
+/// onto the port's backend.
+pub(crate) fn transmit(
+    backend: &dyn FrameBackend,
+    inbox: &Inbox,
+    metrics: &Metrics,
+    frames: Vec<Vec<u8>>,
+    is_local: impl Fn(IpAddr) -> bool,
+) {
+    for frame in frames {
+        let local = parse_layers(&frame).is_ok_and(|l| is_local(l.ip.dst));
+        if local {
+            metrics.roce_loopback.inc();
+            inbox.push(frame);
+            continue;
+        }
+        match backend.send(&VnetHdr::default(), &frame) {
+            Ok(()) => {
+                metrics.roce_tx.inc();
+            }
+            Err(e) => {
+                guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
+            }
+        }
+    }
+}
+
+/// Addressing of frames from `sgid` (ours) to `dgid` at `dmac`; `None`
+/// when the two GIDs are not of the same IP version.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn addr(
+    src_mac: Mac,
+    sgid: [u8; 16],
+    dgid: [u8; 16],
+    dst_mac: Mac,
+    tclass: u8,
+    hop_limit: u8,
+    flow_label: u32,
+    qpn: u32,
+) -> Option<Addr> {
+    let (src, dst) = (ip_from_gid(sgid), ip_from_gid(dgid));
+    if src.is_ipv4() != dst.is_ipv4() {
+        return None;
+    }
+    Some(Addr {
+        src_mac,
+        dst_mac,
+        ip: IpInfo {
+            src,
+            dst,
+            tclass,
+            // 0 is what the guest leaves when it means "default" (a GRH
+            // with hop limit 0 would never leave the host).
+            hop_limit: if hop_limit == 0 {
+                DEFAULT_HOP_LIMIT
+            } else {
+                hop_limit
+            },
+            flow_label,
+        },
+        udp_sport: udp_sport_for_qpn(qpn),
+    })
+}
+
+/// The addressing of a QP that has no peer (UD, GSI: each send carries
+/// its own): never used for a frame.
+pub(crate) fn no_addr() -> Addr {
+    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    Addr {
+        src_mac: [0; 6],
+        dst_mac: [0; 6],
+        ip: IpInfo {
+            src: any,
+            dst: any,
+            tclass: 0,
+            hop_limit: 0,
+            flow_label: 0,
+        },
+        udp_sport: 0,
+    }
+}
+
+/// The port's wire as the device uses it: the backend it sends through
+/// and the inbox steered frames arrive in.
+pub(crate) struct Wire {
+    pub(crate) backend: Arc<dyn FrameBackend>,
+    pub(crate) inbox: Arc<Inbox>,
+}
+
+impl std::fmt::Debug for Wire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wire").field("inbox", &self.inbox).finish()
+    }
+}
+
+impl Wire {
+    /// Sends the engine's frames; those for a GID in `gids` loop back.
+    pub(crate) fn transmit(&self, gids: &GidTable, metrics: &Metrics, frames: Vec<Vec<u8>>) {
+        if frames.is_empty() {
+            return;
+        }
+        transmit(&*self.backend, &self.inbox, metrics, frames, |ip| {
+            gids.contains(&gid_from_ip(ip))
+        });
+    }
+}
