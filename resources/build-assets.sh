@@ -35,7 +35,11 @@ USERSPACE_PICKS=(iproute2:usr/bin/rdma)
 USERSPACE_BUILD_PACKAGES=(libibverbs-dev)
 # Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
 # libc6-dev: the guest's verbs-check program is compiled here (the kernel module build needs no libc).
-HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1)
+# rdma-core and its tools: the test host runs this host's binaries, and the e2e rdma suite runs
+# Soft-RoCE (rxe) there as the native endpoint the guests talk to (rdma link, libibverbs with the
+# rxe provider, ibv_rc_pingpong, perftest, rping).
+HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)

@@ -10,6 +10,7 @@
 //! - [`assets`]: the guest kernel, initramfs, root disk and L1 image (`resources/build-assets.sh`).
 //! - [`binaries`]: where the VMM binaries under test are.
 //! - [`results`]: reading the scenario's `key=value` files and the guests' serial logs.
+//! - [`suite`]: one scenario run shared by all tests of a file.
 //! - [`wait`]: bounded waiting.
 
 use std::fmt;
@@ -20,6 +21,7 @@ pub mod assets;
 pub mod binaries;
 pub mod host;
 pub mod results;
+pub mod suite;
 pub mod testhost;
 pub mod wait;
 

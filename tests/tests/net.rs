@@ -9,10 +9,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use e2e::assets;
-use e2e::binaries;
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::testhost::{self, Outcome, Scenario};
+use e2e::suite::{self, SetupError};
+use e2e::testhost::Outcome;
 
 const NEW_MAC_B: &str = "52:54:00:0b:00:99";
 const OLD_MAC_B: &str = "52:54:00:0b:00:02";
@@ -25,36 +24,23 @@ struct Suite {
 }
 
 fn suite() -> &'static Suite {
-    static SUITE: OnceLock<Result<Suite, String>> = OnceLock::new();
-    let suite = SUITE.get_or_init(|| {
-        let assets = assets::get().map_err(|e| e.to_string())?;
-        let vmm = binaries::vmm().map_err(|e| e.to_string())?;
-        let scenario = Scenario {
-            name: "net".to_string(),
-            env: vec![("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string())],
+    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+    suite::shared(&SUITE, || {
+        let outcome = suite::run_vmm_scenario(
+            "net",
+            &[],
             // Typically ~3 min; the guests have 480 s (scenarios/net.sh).
-            timeout: Duration::from_secs(660),
+            Duration::from_secs(660),
             // Two L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
-            l1_cpus: 1,
-        };
-        let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
-        if outcome.exit_code != Some(0) {
-            return Err(format!("scenario net failed\n{}", outcome.context()));
-        }
-        let read = |name: &str| {
-            SerialLog::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
-        };
+            1,
+        )?;
         Ok(Suite {
-            env: KeyValues::read(&outcome.file("net.env"))
-                .map_err(|e| format!("{e}\n{}", outcome.context()))?,
-            a: read("net-a-serial.log")?,
-            b: read("net-b-serial.log")?,
+            env: suite::key_values(&outcome, "net.env")?,
+            a: suite::serial_log(&outcome, "net-a-serial.log")?,
+            b: suite::serial_log(&outcome, "net-b-serial.log")?,
             outcome,
         })
-    });
-    suite
-        .as_ref()
-        .unwrap_or_else(|e| panic!("e2e setup failed: {e}"))
+    })
 }
 
 impl Suite {

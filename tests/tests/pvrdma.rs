@@ -13,10 +13,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use e2e::assets;
-use e2e::binaries;
 use e2e::results::{vmm_log_problems, KeyValues, Section, SerialLog};
-use e2e::testhost::{self, Outcome, Scenario};
+use e2e::suite::{self, SetupError};
+use e2e::testhost::Outcome;
 
 const IPV4: &str = "10.11.0.1";
 const IPV6: &str = "fd00:11::1";
@@ -107,34 +106,23 @@ struct Suite {
 }
 
 fn suite() -> &'static Suite {
-    static SUITE: OnceLock<Result<Suite, String>> = OnceLock::new();
-    let suite = SUITE.get_or_init(|| {
-        let assets = assets::get().map_err(|e| e.to_string())?;
-        let vmm = binaries::vmm().map_err(|e| e.to_string())?;
-        let scenario = Scenario {
-            name: "pvrdma".to_string(),
-            env: vec![("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string())],
+    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+    suite::shared(&SUITE, || {
+        let outcome = suite::run_vmm_scenario(
+            "pvrdma",
+            &[],
             // Typically ~40 s; the guest has 300 s (scenarios/pvrdma.sh).
-            timeout: Duration::from_secs(420),
+            Duration::from_secs(420),
             // Single-threaded TCG even for one L2 guest: with -smp 2, a 2-vCPU guest once wedged
             // both L1 CPUs before printing anything (soft lockups in its vCPU threads).
-            l1_cpus: 1,
-        };
-        let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
-        if outcome.exit_code != Some(0) {
-            return Err(format!("scenario pvrdma failed\n{}", outcome.context()));
-        }
+            1,
+        )?;
         Ok(Suite {
-            env: KeyValues::read(&outcome.file("pvrdma.env"))
-                .map_err(|e| format!("{e}\n{}", outcome.context()))?,
-            serial: SerialLog::read(&outcome.file("pvrdma-serial.log"))
-                .map_err(|e| format!("{e}\n{}", outcome.context()))?,
+            env: suite::key_values(&outcome, "pvrdma.env")?,
+            serial: suite::serial_log(&outcome, "pvrdma-serial.log")?,
             outcome,
         })
-    });
-    suite
-        .as_ref()
-        .unwrap_or_else(|e| panic!("e2e setup failed: {e}"))
+    })
 }
 
 impl Suite {

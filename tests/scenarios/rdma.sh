@@ -1,0 +1,249 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
+# Scenario of tests/tests/rdma.rs (issue 5): the RDMA data path. Two guests, A (10.12.0.1) and B
+# (10.12.0.2), each with a PVRDMA slot (--pvrdma: vmxnet3 + PVRDMA sharing a TAP), on one bridge
+# br0 (10.12.0.254) of this host, which also runs Linux Soft-RoCE (rxe0 on br0) as the native
+# endpoint. Both guests run tests/guest/rdma.sh, whose step table says who serves and who connects:
+#   A <-> B    ibv_rc_pingpong -c and -e, ibv_ud_pingpong, ibv_srq_pingpong, ib_{write,read,send,
+#              atomic}_bw, ib_{write,read,send}_lat, rping (rdma_cm)
+#   A <-> rxe0 ibv_rc_pingpong -c and ib_write_bw, each side once as server and once as client
+#              (this script runs rxe0's side)
+#   A <-> B    ibv_rc_pingpong -c and ib_write_bw with netem dropping LOSS of the RoCE v2 frames
+#              (UDP 4791) sent towards B on its TAP
+# Every program is bounded by `timeout`; a failed one is a result, not the end of the run.
+# Results: $OUT/rdma.env (set-up, this host's own runs as STEP.SIDE.KEY=..., netem counters, VMM
+# exits and panics), $OUT/rdma-{a,b}-{serial,vmm}.log (the guests' results: see
+# tests/guest/rdma.sh), $OUT/rdma-host-STEP-SIDE.log (output of this host's programs),
+# $OUT/rxe-devinfo.txt, $OUT/netem-*.txt, $OUT/l1-ps.log (the busiest threads of this host every 30 s).
+
+isolate_network
+
+# The whole run of both guests, boot included: typically ~6 min; every program that hangs costs
+# PROG_LIMIT (a data path that is not there costs ~20 min).
+RDMA_LIMIT=${RDMA_LIMIT:-1500}
+PROG_LIMIT=${PROG_LIMIT:-60}
+READY_WAIT=${READY_WAIT:-240}
+GATE_WAIT=${GATE_WAIT:-900}
+PP_ITERS=${PP_ITERS:-50}
+PERF_ITERS=${PERF_ITERS:-100}
+PING_COUNT=${PING_COUNT:-10}
+LOSS=${LOSS:-3%}
+MAC_A=52:54:00:12:00:01
+MAC_B=52:54:00:12:00:02
+IP_A=10.12.0.1
+IP_B=10.12.0.2
+HOST_IP=10.12.0.254
+SIG_PORT=8000
+SIG=$WORK/sig
+RETRY_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
+
+t0=$(now_us)
+deadline=$(($(now_us) + RDMA_LIMIT * 1000000))
+# remaining: seconds left of RDMA_LIMIT (at least 1).
+remaining() {
+  local r=$(((deadline - $(now_us)) / 1000000))
+  echo $((r > 0 ? r : 1))
+}
+
+l1_bridge br0
+ip addr add "$HOST_IP/24" dev br0
+l1_tap tapa br0
+l1_tap tapb br0
+
+# What runs in this host every 30 s (which VMM thread spins when a guest goes silent).
+(while sleep 30; do
+  echo "==== +$SECONDS s"
+  ps -eLo pid,tid,stat,pcpu,time,comm --sort=-pcpu | head -n 12
+done) > "$OUT/l1-ps.log" 2>&1 &
+
+# This host's signal server (tests/guest/rdma.sh polls it): busybox from the guest userspace.
+mkdir -p "$SIG"
+"$PVRDMA_USERSPACE/bin/busybox" httpd -f -p "$HOST_IP:$SIG_PORT" -h "$SIG" &
+
+# Soft-RoCE on the bridge. The port goes active once the bridge has carrier (a VMM on a TAP).
+rxe_ok=0
+if modprobe rdma_rxe && rdma link add rxe0 type rxe netdev br0; then
+  rxe_ok=1
+else
+  record rdma "rxe_setup=fail" "rxe_why=modprobe-or-link-add"
+fi
+
+header="IP_A=$IP_A IP_B=$IP_B HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT
+GATE_WAIT=$GATE_WAIT PP_ITERS=$PP_ITERS PERF_ITERS=$PERF_ITERS PING_COUNT=$PING_COUNT"
+guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/rdma.sh"
+
+# One vCPU each: both guests share L1's single vCPU.
+cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
+VMM_CPUS=1 start_vmm rdma-a --cmdline "$cmdline" --disk "path=$WORK/rdma-a-run.img,readonly=on" \
+  --serial "file=$OUT/rdma-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
+pid_a=$VMM_PID
+VMM_CPUS=1 start_vmm rdma-b --cmdline "$cmdline" --disk "path=$WORK/rdma-b-run.img,readonly=on" \
+  --serial "file=$OUT/rdma-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B"
+pid_b=$VMM_PID
+
+# ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs.
+ipv4_mapped_gid() {
+  local a b c d
+  IFS=. read -r a b c d <<< "$1"
+  printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n' "$a" "$b" "$c" "$d"
+}
+
+# rxe_gid_index: the index of rxe0's RoCE v2 GID of HOST_IP, once the port is active.
+rxe_gid_index() {
+  local port=/sys/class/infiniband/rxe0/ports/1 want f i
+  grep -q ACTIVE "$port/state" 2>/dev/null || return 1
+  want=$(ipv4_mapped_gid "$HOST_IP")
+  for f in "$port"/gids/*; do
+    i=${f##*/}
+    [[ $(cat "$f" 2>/dev/null) == "$want" && $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]] || continue
+    echo "$i"
+    return 0
+  done
+  return 1
+}
+
+RXE_GIDX=''
+if ((rxe_ok)); then
+  end=$(($(now_us) + 120 * 1000000))
+  until RXE_GIDX=$(rxe_gid_index); do
+    (($(now_us) < end)) || break
+    sleep 0.5
+  done
+  { rdma link show; ibv_devinfo -v -d rxe0; } > "$OUT/rxe-devinfo.txt" 2>&1 || true
+  if [[ -n $RXE_GIDX ]]; then
+    record rdma "rxe_setup=ok" "rxe_gid_index=$RXE_GIDX" "rxe_gid=$(cat "/sys/class/infiniband/rxe0/ports/1/gids/$RXE_GIDX")"
+  else
+    record rdma "rxe_setup=fail" "rxe_why=no-active-port-with-the-roce-v2-gid-of-$HOST_IP-in-120-s"
+  fi
+fi
+log "soft-roce: $(grep rxe_ "$OUT/rdma.env" | tr '\n' ' ')"
+
+# host_result STEP SIDE RC SECS ATTEMPTS [WHY]
+host_result() {
+  record rdma "$1.$2.rc=$3" "$1.$2.secs=$4" "$1.$2.attempts=$5" "$1.$2.why=${6:-}"
+  log "$1 $2: rc=$3 secs=$4 attempts=$5 ${6:-}"
+}
+
+# guest_line GUEST ERE: until a line of GUEST's serial log matches (bounded by the run's limit and
+# by that guest's VMM).
+guest_line() {
+  local pid=$pid_a
+  [[ $1 == b ]] && pid=$pid_b
+  wait_for_line "$OUT/rdma-$1-serial.log" "$2" "$(remaining)" "$pid"
+}
+
+# host_step NAME SERVER CLIENT PORT CMD...: this host's side of a step with guest A (the same
+# protocol as tests/guest/rdma.sh's `step`; A learns of this host's server through $SIG, this host
+# of A's through A's console). stdbuf: line-buffered output, kept even if `timeout` kills it.
+host_step() {
+  local name=$1 srv=$2 port=$4 side=client pid rc=0 attempts=0 ready=0 start end
+  shift 4
+  [[ $srv == l ]] && side=server
+  local out=$OUT/rdma-host-$name-$side.log
+  if [[ -z $RXE_GIDX ]]; then
+    [[ $side == server ]] && : > "$SIG/skip-$name"
+    host_result "$name" "$side" none 0 0 "no-soft-roce"
+    return 0
+  fi
+  # A reached the step: A's previous step is over.
+  if ! guest_line a "RDMA-AT step=$name([^a-z0-9-]|\$)"; then
+    [[ $side == server ]] && : > "$SIG/skip-$name"
+    host_result "$name" "$side" none 0 0 "guest-a-never-reached-the-step"
+    return 0
+  fi
+  start=$(now_us)
+  if [[ $side == server ]]; then
+    timeout "$PROG_LIMIT" stdbuf -oL -eL "$@" > "$out" 2>&1 &
+    pid=$!
+    end=$(($(now_us) + READY_WAIT * 1000000))
+    while kill -0 "$pid" 2>/dev/null && (($(now_us) < end)); do
+      if [[ -n $(ss -Hltn "sport = :$port") ]]; then
+        ready=1
+        break
+      fi
+      sleep 0.2
+    done
+    if ((ready)); then
+      : > "$SIG/ready-$name"
+    else
+      : > "$SIG/skip-$name"
+      kill "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" || rc=$?
+    host_result "$name" server "$rc" "$(since "$start")" 1 "$( ((ready)) || echo never-listened)"
+    return 0
+  fi
+  if ! guest_line a "RDMA-(NOT)?READY step=$name([^a-z0-9-]|\$)" ||
+    grep -qE "RDMA-NOTREADY step=$name([^a-z0-9-]|\$)" "$OUT/rdma-a-serial.log"; then
+    host_result "$name" client none 0 0 "server-not-ready"
+    return 0
+  fi
+  : > "$out"
+  end=$(($(now_us) + READY_WAIT * 1000000))
+  while :; do
+    attempts=$((attempts + 1))
+    start=$(now_us)
+    rc=0
+    timeout "$PROG_LIMIT" stdbuf -oL -eL "$@" "$IP_A" >> "$out" 2>&1 || rc=$?
+    if ((rc != 0)) && grep -qE "$RETRY_RE" "$out" && (($(now_us) < end)); then
+      echo "RDMA-RETRY step=$name attempt=$attempts" >> "$out"
+      sleep 1
+      continue
+    fi
+    break
+  done
+  host_result "$name" client "$rc" "$(since "$start")" "$attempts"
+}
+
+PP=(-d rxe0 -g "$RXE_GIDX" -c -n "$PP_ITERS" -s 4096)
+PERF=(-d rxe0 -x "$RXE_GIDX" -F -n "$PERF_ITERS" -s 16384)
+host_step rxe-rc-host-server l a 18701 ibv_rc_pingpong "${PP[@]}" -p 18701
+host_step rxe-rc-guest-server a l 18702 ibv_rc_pingpong "${PP[@]}" -p 18702
+host_step rxe-write-bw-host-server l a 18703 ib_write_bw "${PERF[@]}" -p 18703
+host_step rxe-write-bw-guest-server a l 18704 ib_write_bw "${PERF[@]}" -p 18704
+
+# Loss: netem drops LOSS of the RoCE v2 frames (UDP 4791) this host sends to B through tapb;
+# everything else (the programs' TCP exchange, the signals) passes untouched, so that the netem
+# counters count RoCE frames only.
+netem_on() {
+  tc qdisc add dev tapb root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
+    tc qdisc add dev tapb parent 1:3 handle 30: netem loss "$LOSS" &&
+    tc filter add dev tapb parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3
+}
+# netem_counters NAME: the netem qdisc's counters to $OUT/netem-NAME.txt and as rdma.env keys
+# netem.NAME.sent / .dropped (cumulative since netem went on).
+netem_counters() {
+  local sent dropped
+  tc -s qdisc show dev tapb > "$OUT/netem-$1.txt" 2>&1 || true
+  read -r sent dropped < <(awk '$1 == "qdisc" { n = ($2 == "netem") } n && $1 == "Sent" { gsub(",", "", $7); print $4, $7; exit }' "$OUT/netem-$1.txt") || true
+  record rdma "netem.$1.sent=${sent:-none}" "netem.$1.dropped=${dropped:-none}"
+  log "netem after $1: sent ${sent:-none} dropped ${dropped:-none} (RoCE v2 frames towards B)"
+}
+# loss_step_done STEP: both guests recorded their side of STEP.
+loss_step_done() {
+  guest_line a "RDMA-RESULT step=$1 " && guest_line b "RDMA-RESULT step=$1 "
+}
+
+if modprobe -a sch_prio sch_netem cls_u32 && netem_on; then
+  record rdma "netem=on" "netem_loss=$LOSS"
+else
+  record rdma "netem=fail"
+fi
+# Without netem the loss steps still run (the test then fails on the missing counters).
+: > "$SIG/netem-on"
+loss_step_done loss-rc || true
+netem_counters loss-rc
+: > "$SIG/loss-rc-counted"
+loss_step_done loss-write-bw || true
+netem_counters loss-write-bw
+tc qdisc del dev tapb root 2>/dev/null || true
+
+wait_for_exit "$pid_a" "$(remaining)"
+record rdma "a_exit=$EXIT_STATUS"
+wait_for_exit "$pid_b" 60
+record rdma "b_exit=$EXIT_STATUS" "seconds=$(since "$t0")"
+for g in a b; do
+  record rdma "${g}_panics=$(grep -c 'panicked at' "$OUT/rdma-$g-vmm.log" || true)"
+done
+log "rdma: $(grep -vE '^rxe-|\.(secs|attempts|why)=' "$OUT/rdma.env" | tr '\n' ' ')"

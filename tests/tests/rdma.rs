@@ -1,0 +1,656 @@
+// SPDX-License-Identifier: Apache-2.0
+//! End to end: the RDMA data path with unmodified guests and tools (issue 5). Two guests, A and
+//! B, each with a PVRDMA slot on one bridge of the test host, run rdma-core's and perftest's
+//! programs against each other: `ibv_rc_pingpong` with data check and with completion events,
+//! `ibv_ud_pingpong`, `ibv_srq_pingpong`, `ib_{write,read,send,atomic}_bw`,
+//! `ib_{write,read,send}_lat` and `rping` over rdma_cm with its data verified. Guest A also talks
+//! to a native endpoint, Linux Soft-RoCE (rxe0) in the test host, with `ibv_rc_pingpong -c` and
+//! `ib_write_bw`, each side once as server and once as client. Last, with netem dropping some of
+//! the RoCE v2 frames sent to B, `ibv_rc_pingpong -c` and `ib_write_bw` must still complete and
+//! verify (RC retransmission), and the netem counters must show that frames were dropped.
+//!
+//! Every program must exit 0 on both sides and print what proves its data arrived. One test per
+//! program or property, so that a failure names what broke. All tests share ONE run of
+//! `tests/scenarios/rdma.sh` (one test-host boot with one vCPU, both guests at once, each running
+//! `tests/guest/rdma.sh`; see those files for the protocol); each program is bounded there by
+//! `timeout`, so a data path that hangs fails these tests instead of hanging them.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
+use e2e::suite::{self, SetupError};
+use e2e::testhost::Outcome;
+
+const IP_A: &str = "10.12.0.1";
+const IP_B: &str = "10.12.0.2";
+const HOST_IP: &str = "10.12.0.254";
+
+/// Iterations of the pingpongs, of perftest's programs and of rping (passed to the scenario).
+const PP_ITERS: u64 = 50;
+const PERF_ITERS: u64 = 100;
+const PING_COUNT: u64 = 10;
+
+/// Message sizes the guest script (tests/guest/rdma.sh) and the scenario use.
+const RC_SIZE: u64 = 4096;
+const UD_SIZE: u64 = 512;
+const BW_SIZE: u64 = 16384;
+const LAT_SIZE: u64 = 64;
+/// ib_atomic_bw's message: one 8-byte atomic.
+const ATOMIC_SIZE: u64 = 8;
+/// QPs of the ibv_srq_pingpong run (its -q).
+const SRQ_QPS: usize = 4;
+/// rping's default message size (-S): the buffer holds size - 1 characters and a NUL.
+const RPING_SIZE: usize = 64;
+
+/// Who ran one side of a step: a guest (results on its console) or the test host (Soft-RoCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Party {
+    A,
+    B,
+    Host,
+}
+
+impl Party {
+    fn ip(self) -> &'static str {
+        match self {
+            Self::A => IP_A,
+            Self::B => IP_B,
+            Self::Host => HOST_IP,
+        }
+    }
+}
+
+impl fmt::Display for Party {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::A => "guest A",
+            Self::B => "guest B",
+            Self::Host => "the test host's Soft-RoCE",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Server,
+    Client,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Server => "server",
+            Self::Client => "client",
+        }
+    }
+}
+
+/// One side of one program run, as recorded by whoever ran it.
+struct Run {
+    what: String,
+    /// The exit status; None if the program never ran (`why` says why).
+    rc: Option<i32>,
+    raw_rc: String,
+    why: String,
+    secs: String,
+    attempts: String,
+    /// Its whole output (stdout and stderr).
+    text: String,
+}
+
+impl Run {
+    fn summary(&self) -> String {
+        format!(
+            "{}: exit status {} after {} s, {} attempt(s){}",
+            self.what,
+            self.raw_rc,
+            self.secs,
+            self.attempts,
+            if self.why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.why)
+            }
+        )
+    }
+}
+
+struct Suite {
+    outcome: Outcome,
+    env: KeyValues,
+    a: SerialLog,
+    b: SerialLog,
+}
+
+fn suite() -> &'static Suite {
+    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+    suite::shared(&SUITE, || {
+        let outcome = suite::run_vmm_scenario(
+            "rdma",
+            &[
+                ("PP_ITERS", PP_ITERS.to_string()),
+                ("PERF_ITERS", PERF_ITERS.to_string()),
+                ("PING_COUNT", PING_COUNT.to_string()),
+            ],
+            // Typically ~6 min; the guests have 1500 s (scenarios/rdma.sh), which only a data
+            // path that hangs in every program needs.
+            Duration::from_secs(1620),
+            // Two L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
+            1,
+        )?;
+        Ok(Suite {
+            env: suite::key_values(&outcome, "rdma.env")?,
+            a: suite::serial_log(&outcome, "rdma-a-serial.log")?,
+            b: suite::serial_log(&outcome, "rdma-b-serial.log")?,
+            outcome,
+        })
+    })
+}
+
+impl Suite {
+    fn guest(&self, g: Party) -> &SerialLog {
+        match g {
+            Party::B => &self.b,
+            _ => &self.a,
+        }
+    }
+
+    /// Fails the test with `what`, the guests' set-up failures and the end of both VMM logs.
+    fn fail(&self, what: &str) -> ! {
+        let mut msg = what.to_string();
+        for g in [Party::A, Party::B] {
+            if let Some(why) = self.guest(g).marker("RDMA-FAIL ") {
+                msg += &format!("\n{g}'s script failed: {why}");
+            }
+        }
+        let logs = ["rdma-a-vmm.log".to_string(), "rdma-b-vmm.log".to_string()];
+        panic!("{}", self.outcome.failure(&msg, &logs, 20))
+    }
+
+    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(&what());
+        }
+    }
+
+    fn env(&self, key: &str) -> &str {
+        self.env
+            .get(key)
+            .unwrap_or_else(|| self.fail(&format!("rdma.env has no {key}")))
+    }
+
+    fn vmm_log(&self, g: &str) -> PathBuf {
+        self.outcome.file(&format!("rdma-{g}-vmm.log"))
+    }
+
+    /// `party`'s `side` of `step`.
+    fn run(&self, step: &str, party: Party, side: Side) -> Run {
+        let what = format!("{party} as {} of {step}", side.name());
+        if party == Party::Host {
+            let key = |k: &str| self.env.get(&format!("{step}.{}.{k}", side.name()));
+            let raw_rc = key("rc").unwrap_or_else(|| {
+                self.fail(&format!(
+                    "{what}: never recorded (no {step}.{}.rc in rdma.env)",
+                    side.name()
+                ))
+            });
+            let log = format!("rdma-host-{step}-{}.log", side.name());
+            let text = std::fs::read_to_string(self.outcome.file(&log)).unwrap_or_default();
+            return Run {
+                rc: raw_rc.parse().ok(),
+                raw_rc: raw_rc.to_string(),
+                why: key("why").unwrap_or("").to_string(),
+                secs: key("secs").unwrap_or("?").to_string(),
+                attempts: key("attempts").unwrap_or("?").to_string(),
+                text,
+                what,
+            };
+        }
+        let log = self.guest(party);
+        let result = log
+            .markers("RDMA-RESULT ")
+            .into_iter()
+            .find(|l| field(l, "step") == Some(step) && field(l, "side") == Some(side.name()))
+            .unwrap_or_else(|| {
+                self.fail(&format!(
+                    "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
+                    log.tail(15)
+                ))
+            });
+        let raw_rc = field(result, "rc").unwrap_or("?");
+        Run {
+            rc: raw_rc.parse().ok(),
+            raw_rc: raw_rc.to_string(),
+            why: field(result, "why").unwrap_or("").to_string(),
+            secs: field(result, "secs").unwrap_or("?").to_string(),
+            attempts: field(result, "attempts").unwrap_or("?").to_string(),
+            text: log
+                .section(&format!("{step}-{}", side.name()))
+                .map(|s| s.text)
+                .unwrap_or_default(),
+            what,
+        }
+    }
+
+    /// Both sides of `step`, each of which must have exited 0.
+    fn both_succeed(&self, step: &str, server: Party, client: Party) -> [Run; 2] {
+        let runs = [
+            self.run(step, server, Side::Server),
+            self.run(step, client, Side::Client),
+        ];
+        let failed: Vec<&Run> = runs.iter().filter(|r| r.rc != Some(0)).collect();
+        if !failed.is_empty() {
+            let mut msg = format!("{step}: both sides must exit 0");
+            for run in &runs {
+                msg += &format!("\n---- {} ----\n{}", run.summary(), run.text.trim_end());
+            }
+            self.fail(&msg);
+        }
+        runs
+    }
+
+    fn expect_in(&self, run: &Run, cond: bool, what: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(&format!(
+                "{}: {}\n---- its output ----\n{}",
+                run.what,
+                what(),
+                run.text.trim_end()
+            ));
+        }
+    }
+
+    /// An rdma-core pingpong between `server` and `client`: both exit 0, count `iters`
+    /// exchanges of `size` bytes each way, report no invalid data (-c) and talked to the peer's
+    /// IPv4-mapped GID on each of their `qps` QPs.
+    fn pingpong(
+        &self,
+        step: &str,
+        server: Party,
+        client: Party,
+        iters: u64,
+        size: u64,
+        qps: usize,
+    ) {
+        let runs = self.both_succeed(step, server, client);
+        for (run, peer) in runs.iter().zip([client, server]) {
+            let bytes = size * iters * 2;
+            for want in [format!("{bytes} bytes in "), format!("{iters} iters in ")] {
+                self.expect_in(run, run.text.lines().any(|l| l.starts_with(&want)), || {
+                    format!("no '{want}...' line")
+                });
+            }
+            self.expect_in(run, !run.text.contains("invalid data"), || {
+                "the received data did not verify".to_string()
+            });
+            let gid = format!("GID ::ffff:{}", peer.ip());
+            let remote = run
+                .text
+                .lines()
+                .filter(|l| l.trim_start().starts_with("remote address:"))
+                .filter(|l| l.trim_end().ends_with(&gid))
+                .count();
+            self.expect_in(run, remote == qps, || {
+                format!("expected {qps} 'remote address: ... {gid}' line(s), found {remote}")
+            });
+        }
+    }
+
+    /// A perftest program between `server` and `client`: both exit 0 and exchanged the peer's
+    /// GID; the client reports `iters` iterations of `size` bytes.
+    fn perftest(&self, step: &str, server: Party, client: Party, size: u64, iters: u64) {
+        let runs = self.both_succeed(step, server, client);
+        for (run, peer) in runs.iter().zip([client, server]) {
+            let gid = perftest_gid(peer.ip());
+            self.expect_in(
+                run,
+                run.text
+                    .lines()
+                    .any(|l| l.trim_start().starts_with("remote address:") && l.contains(&gid)),
+                || format!("no 'remote address: ... GID: {gid}' line"),
+            );
+        }
+        let client_run = &runs[1];
+        let results = perftest_results(&client_run.text);
+        self.expect_in(
+            client_run,
+            results
+                .iter()
+                .any(|r| r.first() == Some(&size) && r.get(1) == Some(&iters)),
+            || format!("no result line for {size} bytes x {iters} iterations (got {results:?})"),
+        );
+    }
+
+    /// netem's counter `key` (sent or dropped) at the end of loss step `step`.
+    fn netem(&self, step: &str, key: &str) -> u64 {
+        let k = format!("netem.{step}.{key}");
+        let v = self.env(&k);
+        v.parse().unwrap_or_else(|_| {
+            self.fail(&format!(
+                "{k}={v}: no netem counters (netem={:?}; see netem-{step}.txt)",
+                self.env.get("netem")
+            ))
+        })
+    }
+}
+
+/// How perftest prints a GID: 16 bytes in decimal, `%02d` each (`00:...:255:255:10:12:00:01`).
+fn perftest_gid(ipv4: &str) -> String {
+    let mut bytes = vec!["00".to_string(); 10];
+    bytes.extend(["255".to_string(), "255".to_string()]);
+    bytes.extend(
+        ipv4.split('.')
+            .map(|o| format!("{:02}", o.parse::<u8>().unwrap_or(0))),
+    );
+    bytes.join(":")
+}
+
+/// perftest's result rows: the numeric lines after a ` #bytes ...` header, as numbers (the
+/// fields that are not whole numbers, the rates, are left out, so a row starts with bytes and
+/// iterations).
+fn perftest_results(text: &str) -> Vec<Vec<u64>> {
+    let mut rows = Vec::new();
+    let mut after_header = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("#bytes") {
+            after_header = true;
+            continue;
+        }
+        if after_header {
+            let row: Vec<u64> = line
+                .split_whitespace()
+                .map_while(|w| w.parse().ok())
+                .collect();
+            if row.len() >= 2 {
+                rows.push(row);
+            }
+        }
+    }
+    rows
+}
+
+/// What rping's client puts in its buffer for ping `n` (rping.c, rping_test_client): "rdma-ping-
+/// n: " then printable characters from 'A' + n (mod 58) on, wrapping after 'z', up to size - 1.
+fn rping_data(n: usize, size: usize) -> String {
+    let mut s = format!("rdma-ping-{n}: ");
+    let mut c = b'A' + u8::try_from(n % 58).unwrap_or(0);
+    while s.len() < size - 1 {
+        s.push(char::from(c));
+        c = if c >= b'z' { b'A' } else { c + 1 };
+    }
+    s
+}
+
+#[test]
+fn both_guests_complete_and_vmms_exit_cleanly() {
+    let s = suite();
+    for (g, name) in [(Party::A, "a"), (Party::B, "b")] {
+        let log = s.guest(g);
+        s.expect(log.marker("GUEST-RUN-RC=") == Some("0"), || {
+            format!(
+                "{g}: the test script must exit 0, got {:?}",
+                log.marker("GUEST-RUN-RC=")
+            )
+        });
+        s.expect(log.marker("RDMA-DONE ").is_some(), || {
+            format!("{g}: no RDMA-DONE")
+        });
+        let gid = log
+            .marker("RDMA-GID ")
+            .unwrap_or_else(|| s.fail(&format!("{g}: no RDMA-GID")));
+        s.expect(field(gid, "type") == Some("RoCE_v2"), || {
+            format!("{g}: the programs should use a RoCE v2 GID: {gid}")
+        });
+        let exit = s.env(&format!("{name}_exit"));
+        s.expect(exit == "0", || {
+            format!("the VMM of {g} should exit 0 after the guest's poweroff, got {exit}")
+        });
+    }
+}
+
+#[test]
+fn vmm_logs_have_no_panics() {
+    let s = suite();
+    for g in ["a", "b"] {
+        let log = SerialLog::read(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
+        let panics = log.markers("panicked at");
+        s.expect(panics.is_empty(), || {
+            format!("the VMM of guest {g} panicked: {panics:?}")
+        });
+    }
+}
+
+#[test]
+fn vmm_logs_have_no_warnings_or_errors() {
+    let s = suite();
+    for g in ["a", "b"] {
+        let problems = vmm_log_problems(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
+        s.expect(problems.is_empty(), || {
+            format!(
+                "the VMM of guest {g} logged warnings or errors (unmodified guests and tools, and \
+                 a lossy link RC recovers from, should cause none):\n{}",
+                problems.join("\n")
+            )
+        });
+    }
+}
+
+#[test]
+fn ibv_rc_pingpong_with_data_check_between_guests() {
+    suite().pingpong("rc-data", Party::A, Party::B, PP_ITERS, RC_SIZE, 1);
+}
+
+#[test]
+fn ibv_rc_pingpong_with_completion_events_between_guests() {
+    suite().pingpong("rc-events", Party::A, Party::B, PP_ITERS, RC_SIZE, 1);
+}
+
+#[test]
+fn ibv_ud_pingpong_between_guests() {
+    suite().pingpong("ud", Party::A, Party::B, PP_ITERS, UD_SIZE, 1);
+}
+
+#[test]
+fn ibv_srq_pingpong_between_guests() {
+    suite().pingpong("srq", Party::A, Party::B, PP_ITERS, RC_SIZE, SRQ_QPS);
+}
+
+#[test]
+fn ib_write_bw_between_guests() {
+    suite().perftest("write-bw", Party::A, Party::B, BW_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_read_bw_between_guests() {
+    suite().perftest("read-bw", Party::A, Party::B, BW_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_send_bw_between_guests() {
+    suite().perftest("send-bw", Party::A, Party::B, BW_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_atomic_bw_between_guests() {
+    suite().perftest("atomic-bw", Party::A, Party::B, ATOMIC_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_write_lat_between_guests() {
+    suite().perftest("write-lat", Party::A, Party::B, LAT_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_read_lat_between_guests() {
+    suite().perftest("read-lat", Party::A, Party::B, LAT_SIZE, PERF_ITERS);
+}
+
+#[test]
+fn ib_send_lat_between_guests() {
+    suite().perftest("send-lat", Party::A, Party::B, LAT_SIZE, PERF_ITERS);
+}
+
+/// rping over rdma_cm (address and route resolution, CM MADs on QP1, then SEND, RDMA READ and
+/// RDMA WRITE per ping): the client verifies every echo (-V) and prints it (-v), the server prints
+/// what it read; both must be exactly what rping's client generates.
+#[test]
+fn rping_over_rdma_cm_verifies_its_data_between_guests() {
+    let s = suite();
+    let [server, client] = s.both_succeed("rping", Party::A, Party::B);
+    let count = usize::try_from(PING_COUNT).unwrap_or(usize::MAX);
+    let want: Vec<String> = (0..count).map(|n| rping_data(n, RPING_SIZE)).collect();
+    for (run, prefix) in [(&client, "ping data: "), (&server, "server ping data: ")] {
+        let got: Vec<&str> = run
+            .text
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .collect();
+        s.expect_in(run, got == want, || {
+            format!("its '{prefix}' lines should be the {count} pings rping sent: {want:#?}")
+        });
+    }
+    s.expect_in(&client, !client.text.contains("data mismatch"), || {
+        "the client's verification (-V) failed".to_string()
+    });
+}
+
+#[test]
+fn soft_roce_comes_up_in_the_test_host() {
+    let s = suite();
+    s.expect(s.env.get("rxe_setup") == Some("ok"), || {
+        format!(
+            "Soft-RoCE (rxe0 on br0) did not come up in the test host: {:?} (see rxe-devinfo.txt)",
+            s.env.get("rxe_why")
+        )
+    });
+    let gid = s.env("rxe_gid");
+    s.expect(gid == "0000:0000:0000:0000:0000:ffff:0a0c:00fe", || {
+        format!(
+            "rxe0's GID index {} is {gid}, not ::ffff:{HOST_IP}",
+            s.env("rxe_gid_index")
+        )
+    });
+}
+
+#[test]
+fn ibv_rc_pingpong_soft_roce_server_guest_client() {
+    suite().pingpong(
+        "rxe-rc-host-server",
+        Party::Host,
+        Party::A,
+        PP_ITERS,
+        RC_SIZE,
+        1,
+    );
+}
+
+#[test]
+fn ibv_rc_pingpong_guest_server_soft_roce_client() {
+    suite().pingpong(
+        "rxe-rc-guest-server",
+        Party::A,
+        Party::Host,
+        PP_ITERS,
+        RC_SIZE,
+        1,
+    );
+}
+
+#[test]
+fn ib_write_bw_soft_roce_server_guest_client() {
+    suite().perftest(
+        "rxe-write-bw-host-server",
+        Party::Host,
+        Party::A,
+        BW_SIZE,
+        PERF_ITERS,
+    );
+}
+
+#[test]
+fn ib_write_bw_guest_server_soft_roce_client() {
+    suite().perftest(
+        "rxe-write-bw-guest-server",
+        Party::A,
+        Party::Host,
+        BW_SIZE,
+        PERF_ITERS,
+    );
+}
+
+/// netem dropped RoCE v2 frames on their way to B during the run, and the pingpong still
+/// completed with its data verified.
+#[test]
+fn ibv_rc_pingpong_recovers_from_frame_loss() {
+    let s = suite();
+    s.expect(s.env.get("netem") == Some("on"), || {
+        format!(
+            "netem could not be set up on B's TAP: netem={:?}",
+            s.env.get("netem")
+        )
+    });
+    let (sent, dropped) = (s.netem("loss-rc", "sent"), s.netem("loss-rc", "dropped"));
+    s.expect(dropped > 0, || {
+        format!(
+            "netem dropped no RoCE frame during loss-rc ({sent} passed): the loss test tested \
+             nothing (see netem-loss-rc.txt)"
+        )
+    });
+    s.pingpong("loss-rc", Party::A, Party::B, PP_ITERS, RC_SIZE, 1);
+    e2e::announce(&format!(
+        "rdma: ibv_rc_pingpong A<->B with {dropped} of {} RoCE frames to B dropped",
+        sent + dropped
+    ));
+}
+
+/// The same for RDMA WRITEs into B: their frames went through netem.
+#[test]
+fn ib_write_bw_recovers_from_frame_loss() {
+    let s = suite();
+    let sent = s.netem("loss-write-bw", "sent") - s.netem("loss-rc", "sent");
+    let dropped = s.netem("loss-write-bw", "dropped") - s.netem("loss-rc", "dropped");
+    s.expect(dropped > 0, || {
+        format!(
+            "netem dropped no RoCE frame during loss-write-bw ({sent} passed): the loss test \
+             tested nothing (see netem-loss-write-bw.txt)"
+        )
+    });
+    s.perftest("loss-write-bw", Party::B, Party::A, BW_SIZE, PERF_ITERS);
+    e2e::announce(&format!(
+        "rdma: ib_write_bw A->B with {dropped} of {} RoCE frames to B dropped",
+        sent + dropped
+    ));
+}
+
+#[cfg(test)]
+mod helpers {
+    use super::*;
+
+    #[test]
+    fn rping_data_is_what_rping_generates() {
+        let first = rping_data(0, RPING_SIZE);
+        assert_eq!(first.len(), RPING_SIZE - 1);
+        assert_eq!(
+            first,
+            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
+        );
+        // Ping 57 starts at 'z' and wraps to 'A'.
+        assert!(rping_data(57, RPING_SIZE).starts_with("rdma-ping-57: zABC"));
+        assert!(rping_data(58, RPING_SIZE).starts_with("rdma-ping-58: ABC"));
+    }
+
+    #[test]
+    fn perftest_gids_and_results_parse() {
+        assert_eq!(
+            perftest_gid("10.12.0.254"),
+            "00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:254"
+        );
+        let out = " remote address: LID 0000 QPN 0x0011\n---\n #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 16384      100              0.00               0.00   \t\t   0.000000\n---\n";
+        assert_eq!(perftest_results(out), vec![vec![16384, 100]]);
+        let lat = " #bytes #iterations    t_min[usec]\n 64       100          5.10\n";
+        assert_eq!(perftest_results(lat), vec![vec![64, 100]]);
+    }
+}
