@@ -22,7 +22,7 @@ use pvrdma_abi::dsr::{DeviceCaps, Dsr, RingPageInfo, DSR_CAPS_OFFSET};
 use pvrdma_abi::regs::{uar, version, Ctl, Reg, BAR_MSIX, BAR_REG, BAR_UAR};
 use pvrdma_abi::ring::{RingGeometry, RX_OFFSET, TX_OFFSET};
 use pvrdma_abi::verbs::{qp_attr_mask as m, qp_state, qp_type, AhAttr, QpAttr, AH_FLAG_GRH};
-use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, SqWqeHdr};
+use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, Sge, SqWqeHdr};
 use pvrdma_abi::{PAGE_SIZE, PDIR_ENTRIES_PER_PAGE};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
@@ -174,6 +174,11 @@ pub struct SimWire {
     pub sent: Mutex<Vec<Vec<u8>>>,
     /// Frames the peer's RDMA function did not claim.
     pub unclaimed: std::sync::atomic::AtomicU64,
+    /// Drop one frame in n, pseudo-randomly (0: none), as a lossy link
+    /// would (a periodic pattern could hit the same PSN every round).
+    pub drop_one_in: std::sync::atomic::AtomicU64,
+    /// Frames sent (dropped ones included).
+    pub frames: std::sync::atomic::AtomicU64,
     never: EventFd,
 }
 
@@ -184,6 +189,8 @@ impl SimWire {
             peer: Mutex::new(None),
             sent: Mutex::new(Vec::new()),
             unclaimed: std::sync::atomic::AtomicU64::new(0),
+            drop_one_in: std::sync::atomic::AtomicU64::new(0),
+            frames: std::sync::atomic::AtomicU64::new(0),
             never: EventFd::new(0).expect("eventfd"),
         }
     }
@@ -191,6 +198,13 @@ impl SimWire {
 
 impl FrameBackend for SimWire {
     fn send(&self, _: &VnetHdr, frame: &[u8]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.frames.fetch_add(1, Relaxed) + 1;
+        let one_in = self.drop_one_in.load(Relaxed);
+        // A fixed-seed multiplicative hash of the frame count: repeatable.
+        if one_in != 0 && (n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40).is_multiple_of(one_in) {
+            return Ok(());
+        }
         let peer = self
             .peer
             .lock()

@@ -169,7 +169,7 @@ impl SimDriver {
         })
     }
 
-    /// A user MR over `pages` guest pages, registered at IOVA `start`.
+    /// A user MR over fresh guest pages, registered at IOVA `start`.
     pub fn reg_user_mr(
         &mut self,
         pd: u32,
@@ -177,10 +177,22 @@ impl SimDriver {
         length: u64,
         access_flags: u32,
     ) -> Result<CreateMrResp, Failure> {
+        self.reg_user_mr_pages(pd, start, length, access_flags)
+            .map(|(resp, _)| resp)
+    }
+
+    /// [`Self::reg_user_mr`], also returning the pages behind the MR.
+    pub fn reg_user_mr_pages(
+        &mut self,
+        pd: u32,
+        start: u64,
+        length: u64,
+        access_flags: u32,
+    ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
         let n = ((start & (PAGE_SIZE - 1)) + length).div_ceil(PAGE_SIZE) as u32;
         let pages = self.alloc_pages(n);
         let pdir = self.make_pdir(&pages);
-        self.cmd(
+        let resp = self.cmd(
             CmdCode::CreateMr,
             CreateMrReq {
                 start,
@@ -191,7 +203,70 @@ impl SimDriver {
                 nchunks: n,
                 ..Default::default()
             },
-        )
+        )?;
+        Ok((resp, pages))
+    }
+
+    /// RESET -> INIT -> RTR -> RTS of an RC QP towards `peer_qpn` at
+    /// `dgid` (our GID at index `sgid_index`), sending from PSN `sq_psn`
+    /// and expecting `rq_psn`.
+    pub fn connect_rc(
+        &mut self,
+        qp: u32,
+        sgid_index: u8,
+        dgid: [u8; 16],
+        peer_qpn: u32,
+        (sq_psn, rq_psn): (u32, u32),
+    ) -> Result<(), Failure> {
+        let init = QpAttr {
+            qp_state: qp_state::INIT,
+            port_num: 1,
+            qp_access_flags: 0xf,
+            ..QpAttr::default()
+        };
+        self.modify_qp(
+            qp,
+            m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+            init,
+        )?;
+        let mut ah = AhAttr {
+            port_num: 1,
+            ah_flags: AH_FLAG_GRH,
+            dmac: [2, 0, 0, 0, 0, 9],
+            ..AhAttr::default()
+        };
+        ah.grh.dgid = dgid;
+        ah.grh.sgid_index = sgid_index;
+        let rtr = QpAttr {
+            qp_state: qp_state::RTR,
+            path_mtu: 3,
+            dest_qp_num: peer_qpn,
+            rq_psn,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 1,
+            ah_attr: ah,
+            ..QpAttr::default()
+        };
+        let rtr_mask = m::STATE
+            | m::AV
+            | m::PATH_MTU
+            | m::DEST_QPN
+            | m::RQ_PSN
+            | m::MAX_DEST_RD_ATOMIC
+            | m::MIN_RNR_TIMER;
+        self.modify_qp(qp, rtr_mask, rtr)?;
+        let rts = QpAttr {
+            qp_state: qp_state::RTS,
+            sq_psn,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..QpAttr::default()
+        };
+        let rts_mask =
+            m::STATE | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::SQ_PSN | m::MAX_QP_RD_ATOMIC;
+        self.modify_qp(qp, rts_mask, rts)
     }
 
     pub fn bind_gid(&mut self, index: u32, gid: [u8; 16], gid_type: u8) -> Result<(), Failure> {

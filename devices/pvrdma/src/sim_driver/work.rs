@@ -24,6 +24,66 @@ impl SimDriver {
         self.write(wq.indices, wq.geometry.next(prod));
     }
 
+    /// Writes a WQE header and its SGEs at the producer index of `wq`.
+    fn post_wqe_sges<T: ByteValued>(&self, wq: &SimWq, hdr: T, sges: &[Sge]) {
+        let prod: u32 = self.read(wq.indices);
+        let offset = u64::from(wq.geometry.slot(prod)) * wq.stride;
+        let at = wq.data[(offset / PAGE_SIZE) as usize] + offset % PAGE_SIZE;
+        self.write(at, hdr);
+        for (i, sge) in sges.iter().enumerate() {
+            self.write(at + (size_of::<T>() + i * size_of::<Sge>()) as u64, *sge);
+        }
+        self.write(wq.indices, wq.geometry.next(prod));
+    }
+
+    /// Posts a whole send WQE (`hdr.num_sge` is set from `sges`) and rings.
+    pub fn post_send_wqe(&self, qp: &SimQp, mut hdr: SqWqeHdr, sges: &[Sge]) {
+        hdr.num_sge = sges.len() as u32;
+        self.post_wqe_sges(&qp.sq, hdr, sges);
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_SEND);
+    }
+
+    /// Posts a receive WQE with `sges` and rings.
+    pub fn post_recv_sges(&self, qp: &SimQp, wr_id: u64, sges: &[Sge]) {
+        let rq = qp.rq.as_ref().expect("QP has a receive queue");
+        let hdr = RqWqeHdr {
+            wr_id,
+            num_sge: sges.len() as u32,
+            total_len: 0,
+        };
+        self.post_wqe_sges(rq, hdr, sges);
+        self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_RECV);
+    }
+
+    /// Posts a receive WQE with `sges` to an SRQ and rings.
+    pub fn post_srq_recv_sges(&self, srq: &SimSrq, wr_id: u64, sges: &[Sge]) {
+        let hdr = RqWqeHdr {
+            wr_id,
+            num_sge: sges.len() as u32,
+            total_len: 0,
+        };
+        self.post_wqe_sges(&srq.wq, hdr, sges);
+        self.doorbell(srq.page, uar::SRQ_OFFSET, srq.handle | uar::SRQ_RECV);
+    }
+
+    /// Writes `data` at IOVA offset `off` of a buffer made of `pages`.
+    pub fn write_buf(&self, pages: &[u64], off: u64, data: &[u8]) {
+        for (i, b) in data.iter().enumerate() {
+            let o = off + i as u64;
+            self.write(pages[(o / PAGE_SIZE) as usize] + o % PAGE_SIZE, *b);
+        }
+    }
+
+    /// Reads `len` bytes at offset `off` of a buffer made of `pages`.
+    pub fn read_buf(&self, pages: &[u64], off: u64, len: usize) -> Vec<u8> {
+        (0..len as u64)
+            .map(|i| {
+                let o = off + i;
+                self.read::<u8>(pages[(o / PAGE_SIZE) as usize] + o % PAGE_SIZE)
+            })
+            .collect()
+    }
+
     /// `pvrdma_post_send` of one WR with `opcode`, and its doorbell.
     pub fn post_send(&self, qp: &SimQp, wr_id: u64, opcode: u32) {
         let wqe = SqWqeHdr {

@@ -261,7 +261,11 @@ pub fn comp_packet(
             if st.rnr_until.is_some() {
                 return CompStep::Drop;
             }
-            st.psn = psn;
+            // The NAK acknowledges every PSN before it: progress, which
+            // restores the retry budget before this retry spends one.
+            if psn != st.psn {
+                st.progress(a, psn);
+            }
             st.retry()
         }
         Syndrome::Nak(NakCode::RemoteAccessError) => CompStep::CqeErr(WcStatus::RemAccessErr),

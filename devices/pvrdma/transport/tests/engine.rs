@@ -278,6 +278,39 @@ fn send_write_read_end_to_end_with_psn_wrap_and_loss() {
     }
 }
 
+/// A message much longer than the ACK coalescing distance and the MTU
+/// the guests use, on a link that loses, duplicates and reorders frames:
+/// every gap is NAKed or timed out and resent until the whole message
+/// lands.
+#[test]
+fn long_message_with_loss() {
+    for drop_pct in [5, 15] {
+        let mut w = World::new(10, false);
+        for n in &mut w.n {
+            n.mem.buf = vec![0; 1 << 17];
+            let mut a = *n.qp.attrs();
+            a.mtu = 1024;
+            n.qp = Qp::new(a);
+        }
+        w.drop_pct = drop_pct;
+        w.fill(0);
+        w.recv(1, 65536, 60_000);
+        w.post(0, WrOpcode::Send, 60_000, 0, Remote::default());
+        w.run(5000);
+        use WcStatus::Success;
+        assert_eq!(
+            w.wcs(0, true),
+            [(Success, WcOpcode::Send, 60_000)],
+            "{drop_pct}%"
+        );
+        assert_eq!(w.wcs(1, false), [(Success, WcOpcode::Recv, 60_000)]);
+        assert_eq!(
+            w.n[1].mem.buf[65536..65536 + 60_000],
+            w.n[0].mem.buf[..60_000]
+        );
+    }
+}
+
 #[test]
 fn atomics_execute_once() {
     let mut w = World::new(5, false);

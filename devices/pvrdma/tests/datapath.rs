@@ -1,0 +1,463 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The data path between two devices, each driven by a simulated guest
+//! driver, their ports joined by a simulated wire: RC SEND, RDMA WRITE
+//! (with immediate), RDMA READ and atomics with their data and CQEs, RNR
+//! waits, UD with the GRH area, SRQ receives, remote access errors, fast
+//! registration and local invalidation, and recovery from a lossy wire.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::*;
+use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
+use pvrdma_abi::verbs::{access, qp_state, qp_type};
+use pvrdma_abi::wqe::{
+    send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, Sge, SqWqeHdr,
+};
+
+/// IPv4-mapped GIDs of the two sides (10.0.0.1 and 10.0.0.2).
+const GID_A: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+const GID_B: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
+/// Every MR of these tests: 64 KiB at this IOVA.
+const IOVA: u64 = 0x7f00_0000_0000;
+const MR_LEN: u64 = 64 << 10;
+const RIGHTS: u32 =
+    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+
+struct Side {
+    sim: SimDriver,
+    pd: u32,
+    cq: SimCq,
+    qp: SimQp,
+    key: u32,
+    pages: Vec<u64>,
+}
+
+impl Side {
+    fn new(gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        let mut sim = ready();
+        sim.bind_gid(0, gid, 2).expect("bind");
+        let pd = sim.create_pd(0).expect("pd");
+        let cq = sim.create_cq(0, 256).expect("cq");
+        let qp = sim.create_qp(spec(pd, cq.handle)).expect("qp");
+        let (mr, pages) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
+        Side {
+            sim,
+            pd,
+            cq,
+            qp,
+            key: mr.lkey,
+            pages,
+        }
+    }
+
+    fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: IOVA + off,
+            length: len,
+            lkey: self.key,
+        }
+    }
+
+    fn write(&self, off: u64, data: &[u8]) {
+        self.sim.write_buf(&self.pages, off, data);
+    }
+
+    fn read(&self, off: u64, len: usize) -> Vec<u8> {
+        self.sim.read_buf(&self.pages, off, len)
+    }
+
+    /// Waits for `n` CQEs.
+    fn cqes(&self, n: usize) -> Vec<Cqe> {
+        let mut got = Vec::new();
+        self.sim.wait_until(|s| {
+            got.extend(s.poll_cq(&self.cq));
+            got.len() >= n
+        });
+        got
+    }
+
+    fn send(&self, wr_id: u64, opcode: u32, sges: &[Sge], remote: (u64, u32), ex: u32) {
+        let mut hdr = SqWqeHdr {
+            wr_id,
+            opcode,
+            send_flags: send_flags::SIGNALED,
+            ex,
+            ..SqWqeHdr::default()
+        };
+        hdr.wr[0] = remote.0;
+        hdr.wr[1] = remote.1.into();
+        self.sim.post_send_wqe(&self.qp, hdr, sges);
+    }
+}
+
+/// Two RC QPs connected to each other over a joined wire.
+fn rc_pair() -> (Side, Side) {
+    let mut a = Side::new(GID_A, QpSpec::rc);
+    let mut b = Side::new(GID_B, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    let (qa, qb) = (a.qp.qpn, b.qp.qpn);
+    a.sim
+        .connect_rc(a.qp.handle, 0, GID_B, qb, (0x10, 0x20))
+        .expect("A to RTS");
+    b.sim
+        .connect_rc(b.qp.handle, 0, GID_A, qa, (0x20, 0x10))
+        .expect("B to RTS");
+    (a, b)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn summary(c: &Cqe) -> (u64, u32, u32, u32) {
+    (c.wr_id, c.opcode, c.status, c.byte_len)
+}
+
+#[test]
+fn rc_send_spans_packets_and_lands_in_the_receive_buffer() {
+    let (a, b) = rc_pair();
+    let data = pattern(3000, 7);
+    a.write(0, &data);
+    b.sim.post_recv_sges(&b.qp, 77, &[b.sge(100, 4000)]);
+    a.send(5, send_opcode::SEND, &[a.sge(0, 3000)], (0, 0), 0);
+    let sent = a.cqes(1);
+    let got = b.cqes(1);
+    assert_eq!(
+        sent.iter().map(summary).collect::<Vec<_>>(),
+        vec![(5, wc_opcode::SEND, wc_status::SUCCESS, 3000)]
+    );
+    assert_eq!(
+        got.iter().map(summary).collect::<Vec<_>>(),
+        vec![(77, wc_opcode::RECV, wc_status::SUCCESS, 3000)]
+    );
+    assert_eq!(got[0].qp, u64::from(b.qp.handle), "CQE names the QP handle");
+    assert_eq!(b.read(100, 3000), data);
+    // Three packets at MTU 1024, acknowledged.
+    assert!(a.sim.metric("roce_tx") >= 3);
+    assert!(b.sim.metric("roce_rx") >= 3);
+}
+
+#[test]
+fn rdma_write_with_immediate_read_and_atomics() {
+    let (a, b) = rc_pair();
+    let data = pattern(5000, 3);
+    a.write(0, &data);
+    b.sim.post_recv_sges(&b.qp, 1, &[]);
+    // RDMA WRITE with immediate: placed at the rkey's address, and the
+    // immediate consumes a receive.
+    a.send(
+        10,
+        send_opcode::RDMA_WRITE_WITH_IMM,
+        &[a.sge(0, 5000)],
+        (IOVA + 8192, b.key),
+        0x1234_5678u32.swap_bytes(),
+    );
+    let got = b.cqes(1);
+    assert_eq!(
+        got.iter().map(summary).collect::<Vec<_>>(),
+        vec![(1, wc_opcode::RECV_RDMA_WITH_IMM, wc_status::SUCCESS, 5000)]
+    );
+    assert_ne!(got[0].wc_flags & wc_flags::WITH_IMM, 0);
+    assert_eq!(
+        got[0].imm_data,
+        0x1234_5678u32.swap_bytes(),
+        "big-endian as posted"
+    );
+    assert_eq!(b.read(8192, 5000), data);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+
+    // RDMA READ of what B holds into A at another offset.
+    let theirs = pattern(2500, 99);
+    b.write(20_000, &theirs);
+    a.send(
+        11,
+        send_opcode::RDMA_READ,
+        &[a.sge(30_000, 2500)],
+        (IOVA + 20_000, b.key),
+        0,
+    );
+    assert_eq!(
+        a.cqes(1).iter().map(summary).collect::<Vec<_>>(),
+        vec![(11, wc_opcode::RDMA_READ, wc_status::SUCCESS, 2500)]
+    );
+    assert_eq!(a.read(30_000, 2500), theirs);
+
+    // Fetch-and-add then compare-and-swap on an 8-byte word of B.
+    b.write(40_000, &100u64.to_le_bytes());
+    let mut hdr = SqWqeHdr {
+        wr_id: 12,
+        opcode: send_opcode::ATOMIC_FETCH_AND_ADD,
+        send_flags: send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    hdr.wr = [IOVA + 40_000, 5, 0, b.key.into(), 0, 0];
+    a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(50_000, 8)]);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(
+        a.read(50_000, 8),
+        100u64.to_le_bytes(),
+        "original value returned"
+    );
+    assert_eq!(b.read(40_000, 8), 105u64.to_le_bytes());
+    hdr.wr_id = 13;
+    hdr.opcode = send_opcode::ATOMIC_CMP_AND_SWP;
+    hdr.wr = [IOVA + 40_000, 105, 7, b.key.into(), 0, 0];
+    a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(50_008, 8)]);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(b.read(40_000, 8), 7u64.to_le_bytes());
+}
+
+#[test]
+fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
+    let (a, b) = rc_pair();
+    a.send(
+        1,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 64)],
+        (IOVA, b.key ^ 0x100),
+        0,
+    );
+    a.send(2, send_opcode::SEND, &[a.sge(0, 64)], (0, 0), 0);
+    let got = a.cqes(2);
+    assert_eq!(
+        got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, 10 /* REM_ACCESS_ERR */), (2, wc_status::WR_FLUSH_ERR)]
+    );
+    let mut a = a;
+    assert_eq!(
+        a.sim.query_qp(a.qp.handle).expect("query").qp_state,
+        qp_state::ERR
+    );
+    // Out of bounds of a valid key is refused the same way.
+    let (c, d) = rc_pair();
+    c.send(
+        3,
+        send_opcode::RDMA_READ,
+        &[c.sge(0, 64)],
+        (IOVA + MR_LEN - 8, d.key),
+        0,
+    );
+    assert_eq!(c.cqes(1)[0].status, 10);
+}
+
+#[test]
+fn receiver_not_ready_waits_for_a_receive() {
+    let (a, b) = rc_pair();
+    a.write(0, b"late receive");
+    a.send(1, send_opcode::SEND, &[a.sge(0, 12)], (0, 0), 0);
+    assert!(
+        b.sim.wait_until(|s| s.metric("roce_rx") >= 2),
+        "request and its retry arrive"
+    );
+    assert!(
+        a.sim.poll_cq(&a.cq).is_empty(),
+        "no completion before a receive"
+    );
+    b.sim.post_recv_sges(&b.qp, 9, &[b.sge(0, 100)]);
+    assert_eq!(b.cqes(1)[0].byte_len, 12);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(b.read(0, 12), b"late receive");
+}
+
+#[test]
+fn lossy_wire_is_recovered_by_retransmission() {
+    let (a, b) = rc_pair();
+    a.sim.wire.drop_one_in.store(10, Ordering::Relaxed);
+    b.sim.wire.drop_one_in.store(5, Ordering::Relaxed);
+    let data = pattern(60_000, 1);
+    a.write(0, &data);
+    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 60_000)]);
+    a.send(1, send_opcode::SEND, &[a.sge(0, 60_000)], (0, 0), 0);
+    a.send(
+        2,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 4096)],
+        (IOVA + 61_000, b.key),
+        0,
+    );
+    let got = b.cqes(1);
+    assert_eq!(got[0].status, wc_status::SUCCESS);
+    assert_eq!(b.read(0, 60_000), data);
+    let done = a.cqes(2);
+    assert_eq!(
+        done.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![0, 0]
+    );
+    assert_eq!(b.read(61_000, 4096), data[..4096]);
+    assert!(
+        a.sim.wire.frames.load(Ordering::Relaxed) > 63,
+        "frames were dropped and resent"
+    );
+}
+
+#[test]
+fn more_sges_than_the_qp_allows_is_a_local_error() {
+    let (a, _b) = rc_pair();
+    a.send(1, send_opcode::SEND, &[a.sge(0, 8), a.sge(8, 8)], (0, 0), 0);
+    let got = a.cqes(1);
+    assert_eq!(got[0].status, wc_status::LOC_QP_OP_ERR);
+    assert_eq!(a.sim.metric("wqe_invalid"), 1);
+}
+
+#[test]
+fn ud_send_carries_the_grh_area_and_source_qpn() {
+    let ud = |pd, cq| QpSpec {
+        qp_type: qp_type::UD,
+        ..QpSpec::rc(pd, cq)
+    };
+    let mut a = Side::new(GID_A, ud);
+    let mut b = Side::new(GID_B, ud);
+    SimDriver::connect(&a.sim, &b.sim);
+    a.sim.to_rts(a.qp.handle, qp_type::UD).expect("A RTS");
+    b.sim.to_rts(b.qp.handle, qp_type::UD).expect("B RTS");
+    b.sim.post_recv_sges(&b.qp, 4, &[b.sge(0, 40 + 256)]);
+    a.write(0, b"datagram payload");
+    let mut hdr = SqWqeHdr {
+        wr_id: 8,
+        opcode: send_opcode::SEND,
+        send_flags: send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    // ud: remote_qpn, remote_qkey, then the address vector.
+    let mut av = [0u8; 40];
+    av[8..24].copy_from_slice(&GID_B);
+    av[27] = 64;
+    av[28..34].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
+    hdr.wr[0] = u64::from(b.qp.qpn) | 0x8001_0000u64 << 32;
+    for (i, chunk) in av.chunks(8).enumerate() {
+        hdr.wr[1 + i] = u64::from_le_bytes(chunk.try_into().unwrap());
+    }
+    a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(0, 16)]);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    let got = b.cqes(1);
+    assert_eq!(
+        summary(&got[0]),
+        (4, wc_opcode::RECV, wc_status::SUCCESS, 56)
+    );
+    assert_eq!(got[0].src_qp, a.qp.qpn);
+    assert_ne!(got[0].wc_flags & wc_flags::GRH, 0);
+    // IPv4: the IP header in the last 20 bytes of the GRH area.
+    let grh = b.read(0, 40);
+    assert_eq!(grh[20] >> 4, 4, "IPv4 header");
+    assert_eq!(&grh[32..36], &[10, 0, 0, 1], "source address");
+    assert_eq!(b.read(40, 16), b"datagram payload");
+    let _ = (&mut a.pd, &mut b.pd);
+}
+
+#[test]
+fn srq_receives_complete_with_the_qp_handle() {
+    let mut b = Side::new(GID_B, QpSpec::rc);
+    let srq = b.sim.create_srq(b.pd, 16, 1).expect("srq");
+    let spec = QpSpec {
+        srq: Some(srq.handle),
+        ..QpSpec::rc(b.pd, b.cq.handle)
+    };
+    let qp = b.sim.create_qp(spec).expect("srq qp");
+    let mut a = Side::new(GID_A, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    a.sim
+        .connect_rc(a.qp.handle, 0, GID_B, qp.qpn, (1, 2))
+        .expect("A");
+    b.sim
+        .connect_rc(qp.handle, 0, GID_A, a.qp.qpn, (2, 1))
+        .expect("B");
+    b.sim.post_srq_recv_sges(&srq, 41, &[b.sge(0, 64)]);
+    b.sim.post_srq_recv_sges(&srq, 42, &[b.sge(64, 64)]);
+    a.write(0, b"first second");
+    a.send(1, send_opcode::SEND, &[a.sge(0, 5)], (0, 0), 0);
+    a.send(2, send_opcode::SEND, &[a.sge(6, 6)], (0, 0), 0);
+    let got = b.cqes(2);
+    assert_eq!(
+        got.iter()
+            .map(|c| (c.wr_id, c.qp, c.byte_len))
+            .collect::<Vec<_>>(),
+        vec![(41, u64::from(qp.handle), 5), (42, u64::from(qp.handle), 6)]
+    );
+    assert_eq!(b.read(0, 5), b"first");
+    assert_eq!(b.read(64, 6), b"second");
+}
+
+#[test]
+fn send_with_invalidate_and_fast_registration() {
+    let (mut a, mut b) = rc_pair();
+    // B: a fast-register MR, mapped by REG_MR over 2 pages.
+    let frmr: pvrdma_abi::cmd::CreateMrResp = b
+        .sim
+        .cmd(
+            pvrdma_abi::cmd::CmdCode::CreateMr,
+            pvrdma_abi::cmd::CreateMrReq {
+                pd_handle: b.pd,
+                flags: pvrdma_abi::verbs::mr_flags::FRMR,
+                nchunks: 4,
+                ..Default::default()
+            },
+        )
+        .expect("frmr");
+    let pages = b.sim.alloc_pages(2);
+    let list = b.sim.make_pdir(&pages);
+    let new_key = (frmr.rkey & !0xff) | 0x5a;
+    let mut reg = SqWqeHdr {
+        wr_id: 70,
+        opcode: send_opcode::REG_MR,
+        send_flags: send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    reg.wr = [
+        0x9000,
+        list,
+        12 | 2 << 32,
+        8192 | u64::from(RIGHTS) << 32,
+        new_key.into(),
+        0,
+    ];
+    b.sim.post_send_wqe(&b.qp, reg, &[]);
+    assert_eq!(
+        summary(&b.cqes(1)[0]),
+        (70, wc_opcode::REG_MR, wc_status::SUCCESS, 0)
+    );
+    // A writes through the new key; the bytes land in B's second page.
+    a.write(0, b"through the fast-registered key");
+    a.send(
+        1,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 31)],
+        (0x9000 + 4096, new_key),
+        0,
+    );
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(
+        b.sim.read_buf(&pages, 4096, 31),
+        b"through the fast-registered key"
+    );
+    // SEND_WITH_INV invalidates it at B: the next write is refused.
+    b.sim.post_recv_sges(&b.qp, 80, &[b.sge(0, 64)]);
+    a.send(
+        2,
+        send_opcode::SEND_WITH_INV,
+        &[a.sge(0, 4)],
+        (0, 0),
+        new_key,
+    );
+    let got = b.cqes(1);
+    assert_eq!(got[0].status, wc_status::SUCCESS);
+    assert_ne!(got[0].wc_flags & wc_flags::WITH_INVALIDATE, 0);
+    assert_eq!(got[0].imm_data, new_key);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    a.send(
+        3,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 8)],
+        (0x9000, new_key),
+        0,
+    );
+    assert_eq!(
+        a.cqes(1)[0].status,
+        10,
+        "remote access error after invalidation"
+    );
+    let _ = (&mut a.pd, &mut b.pd);
+}
