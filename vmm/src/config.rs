@@ -239,21 +239,32 @@ pub struct NetConfig {
     pub mtu: Option<u16>,
 }
 
+/// Where VMMs of one host meet for the same-host RDMA path by default.
+pub const DEFAULT_LOCAL_DIR: &str = "/run/pvrdma-vmm";
+
 /// The PVRDMA slot: vmxnet3 at function 0 on `net`'s TAP, PVRDMA at
-/// function 1. `--pvrdma tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]`.
+/// function 1. `--pvrdma tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]
+/// [,local=on|off|DIR]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PvrdmaConfig {
     pub net: NetConfig,
     pub gid: GidType,
+    /// The directory of the same-host channel (`None`: always the wire).
+    pub local: Option<PathBuf>,
 }
 
-fn parse_nic(
-    s: &str,
+/// One `key=value` of an option.
+type KeyValue<'a> = (&'a str, &'a str);
+
+/// Parses the NIC keys of `s` (tap, mac, mtu); the other keys of
+/// `allowed` are returned for the caller.
+fn parse_nic<'a>(
+    s: &'a str,
     what: &'static str,
     allowed: &[&str],
     expected: &'static str,
-) -> Result<(NetConfig, Option<GidType>), ConfigError> {
-    let (mut tap, mut mac, mut mtu, mut gid) = (None, None, None, None);
+) -> Result<(NetConfig, Vec<KeyValue<'a>>), ConfigError> {
+    let (mut tap, mut mac, mut mtu, mut rest) = (None, None, None, Vec::new());
     for (k, v) in parse_kv(s, what, allowed, expected)? {
         match k {
             "tap" => tap = Some(parse_tap_name(v)?),
@@ -271,19 +282,12 @@ fn parse_nic(
                         .ok_or_else(err)?,
                 );
             }
-            _ => {
-                let err = || ConfigError::BadValue {
-                    key: "gid",
-                    value: v.to_string(),
-                    expected: "roce-v2 or roce-v1",
-                };
-                gid = Some(v.parse::<GidType>().map_err(|_| err())?);
-            }
+            _ => rest.push((k, v)),
         }
     }
     let tap = tap.ok_or(ConfigError::MissingKey { what, key: "tap" })?;
     let mac = mac.ok_or(ConfigError::MissingKey { what, key: "mac" })?;
-    Ok((NetConfig { tap, mac, mtu }, gid))
+    Ok((NetConfig { tap, mac, mtu }, rest))
 }
 
 impl FromStr for NetConfig {
@@ -298,16 +302,40 @@ impl FromStr for PvrdmaConfig {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (net, gid) = parse_nic(
+        let (net, rest) = parse_nic(
             s,
             "--pvrdma",
-            &["tap", "mac", "mtu", "gid"],
-            "tap=, mac=, mtu=, gid=",
+            &["tap", "mac", "mtu", "gid", "local"],
+            "tap=, mac=, mtu=, gid=, local=",
         )?;
-        Ok(Self {
+        let mut cfg = Self {
             net,
-            gid: gid.unwrap_or_default(),
-        })
+            gid: GidType::default(),
+            local: Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
+        };
+        for (k, v) in rest {
+            if k == "gid" {
+                cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
+                    key: "gid",
+                    value: v.to_string(),
+                    expected: "roce-v2 or roce-v1",
+                })?;
+            } else {
+                cfg.local = match v {
+                    "off" => None,
+                    "on" => Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
+                    dir if dir.starts_with('/') => Some(PathBuf::from(dir)),
+                    _ => {
+                        return Err(ConfigError::BadValue {
+                            key: "local",
+                            value: v.to_string(),
+                            expected: "on, off or an absolute directory",
+                        })
+                    }
+                };
+            }
+        }
+        Ok(cfg)
     }
 }
 
@@ -412,6 +440,18 @@ mod tests {
         assert_eq!((p.gid, p.net.mtu), (GidType::RoceV2, None));
         let p: PvrdmaConfig = "tap=t1,mac=02:00:00:00:00:01,gid=roce-v1".parse().unwrap();
         assert_eq!(p.gid, GidType::RoceV1);
+        assert_eq!(
+            p.local.as_deref(),
+            Some(std::path::Path::new(DEFAULT_LOCAL_DIR))
+        );
+        let local = |s: &str| {
+            format!("tap=t1,mac=02:00:00:00:00:01,local={s}")
+                .parse::<PvrdmaConfig>()
+                .map(|p| p.local)
+        };
+        assert_eq!(local("off"), Ok(None));
+        assert_eq!(local("/tmp/r"), Ok(Some(PathBuf::from("/tmp/r"))));
+        assert!(local("relative").is_err());
         for bad in [
             "mac=52:54:00:12:34:56",
             "tap=t0",
@@ -451,6 +491,7 @@ mod tests {
             pvrdma: Some(PvrdmaConfig {
                 net: net("c"),
                 gid: GidType::RoceV2,
+                local: None,
             }),
             serial: SerialConfig::Off,
         };
@@ -458,6 +499,7 @@ mod tests {
         cfg.pvrdma = Some(PvrdmaConfig {
             net: net("a"),
             gid: GidType::RoceV2,
+            local: None,
         });
         assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
     }

@@ -236,6 +236,7 @@ impl DeviceManager {
             let (slot, port, tap) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
+                local_dir: rdma.local.clone(),
                 ..Default::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())

@@ -107,7 +107,14 @@ mod tests {
                 },
             ] {
                 limits.check().unwrap_or_else(|e| panic!("{e}"));
-                let caps = device_caps(&PvrdmaConfig { gid_type, limits }, [2; 6]);
+                let caps = device_caps(
+                    &PvrdmaConfig {
+                        gid_type,
+                        limits,
+                        local_dir: None,
+                    },
+                    [2; 6],
+                );
                 assert!(caps.max_uar.is_power_of_two());
                 assert!(caps.max_qp <= 0xffff);
                 assert!(matches!(caps.gid_types, 1 | 2));

@@ -202,6 +202,9 @@ impl Limits {
 pub struct PvrdmaConfig {
     pub gid_type: GidType,
     pub limits: Limits,
+    /// Directory of the same-host channel (`None`: frames always take the
+    /// port's backend).
+    pub local_dir: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{LimitsError, PvrdmaConfig};
+use crate::datapath::local::LocalChannel;
 use crate::datapath::wire::{Inbox, Wire};
 use crate::datapath::Clock;
 use crate::events::Interrupts;
@@ -155,6 +156,18 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             }
         });
         let inbox = Arc::new(Inbox::new(Arc::clone(&metrics)).map_err(PvrdmaError::EventFd)?);
+        let local = config.local_dir.as_ref().and_then(|dir| {
+            let mac = port.state().mac;
+            LocalChannel::bind(dir, mac)
+                .inspect(|_| log::info!("pvrdma: same-host channel in {}", dir.display()))
+                .inspect_err(|e| {
+                    log::warn!(
+                        "pvrdma: no same-host channel in {} ({e}); all RoCE traffic takes the wire",
+                        dir.display()
+                    )
+                })
+                .ok()
+        });
         let weak = Arc::downgrade(&inbox);
         port.set_rdma_steering(move |frame| weak.upgrade().is_some_and(|i| i.offer(frame)));
         let shared = Arc::new(Shared {
@@ -164,7 +177,11 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 irq: Interrupts::new(msix),
                 metrics,
                 hub: Arc::new(hub),
-                wire: Wire { backend, inbox },
+                wire: Wire {
+                    backend,
+                    inbox,
+                    local,
+                },
                 clock: Clock::new(),
             },
             state: Mutex::new(State::new()),

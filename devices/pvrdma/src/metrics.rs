@@ -141,6 +141,12 @@ metrics! {
     roce_tx_error,
     /// Frames for one of the device's own GIDs, looped back.
     roce_loopback,
+    /// Frames sent to a VMM of this host over the same-host channel.
+    roce_local_tx,
+    /// Frames for a VMM of this host that had no room for them.
+    roce_local_dropped,
+    /// Frames received over the same-host channel.
+    roce_local_rx,
 }
 
 #[cfg(test)]

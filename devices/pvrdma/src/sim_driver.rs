@@ -253,11 +253,16 @@ impl SimDriver {
     /// A device on a fresh bus, memory decoding and MSI-X enabled, the
     /// port's link up; not probed yet.
     pub fn with_config(config: &PvrdmaConfig) -> Self {
+        Self::with_config_and_mac(config, MAC)
+    }
+
+    /// [`Self::with_config`] with the port's MAC `mac`.
+    pub fn with_config_and_mac(config: &PvrdmaConfig, mac: [u8; 6]) -> Self {
         let mem: Mem = Arc::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
                 .expect("guest memory"),
         );
-        let port = Arc::new(Port::new(MAC, true));
+        let port = Arc::new(Port::new(mac, true));
         port.set_active(true);
         let msi = Arc::new(MockMsi::default());
         let ioevents = Arc::new(MockIoEvents::default());

@@ -49,6 +49,7 @@ const LINK_EVENT: u32 = 0xff00_0002;
 const INBOX_EVENT: u32 = 0xff00_0003;
 const TIMER_EVENT: u32 = 0xff00_0004;
 const KICK_EVENT: u32 = 0xff00_0005;
+const LOCAL_EVENT: u32 = 0xff00_0006;
 /// Frames taken from the inbox per wake-up before other events get a turn.
 const RX_BATCH: usize = 256;
 /// Shortest timer the worker arms, so an overdue deadline cannot spin it.
@@ -237,6 +238,20 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
+    /// Frames from VMMs of this host join the steered ones.
+    fn handle_local(&mut self) {
+        let env = &self.shared.env;
+        let Some(local) = env.wire.local.as_ref() else {
+            return;
+        };
+        for frame in local.recv(RX_BATCH) {
+            env.metrics.roce_local_rx.inc();
+            if !env.wire.inbox.offer(&frame) {
+                env.metrics.roce_rx_bad.inc();
+            }
+        }
+    }
+
     /// Runs the QPs whose deadline passed, and those left with work.
     fn handle_timer_or_kick(&mut self, kick: bool) {
         let busy = if kick {
@@ -338,6 +353,12 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
         if let Err(e) = ops.add(Events::with_data(&self.timer, TIMER_EVENT, EventSet::IN)) {
             error!("pvrdma: failed to watch the engine timer: {e}");
         }
+        if let Some(local) = self.shared.env.wire.local.as_ref() {
+            let fd = local.socket().as_raw_fd();
+            if let Err(e) = ops.add(Events::with_data_raw(fd, LOCAL_EVENT, EventSet::IN)) {
+                error!("pvrdma: failed to watch the same-host channel: {e}");
+            }
+        }
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
@@ -353,6 +374,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 self.handle_link();
             }
             INBOX_EVENT => self.handle_inbox(),
+            LOCAL_EVENT => self.handle_local(),
             TIMER_EVENT => self.handle_timer_or_kick(false),
             KICK_EVENT => self.handle_timer_or_kick(true),
             data => {

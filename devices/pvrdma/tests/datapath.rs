@@ -5,12 +5,11 @@
 //! waits, UD with the GRH area, SRQ receives, remote access errors, fast
 //! registration and local invalidation, and recovery from a lossy wire.
 
-mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::*;
 use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
+use pvrdma::PvrdmaConfig;
 use pvrdma_abi::verbs::{access, qp_state, qp_type};
 use pvrdma_abi::wqe::{
     send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, Sge, SqWqeHdr,
@@ -19,6 +18,9 @@ use pvrdma_abi::wqe::{
 /// IPv4-mapped GIDs of the two sides (10.0.0.1 and 10.0.0.2).
 const GID_A: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
 const GID_B: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
+/// The two ports' MACs.
+const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 /// Every MR of these tests: 64 KiB at this IOVA.
 const IOVA: u64 = 0x7f00_0000_0000;
 const MR_LEN: u64 = 64 << 10;
@@ -36,7 +38,16 @@ struct Side {
 
 impl Side {
     fn new(gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
-        let mut sim = ready();
+        let mac = if gid == GID_A { MAC_A } else { MAC_B };
+        Self::on(
+            SimDriver::with_config_and_mac(&PvrdmaConfig::default(), mac),
+            gid,
+            spec,
+        )
+    }
+
+    fn on(mut sim: SimDriver, gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        sim.probe().expect("probe");
         sim.bind_gid(0, gid, 2).expect("bind");
         let pd = sim.create_pd(0).expect("pd");
         let cq = sim.create_cq(0, 256).expect("cq");
@@ -94,15 +105,20 @@ impl Side {
 
 /// Two RC QPs connected to each other over a joined wire.
 fn rc_pair() -> (Side, Side) {
-    let mut a = Side::new(GID_A, QpSpec::rc);
-    let mut b = Side::new(GID_B, QpSpec::rc);
+    let a = Side::new(GID_A, QpSpec::rc);
+    let b = Side::new(GID_B, QpSpec::rc);
     SimDriver::connect(&a.sim, &b.sim);
+    connect(a, b)
+}
+
+/// Connects the RC QPs of `a` and `b`.
+fn connect(mut a: Side, mut b: Side) -> (Side, Side) {
     let (qa, qb) = (a.qp.qpn, b.qp.qpn);
     a.sim
-        .connect_rc(a.qp.handle, 0, GID_B, qb, (0x10, 0x20))
+        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qb, (0x10, 0x20))
         .expect("A to RTS");
     b.sim
-        .connect_rc(b.qp.handle, 0, GID_A, qa, (0x20, 0x10))
+        .connect_rc(b.qp.handle, 0, (GID_A, MAC_A), qa, (0x20, 0x10))
         .expect("B to RTS");
     (a, b)
 }
@@ -360,10 +376,10 @@ fn srq_receives_complete_with_the_qp_handle() {
     let mut a = Side::new(GID_A, QpSpec::rc);
     SimDriver::connect(&a.sim, &b.sim);
     a.sim
-        .connect_rc(a.qp.handle, 0, GID_B, qp.qpn, (1, 2))
+        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qp.qpn, (1, 2))
         .expect("A");
     b.sim
-        .connect_rc(qp.handle, 0, GID_A, a.qp.qpn, (2, 1))
+        .connect_rc(qp.handle, 0, (GID_A, MAC_A), a.qp.qpn, (2, 1))
         .expect("B");
     b.sim.post_srq_recv_sges(&srq, 41, &[b.sge(0, 64)]);
     b.sim.post_srq_recv_sges(&srq, 42, &[b.sge(64, 64)]);
@@ -460,4 +476,43 @@ fn send_with_invalidate_and_fast_registration() {
         "remote access error after invalidation"
     );
     let _ = (&mut a.pd, &mut b.pd);
+}
+
+/// Two devices of one host, their wires not joined: frames reach the peer
+/// over the same-host channel only, found by the destination MAC.
+#[test]
+fn same_host_channel_carries_the_traffic_without_the_wire() {
+    let dir = std::env::temp_dir().join(format!("pvrdma-datapath-{}", std::process::id()));
+    let config = PvrdmaConfig {
+        local_dir: Some(dir.clone()),
+        ..PvrdmaConfig::default()
+    };
+    let a = Side::on(
+        SimDriver::with_config_and_mac(&config, MAC_A),
+        GID_A,
+        QpSpec::rc,
+    );
+    let b = Side::on(
+        SimDriver::with_config_and_mac(&config, MAC_B),
+        GID_B,
+        QpSpec::rc,
+    );
+    let (a, b) = connect(a, b);
+    let data = pattern(20_000, 5);
+    a.write(0, &data);
+    a.send(
+        1,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 20_000)],
+        (IOVA + 1000, b.key),
+        0,
+    );
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(b.read(1000, 20_000), data);
+    assert!(a.sim.metric("roce_local_tx") >= 20);
+    assert!(b.sim.metric("roce_local_rx") >= 20);
+    assert_eq!(a.sim.metric("roce_tx"), 0, "nothing on the wire");
+    assert!(a.sim.wire.sent.lock().unwrap().is_empty());
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
 }

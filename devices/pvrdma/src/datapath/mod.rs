@@ -15,6 +15,7 @@
     clippy::arithmetic_side_effects
 )]
 
+pub(crate) mod local;
 pub(crate) mod mem;
 pub(crate) mod wire;
 pub(crate) mod wqe;

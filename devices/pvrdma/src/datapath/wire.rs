@@ -20,6 +20,7 @@ use rdma_transport::packet::Addr;
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::local::{LocalChannel, Sent};
 use crate::metrics::Metrics;
 use crate::objects::gid::GidTable;
 
@@ -112,23 +113,37 @@ impl PacketSink for Frames {
 }
 
 /// Where outgoing frames go: back into our own inbox when addressed to one
-/// of our own GIDs (a TAP does not reflect a frame to its sender), else
-/// onto the port's backend.
-pub(crate) fn transmit(
-    backend: &dyn FrameBackend,
-    inbox: &Inbox,
+/// of our own GIDs (a TAP does not reflect a frame to its sender), to a
+/// VMM of this host over the same-host channel, else onto the port's
+/// backend.
+fn transmit(
+    wire: &Wire,
     metrics: &Metrics,
     frames: Vec<Vec<u8>>,
-    is_local: impl Fn(IpAddr) -> bool,
+    is_ours: impl Fn(IpAddr) -> bool,
 ) {
     for frame in frames {
-        let local = parse_layers(&frame).is_ok_and(|l| is_local(l.ip.dst));
-        if local {
+        let Ok(layers) = parse_layers(&frame) else {
+            continue;
+        };
+        if is_ours(layers.ip.dst) {
             metrics.roce_loopback.inc();
-            inbox.push(frame);
+            wire.inbox.push(frame);
             continue;
         }
-        match backend.send(&VnetHdr::default(), &frame) {
+        let local = wire.local.as_ref().map(|l| l.send(layers.dst_mac, &frame));
+        match local {
+            Some(Sent::Local) => {
+                metrics.roce_local_tx.inc();
+                continue;
+            }
+            Some(Sent::Dropped) => {
+                metrics.roce_local_dropped.inc();
+                continue;
+            }
+            Some(Sent::NotLocal) | None => {}
+        }
+        match wire.backend.send(&VnetHdr::default(), &frame) {
             Ok(()) => {
                 metrics.roce_tx.inc();
             }
@@ -199,11 +214,16 @@ pub(crate) fn no_addr() -> Addr {
 pub(crate) struct Wire {
     pub(crate) backend: Arc<dyn FrameBackend>,
     pub(crate) inbox: Arc<Inbox>,
+    /// The same-host channel, unless disabled or unavailable.
+    pub(crate) local: Option<LocalChannel>,
 }
 
 impl std::fmt::Debug for Wire {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wire").field("inbox", &self.inbox).finish()
+        f.debug_struct("Wire")
+            .field("inbox", &self.inbox)
+            .field("local", &self.local)
+            .finish()
     }
 }
 
@@ -213,8 +233,6 @@ impl Wire {
         if frames.is_empty() {
             return;
         }
-        transmit(&*self.backend, &self.inbox, metrics, frames, |ip| {
-            gids.contains(&gid_from_ip(ip))
-        });
+        transmit(self, metrics, frames, |ip| gids.contains(&gid_from_ip(ip)));
     }
 }

@@ -208,13 +208,13 @@ impl SimDriver {
     }
 
     /// RESET -> INIT -> RTR -> RTS of an RC QP towards `peer_qpn` at
-    /// `dgid` (our GID at index `sgid_index`), sending from PSN `sq_psn`
-    /// and expecting `rq_psn`.
+    /// `dgid`/`dmac` (our GID at index `sgid_index`), sending from PSN
+    /// `sq_psn` and expecting `rq_psn`.
     pub fn connect_rc(
         &mut self,
         qp: u32,
         sgid_index: u8,
-        dgid: [u8; 16],
+        (dgid, dmac): ([u8; 16], [u8; 6]),
         peer_qpn: u32,
         (sq_psn, rq_psn): (u32, u32),
     ) -> Result<(), Failure> {
@@ -232,7 +232,7 @@ impl SimDriver {
         let mut ah = AhAttr {
             port_num: 1,
             ah_flags: AH_FLAG_GRH,
-            dmac: [2, 0, 0, 0, 0, 9],
+            dmac,
             ..AhAttr::default()
         };
         ah.grh.dgid = dgid;
