@@ -28,6 +28,7 @@ use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+pub mod endpoint;
 mod verbs;
 mod work;
 use crate::{Pvrdma, PvrdmaConfig};

@@ -43,9 +43,16 @@ pub(crate) struct Env {
 }
 
 impl Env {
-    /// Sends frames the engine emitted (see [`Wire::transmit`]).
-    pub(crate) fn transmit(&self, gids: &GidTable, frames: Vec<Vec<u8>>) {
-        self.wire.transmit(gids, &self.metrics, frames);
+    /// Routes frames the engine emitted (see [`Wire::route`]); the caller
+    /// sends what is returned once it has released the state lock.
+    pub(crate) fn route(&self, gids: &GidTable, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        self.wire.route(gids, &self.metrics, frames)
+    }
+
+    /// Sends routed frames (see [`Wire::send`]); never under the state
+    /// lock: the same-host channel may wait for a receiver.
+    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
+        self.wire.send(&self.metrics, frames);
     }
 }
 

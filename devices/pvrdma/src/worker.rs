@@ -85,6 +85,10 @@ pub(crate) struct Worker<M> {
     /// Wakes the worker for QPs whose budget ran out.
     kick: EventFd,
     busy: BTreeSet<u32>,
+    /// The deadline the timer is armed for.
+    armed: Option<u64>,
+    /// Frames to send once the state lock is released.
+    outgoing: Vec<Vec<u8>>,
     stopped: bool,
 }
 
@@ -107,6 +111,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             timer: TimerFd::new().map_err(|e| SpawnError::Timer(e.into()))?,
             kick: EventFd::new(EFD_NONBLOCK).map_err(SpawnError::EventFd)?,
             busy: BTreeSet::new(),
+            armed: None,
+            outgoing: Vec::new(),
             stopped: false,
         })
     }
@@ -140,7 +146,8 @@ impl<M: GuestAddressSpace> Worker<M> {
         handle: u32,
         out: Outcome,
     ) {
-        env.transmit(&objects.gids, out.frames);
+        let frames = env.route(&objects.gids, out.frames);
+        self.outgoing.extend(frames);
         if out.more && self.busy.insert(handle) {
             if let Err(e) = self.kick.write(1) {
                 error!("pvrdma: failed to requeue QP {handle}: {e}");
@@ -250,6 +257,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 env.metrics.roce_rx_bad.inc();
             }
         }
+        self.handle_inbox();
     }
 
     /// Runs the QPs whose deadline passed, and those left with work.
@@ -259,6 +267,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             std::mem::take(&mut self.busy)
         } else {
             let _ = self.timer.wait();
+            self.armed = None;
             BTreeSet::new()
         };
         let mem = self.mem.memory();
@@ -304,6 +313,10 @@ impl<M: GuestAddressSpace> Worker<M> {
                 .min()
         });
         drop(state);
+        if next == self.armed {
+            return;
+        }
+        self.armed = next;
         let result = match next {
             Some(deadline) => {
                 let wait = deadline.saturating_sub(self.shared.env.clock.now());
@@ -392,6 +405,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 }
             }
         }
+        self.shared.env.send(std::mem::take(&mut self.outgoing));
         self.rearm_timer();
     }
 }

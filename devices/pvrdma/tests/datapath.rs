@@ -5,123 +5,15 @@
 //! waits, UD with the GRH area, SRQ receives, remote access errors, fast
 //! registration and local invalidation, and recovery from a lossy wire.
 
-
 use std::sync::atomic::Ordering;
 
-use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
-use pvrdma::PvrdmaConfig;
-use pvrdma_abi::verbs::{access, qp_state, qp_type};
-use pvrdma_abi::wqe::{
-    send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, Sge, SqWqeHdr,
+use pvrdma::sim_driver::endpoint::{
+    connect, rc_pair, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B, MR_LEN, RIGHTS,
 };
-
-/// IPv4-mapped GIDs of the two sides (10.0.0.1 and 10.0.0.2).
-const GID_A: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
-const GID_B: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
-/// The two ports' MACs.
-const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
-const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
-/// Every MR of these tests: 64 KiB at this IOVA.
-const IOVA: u64 = 0x7f00_0000_0000;
-const MR_LEN: u64 = 64 << 10;
-const RIGHTS: u32 =
-    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
-
-struct Side {
-    sim: SimDriver,
-    pd: u32,
-    cq: SimCq,
-    qp: SimQp,
-    key: u32,
-    pages: Vec<u64>,
-}
-
-impl Side {
-    fn new(gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
-        let mac = if gid == GID_A { MAC_A } else { MAC_B };
-        Self::on(
-            SimDriver::with_config_and_mac(&PvrdmaConfig::default(), mac),
-            gid,
-            spec,
-        )
-    }
-
-    fn on(mut sim: SimDriver, gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
-        sim.probe().expect("probe");
-        sim.bind_gid(0, gid, 2).expect("bind");
-        let pd = sim.create_pd(0).expect("pd");
-        let cq = sim.create_cq(0, 256).expect("cq");
-        let qp = sim.create_qp(spec(pd, cq.handle)).expect("qp");
-        let (mr, pages) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
-        Side {
-            sim,
-            pd,
-            cq,
-            qp,
-            key: mr.lkey,
-            pages,
-        }
-    }
-
-    fn sge(&self, off: u64, len: u32) -> Sge {
-        Sge {
-            addr: IOVA + off,
-            length: len,
-            lkey: self.key,
-        }
-    }
-
-    fn write(&self, off: u64, data: &[u8]) {
-        self.sim.write_buf(&self.pages, off, data);
-    }
-
-    fn read(&self, off: u64, len: usize) -> Vec<u8> {
-        self.sim.read_buf(&self.pages, off, len)
-    }
-
-    /// Waits for `n` CQEs.
-    fn cqes(&self, n: usize) -> Vec<Cqe> {
-        let mut got = Vec::new();
-        self.sim.wait_until(|s| {
-            got.extend(s.poll_cq(&self.cq));
-            got.len() >= n
-        });
-        got
-    }
-
-    fn send(&self, wr_id: u64, opcode: u32, sges: &[Sge], remote: (u64, u32), ex: u32) {
-        let mut hdr = SqWqeHdr {
-            wr_id,
-            opcode,
-            send_flags: send_flags::SIGNALED,
-            ex,
-            ..SqWqeHdr::default()
-        };
-        hdr.wr[0] = remote.0;
-        hdr.wr[1] = remote.1.into();
-        self.sim.post_send_wqe(&self.qp, hdr, sges);
-    }
-}
-
-/// Two RC QPs connected to each other over a joined wire.
-fn rc_pair() -> (Side, Side) {
-    let a = Side::new(GID_A, QpSpec::rc);
-    let b = Side::new(GID_B, QpSpec::rc);
-    SimDriver::connect(&a.sim, &b.sim);
-    connect(a, b)
-}
-
-/// Connects the RC QPs of `a` and `b`.
-fn connect(mut a: Side, mut b: Side) -> (Side, Side) {
-    let (qa, qb) = (a.qp.qpn, b.qp.qpn);
-    a.sim
-        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qb, (0x10, 0x20))
-        .expect("A to RTS");
-    b.sim
-        .connect_rc(b.qp.handle, 0, (GID_A, MAC_A), qa, (0x20, 0x10))
-        .expect("B to RTS");
-    (a, b)
-}
+use pvrdma::sim_driver::{QpSpec, SimDriver};
+use pvrdma::PvrdmaConfig;
+use pvrdma_abi::verbs::{qp_state, qp_type};
+use pvrdma_abi::wqe::{send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, SqWqeHdr};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

@@ -9,7 +9,12 @@
 //! paths alike (and a peer never trusts either).
 //!
 //! A socket whose owner died refuses the datagram; the frame then takes
-//! the wire. A full receiver drops it (RC retransmits, as on a wire).
+//! the wire. A receiver's queue is short (`net.unix.max_dgram_qlen`, 10 by
+//! default), so a sender waits for room, up to [`SEND_WAIT`] per frame:
+//! that paces a sender to its receiver instead of losing most of a burst.
+//! Only after that wait is a frame dropped (RC retransmits, as on a wire);
+//! the wait is bounded so two workers sending to each other cannot block
+//! each other for long. Sends happen outside the device's state lock.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,10 +22,12 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use net_port::MAX_FRAME_LEN;
 
@@ -35,10 +42,22 @@ pub(crate) enum Sent {
     NotLocal,
 }
 
+/// Longest a sender waits for room in a receiver's queue.
+const SEND_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Peers whose sockets stay connected (a connected send skips the path
+/// lookup); beyond this many, the cache starts over.
+const MAX_PEERS: usize = 256;
+
 /// One device's end of the same-host channel.
 #[derive(Debug)]
 pub(crate) struct LocalChannel {
+    /// Bound to `own`, non-blocking: frames from other VMMs.
     sock: UnixDatagram,
+    /// Sockets connected to peers by MAC, blocking up to [`SEND_WAIT`].
+    peers: Mutex<HashMap<[u8; 6], UnixDatagram>>,
+    /// Receive buffer (one frame).
+    buf: Mutex<Vec<u8>>,
     dir: PathBuf,
     own: PathBuf,
 }
@@ -73,6 +92,8 @@ impl LocalChannel {
         sock.set_nonblocking(true)?;
         Ok(Self {
             sock,
+            peers: Mutex::new(HashMap::new()),
+            buf: Mutex::new(vec![0; MAX_FRAME_LEN]),
             dir: dir.to_path_buf(),
             own,
         })
@@ -83,23 +104,55 @@ impl LocalChannel {
         &self.sock
     }
 
+    /// A socket connected to the VMM owning `mac`, if one is running.
+    fn connect(&self, mac: [u8; 6]) -> Option<UnixDatagram> {
+        let path = self.dir.join(sock_name(mac));
+        if path == self.own {
+            return None;
+        }
+        let sock = UnixDatagram::unbound().ok()?;
+        sock.connect(&path).ok()?;
+        sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
+        Some(sock)
+    }
+
     /// Offers `frame` to the VMM owning `dst_mac` on this host.
     pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
-        let path = self.dir.join(sock_name(dst_mac));
-        if path == self.own {
-            return Sent::NotLocal;
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if !peers.contains_key(&dst_mac) {
+            let Some(sock) = self.connect(dst_mac) else {
+                return Sent::NotLocal;
+            };
+            if peers.len() >= MAX_PEERS {
+                peers.clear();
+            }
+            peers.insert(dst_mac, sock);
         }
-        match self.sock.send_to(frame, &path) {
+        let Some(sock) = peers.get(&dst_mac) else {
+            return Sent::NotLocal;
+        };
+        match sock.send(frame) {
             Ok(_) => Sent::Local,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Sent::Dropped,
-            Err(_) => Sent::NotLocal,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Sent::Dropped
+            }
+            Err(_) => {
+                // The peer is gone (or was replaced): look again next time.
+                peers.remove(&dst_mac);
+                Sent::NotLocal
+            }
         }
     }
 
     /// Up to `max` frames received from other VMMs.
     pub(crate) fn recv(&self, max: usize) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        let mut buf = vec![0u8; MAX_FRAME_LEN];
+        let mut buf = self.buf.lock().unwrap_or_else(PoisonError::into_inner);
         while out.len() < max {
             match self.sock.recv(&mut buf) {
                 Ok(n) => out.push(buf.get(..n).unwrap_or_default().to_vec()),

@@ -79,10 +79,15 @@ impl Inbox {
             self.metrics.roce_rx_dropped.inc();
             return;
         }
+        let was_empty = frames.is_empty();
         frames.push_back(frame);
         drop(frames);
-        if let Err(e) = self.evt.write(1) {
-            log::warn!("pvrdma: cannot wake the worker for a received frame: {e}");
+        // The worker drains the whole queue per wake-up: one wake-up per
+        // batch, not per frame.
+        if was_empty {
+            if let Err(e) = self.evt.write(1) {
+                log::warn!("pvrdma: cannot wake the worker for a received frame: {e}");
+            }
         }
     }
 
@@ -109,48 +114,6 @@ pub(crate) struct Frames(pub(crate) Vec<Vec<u8>>);
 impl PacketSink for Frames {
     fn send(&mut self, frame: Vec<u8>) {
         self.0.push(frame);
-    }
-}
-
-/// Where outgoing frames go: back into our own inbox when addressed to one
-/// of our own GIDs (a TAP does not reflect a frame to its sender), to a
-/// VMM of this host over the same-host channel, else onto the port's
-/// backend.
-fn transmit(
-    wire: &Wire,
-    metrics: &Metrics,
-    frames: Vec<Vec<u8>>,
-    is_ours: impl Fn(IpAddr) -> bool,
-) {
-    for frame in frames {
-        let Ok(layers) = parse_layers(&frame) else {
-            continue;
-        };
-        if is_ours(layers.ip.dst) {
-            metrics.roce_loopback.inc();
-            wire.inbox.push(frame);
-            continue;
-        }
-        let local = wire.local.as_ref().map(|l| l.send(layers.dst_mac, &frame));
-        match local {
-            Some(Sent::Local) => {
-                metrics.roce_local_tx.inc();
-                continue;
-            }
-            Some(Sent::Dropped) => {
-                metrics.roce_local_dropped.inc();
-                continue;
-            }
-            Some(Sent::NotLocal) | None => {}
-        }
-        match wire.backend.send(&VnetHdr::default(), &frame) {
-            Ok(()) => {
-                metrics.roce_tx.inc();
-            }
-            Err(e) => {
-                guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
-            }
-        }
     }
 }
 
@@ -228,11 +191,57 @@ impl std::fmt::Debug for Wire {
 }
 
 impl Wire {
-    /// Sends the engine's frames; those for a GID in `gids` loop back.
-    pub(crate) fn transmit(&self, gids: &GidTable, metrics: &Metrics, frames: Vec<Vec<u8>>) {
-        if frames.is_empty() {
-            return;
+    /// Loops the frames for one of our own GIDs (in `gids`) back into the
+    /// inbox (a TAP does not reflect a frame to its sender) and returns
+    /// the others, for [`Wire::send`] once the state lock is released.
+    pub(crate) fn route(
+        &self,
+        gids: &GidTable,
+        metrics: &Metrics,
+        frames: Vec<Vec<u8>>,
+    ) -> Vec<Vec<u8>> {
+        let mut out = Vec::with_capacity(frames.len());
+        for frame in frames {
+            let ours = parse_layers(&frame).is_ok_and(|l| gids.contains(&gid_from_ip(l.ip.dst)));
+            if ours {
+                metrics.roce_loopback.inc();
+                self.inbox.push(frame);
+            } else {
+                out.push(frame);
+            }
         }
-        transmit(self, metrics, frames, |ip| gids.contains(&gid_from_ip(ip)));
+        out
+    }
+
+    /// Sends frames to a VMM of this host over the same-host channel when
+    /// one owns the destination MAC, else onto the port's backend.
+    pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>) {
+        for frame in frames {
+            let dst_mac: Option<[u8; 6]> = frame.get(..6).and_then(|m| m.try_into().ok());
+            let local = self
+                .local
+                .as_ref()
+                .zip(dst_mac)
+                .map(|(l, mac)| l.send(mac, &frame));
+            match local {
+                Some(Sent::Local) => {
+                    metrics.roce_local_tx.inc();
+                    continue;
+                }
+                Some(Sent::Dropped) => {
+                    metrics.roce_local_dropped.inc();
+                    continue;
+                }
+                Some(Sent::NotLocal) | None => {}
+            }
+            match self.backend.send(&VnetHdr::default(), &frame) {
+                Ok(()) => {
+                    metrics.roce_tx.inc();
+                }
+                Err(e) => {
+                    guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
+                }
+            }
+        }
     }
 }

@@ -262,7 +262,9 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
             qp.set_error_state(cx.mem, cx.env, events, handle);
             let now = cx.env.clock.now();
             let out = datapath::run_qp(cx.mem, cx.env, events, objects, handle, now, Input::Kick);
-            cx.env.transmit(&objects.gids, out.frames);
+            // An engine in the error state only completes work: no frame
+            // is sent from under the state lock in practice.
+            cx.env.send(cx.env.route(&objects.gids, out.frames));
         }
         s::ERR => qp.enter_error(cx.mem, cx.env, events, handle, &mut objects.cqs),
         s::RTR | s::RTS | s::SQD => {

@@ -44,37 +44,12 @@ pub enum IcrcError {
     NoBth,
 }
 
-// Evaluated at compile time: an out-of-range index would fail the build.
-#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
-const fn make_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-}
-
-static TABLE: [u32; 256] = make_table();
-
 /// Raw reflected CRC-32 update (no pre/post inversion), like `crc32_le`.
-pub fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
-    for &b in data {
-        let idx = usize::from((crc as u8) ^ b);
-        crc = TABLE.get(idx).copied().unwrap_or(0) ^ (crc >> 8);
-    }
-    crc
+/// crc32fast (SIMD where the CPU has it) keeps its state inverted.
+pub fn crc32_update(crc: u32, data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(!crc);
+    h.update(data);
+    !h.finalize()
 }
 
 /// Computes the ICRC of a RoCE v2 packet and returns the four bytes to put

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Two connected endpoints for data path tests and benchmarks: each a
+//! simulated driver with a PD, CQ, RC QP and MR, as two guests running
+//! one verbs program against each other.
+
+use pvrdma_abi::verbs::access;
+use pvrdma_abi::wqe::{send_flags, Cqe, Sge, SqWqeHdr};
+
+use super::{QpSpec, SimCq, SimDriver, SimQp};
+use crate::PvrdmaConfig;
+
+/// IPv4-mapped GIDs of the two sides (10.0.0.1 and 10.0.0.2).
+pub const GID_A: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+pub const GID_B: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2];
+/// The two ports' MACs.
+pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
+pub const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
+/// Every MR of these tests: 64 KiB at this IOVA.
+pub const IOVA: u64 = 0x7f00_0000_0000;
+pub const MR_LEN: u64 = 64 << 10;
+pub const RIGHTS: u32 =
+    access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
+
+/// A probed device with GID 0 bound, a kernel PD, CQ and QP, and a
+/// 64 KiB MR at [`IOVA`] over guest pages.
+pub struct Endpoint {
+    pub sim: SimDriver,
+    pub pd: u32,
+    pub cq: SimCq,
+    pub qp: SimQp,
+    /// lkey = rkey of the MR.
+    pub key: u32,
+    pub pages: Vec<u64>,
+}
+
+impl Endpoint {
+    /// Side A or B (by `gid`) on an unconnected wire.
+    pub fn new(gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        let mac = if gid == GID_A { MAC_A } else { MAC_B };
+        Self::on(
+            SimDriver::with_config_and_mac(&PvrdmaConfig::default(), mac),
+            gid,
+            spec,
+        )
+    }
+
+    /// The endpoint on a fresh `sim`.
+    pub fn on(mut sim: SimDriver, gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        sim.probe().expect("probe");
+        sim.bind_gid(0, gid, 2).expect("bind");
+        let pd = sim.create_pd(0).expect("pd");
+        let cq = sim.create_cq(0, 256).expect("cq");
+        let qp = sim.create_qp(spec(pd, cq.handle)).expect("qp");
+        let (mr, pages) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
+        Endpoint {
+            sim,
+            pd,
+            cq,
+            qp,
+            key: mr.lkey,
+            pages,
+        }
+    }
+
+    /// An SGE of the MR.
+    pub fn sge(&self, off: u64, len: u32) -> Sge {
+        Sge {
+            addr: IOVA + off,
+            length: len,
+            lkey: self.key,
+        }
+    }
+
+    /// Writes into the MR at offset `off`.
+    pub fn write(&self, off: u64, data: &[u8]) {
+        self.sim.write_buf(&self.pages, off, data);
+    }
+
+    /// Reads from the MR at offset `off`.
+    pub fn read(&self, off: u64, len: usize) -> Vec<u8> {
+        self.sim.read_buf(&self.pages, off, len)
+    }
+
+    /// Waits for `n` CQEs.
+    pub fn cqes(&self, n: usize) -> Vec<Cqe> {
+        let mut got = Vec::new();
+        self.sim.wait_until(|s| {
+            got.extend(s.poll_cq(&self.cq));
+            got.len() >= n
+        });
+        got
+    }
+
+    /// Posts a signaled send WQE with `remote` = (address, rkey).
+    pub fn send(&self, wr_id: u64, opcode: u32, sges: &[Sge], remote: (u64, u32), ex: u32) {
+        let mut hdr = SqWqeHdr {
+            wr_id,
+            opcode,
+            send_flags: send_flags::SIGNALED,
+            ex,
+            ..SqWqeHdr::default()
+        };
+        hdr.wr[0] = remote.0;
+        hdr.wr[1] = remote.1.into();
+        self.sim.post_send_wqe(&self.qp, hdr, sges);
+    }
+}
+
+/// Two RC QPs connected to each other over a joined wire.
+pub fn rc_pair() -> (Endpoint, Endpoint) {
+    let a = Endpoint::new(GID_A, QpSpec::rc);
+    let b = Endpoint::new(GID_B, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    connect(a, b)
+}
+
+/// Connects the RC QPs of `a` and `b`.
+pub fn connect(mut a: Endpoint, mut b: Endpoint) -> (Endpoint, Endpoint) {
+    let (qa, qb) = (a.qp.qpn, b.qp.qpn);
+    a.sim
+        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qb, (0x10, 0x20))
+        .expect("A to RTS");
+    b.sim
+        .connect_rc(b.qp.handle, 0, (GID_A, MAC_A), qa, (0x20, 0x10))
+        .expect("B to RTS");
+    (a, b)
+}
