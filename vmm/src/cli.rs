@@ -49,8 +49,13 @@ pub struct Cli {
     pub net: Vec<NetConfig>,
 
     /// The PVRDMA slot: vmxnet3 (function 0) on TAP NAME plus PVRDMA (function 1) sharing its
-    /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]. At most one per VM.
-    #[arg(long, value_name = "tap=NAME,mac=MAC[,gid=roce-v2|roce-v1]")]
+    /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR]. RDMA traffic
+    /// is RoCE v2 on the TAP, except to VMMs of this host, reached by memory copy through
+    /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). At most one per VM.
+    #[arg(
+        long,
+        value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR]"
+    )]
     pub pvrdma: Vec<PvrdmaConfig>,
 
     /// Serial console (COM1): tty (stdout, input from stdin), file=PATH, or off.
