@@ -198,6 +198,20 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
     }
 }
 
+impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
+    /// The counters that moved, for the VMM's log: what the device did and
+    /// what the guest or peers got wrong.
+    fn drop(&mut self) {
+        let moved: Vec<String> = self
+            .metrics()
+            .into_iter()
+            .filter(|(_, v)| *v != 0)
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        log::info!("pvrdma: counters: {}", moved.join(" "));
+    }
+}
+
 impl<M: GuestAddressSpace> Pvrdma<M> {
     /// The device's counters, by name (see the `metrics` module).
     pub fn metrics(&self) -> Vec<(&'static str, u64)> {

@@ -177,12 +177,14 @@ impl ProducerRing {
         self.ring.store(mem, Index::Prod, self.prod)
     }
 
-    /// Whether the guest's consumer index is usable right now.
-    pub(crate) fn check<M: GuestMemory>(&self, mem: &M) -> Result<(), RingError> {
+    /// Entries written and not yet consumed by the guest; fails when the
+    /// guest's consumer index is unusable.
+    pub(crate) fn unconsumed<M: GuestMemory>(&self, mem: &M) -> Result<u32, RingError> {
         let g = self.ring.geometry;
         let cons = self.ring.load(mem, Index::Cons)?;
-        if g.in_cycle(cons) && g.distance(cons, self.prod) <= g.capacity() {
-            Ok(())
+        let used = g.distance(cons, self.prod);
+        if g.in_cycle(cons) && used <= g.capacity() {
+            Ok(used)
         } else {
             Err(RingError::BadIndex(cons))
         }
@@ -359,12 +361,12 @@ mod tests {
         for cons in [16, 0xffff_ffff, 3] {
             set_cons(&mem, cons);
             assert!(matches!(ring.push(&mem, &cqe), Err(RingError::BadIndex(_))));
-            assert!(ring.check(&mem).is_err());
+            assert!(ring.unconsumed(&mem).is_err());
         }
         assert_eq!(prod_tail(&mem), 0);
         set_cons(&mem, 0);
         ring.push(&mem, &cqe).unwrap();
-        assert!(ring.check(&mem).is_ok());
+        assert_eq!(ring.unconsumed(&mem).unwrap(), 1);
     }
 
     #[test]

@@ -92,6 +92,20 @@ pub(crate) struct Worker<M> {
     stopped: bool,
 }
 
+/// A timerfd whose read never blocks: the worker may re-arm it between
+/// epoll reporting an expiry and the read, which would then wait for the
+/// new deadline.
+fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
+    let timer = TimerFd::new().map_err(|e| SpawnError::Timer(e.into()))?;
+    // SAFETY: F_SETFL on a descriptor this function owns, with a flag
+    // argument; no memory is passed.
+    let rc = unsafe { libc::fcntl(timer.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    if rc < 0 {
+        return Err(SpawnError::Timer(std::io::Error::last_os_error()));
+    }
+    Ok(timer)
+}
+
 impl<M: GuestAddressSpace> Worker<M> {
     /// `link` is signalled by the port listener on link changes.
     pub(crate) fn new(mem: M, shared: Arc<Shared>, link: EventFd) -> Result<Self, SpawnError> {
@@ -108,7 +122,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             wake,
             link,
             watched: BTreeMap::new(),
-            timer: TimerFd::new().map_err(|e| SpawnError::Timer(e.into()))?,
+            timer: nonblocking_timer()?,
             kick: EventFd::new(EFD_NONBLOCK).map_err(SpawnError::EventFd)?,
             busy: BTreeSet::new(),
             armed: None,

@@ -169,6 +169,7 @@ pub(crate) fn engine_attrs(qp: &Qp, gids: &GidTable, mac: Mac, port_mtu: u16) ->
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
         min_rnr_timer: a.min_rnr_timer,
+        max_rd_atomic: a.max_rd_atomic,
         qkey: a.qkey,
         sq_psn: Psn::new(a.sq_psn),
         rq_psn: Psn::new(a.rq_psn),

@@ -158,8 +158,20 @@ impl Cq {
         if self.broken {
             return;
         }
-        if let Err(e) = self.ring.check(mem) {
-            self.fail(mem, env, events, handle, &e);
+        let unconsumed = match self.ring.unconsumed(mem) {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(mem, env, events, handle, &e);
+                return;
+            }
+        };
+        // The doorbell reaches the worker after the guest re-polled the CQ
+        // empty; CQEs the worker wrote in between would otherwise never be
+        // announced and the guest would sleep on them. Notify at once (at
+        // worst a spurious wake-up, which every CQ consumer handles).
+        if unconsumed > 0 {
+            self.arm = Arm::None;
+            events.post_cq_notify(mem, &env.irq, &env.metrics, handle);
             return;
         }
         self.arm = match (self.arm, solicited) {

@@ -69,6 +69,9 @@ pub struct QpAttrs {
     pub rnr_retry: u8,
     /// RNR timer code our responder sends.
     pub min_rnr_timer: u8,
+    /// RDMA READs and atomics we may have outstanding (`max_rd_atomic`;
+    /// 0 is taken as 1): the peer keeps that many results, no more.
+    pub max_rd_atomic: u8,
     /// UD Q_Key.
     pub qkey: u32,
     /// First PSN we send (`sq_psn`).
@@ -488,8 +491,26 @@ impl Qp {
         true
     }
 
+    /// READ/atomic WQEs sent and not yet completed.
+    fn outstanding_rd_atomic(&self) -> usize {
+        self.sq
+            .iter()
+            .take(self.next)
+            .filter(|s| s.done.is_none() && s.e.wqe.opcode.needs_response())
+            .count()
+    }
+
     fn send_one(&mut self, now: u64, io: &mut Io<'_>) -> bool {
         let ra = self.attrs.req();
+        let starting = self.req.offset == 0 && self.req.prev.is_none();
+        let limit = usize::from(self.attrs.max_rd_atomic.max(1));
+        let next_needs_response = self
+            .sq
+            .get(self.next)
+            .is_some_and(|s| s.done.is_none() && s.e.wqe.opcode.needs_response());
+        if starting && next_needs_response && self.outstanding_rd_atomic() >= limit {
+            return false;
+        }
         let Some(slot) = self.sq.get_mut(self.next) else {
             return false;
         };

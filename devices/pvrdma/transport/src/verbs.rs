@@ -101,6 +101,15 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// RDMA READ and atomics: the peer answers with data, not just an ACK,
+    /// and keeps the result for replay.
+    pub const fn needs_response(self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+        )
+    }
+
     /// Completion opcode of a send WR.
     pub const fn wc_opcode(self) -> WcOpcode {
         match self {

@@ -85,6 +85,7 @@ fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
         retry_cnt: 7,
         rnr_retry: 2,
         min_rnr_timer: 1,
+        max_rd_atomic: 16,
         qkey: 0x1234,
         sq_psn: Psn::new(psn),
         rq_psn: Psn::new(peer_psn),
@@ -308,6 +309,28 @@ fn long_message_with_loss() {
             w.n[1].mem.buf[65536..65536 + 60_000],
             w.n[0].mem.buf[..60_000]
         );
+    }
+}
+
+/// Many small READs outstanding on a lossy link: lost requests and
+/// responses are re-read, every READ completes with the right bytes.
+#[test]
+fn many_reads_with_loss() {
+    for drop_pct in [0, 10] {
+        let mut w = World::new(100, false);
+        w.drop_pct = drop_pct;
+        w.fill(1);
+        for i in 0..100u64 {
+            w.post(0, WrOpcode::RdmaRead, 16, i * 16, remote(i * 16));
+        }
+        w.run(5000);
+        let wcs = w.wcs(0, true);
+        assert_eq!(wcs.len(), 100, "{drop_pct}%");
+        assert!(
+            wcs.iter().all(|w| w.0 == WcStatus::Success),
+            "{drop_pct}%: {wcs:?}"
+        );
+        assert_eq!(w.n[0].mem.buf[..1600], w.n[1].mem.buf[..1600]);
     }
 }
 
