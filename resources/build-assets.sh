@@ -23,11 +23,15 @@ CACHE=${PVRDMA_VMM_CACHE:-$HOME/.cache/pvrdma-vmm}
 [[ $CACHE != *[[:space:]]* ]] || die "cache path '$CACHE' contains whitespace (assets.env and kernel command lines cannot carry it)"
 
 # Modules the guest loads at boot (their dependencies come from modules.dep, not from this list).
-GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma"
+# rdma_ucm: /dev/infiniband/rdma_cm for librdmacm (rping, perftest -R), with rdma_cm and ib_cm.
+GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma rdma_ucm"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
-# libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads.
+# libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
+# libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
+# which rping's threads do at the end of a run ("libgcc_s.so.1 must be installed", abort).
 USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1
-  libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2)
+  libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2
+  libgcc-s1)
 # Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
 # would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary.
 USERSPACE_PICKS=(iproute2:usr/bin/rdma)

@@ -2,26 +2,30 @@
 # shellcheck shell=sh
 # shellcheck disable=SC2153 # ROLE, MY_IP...: prepended by the scenario
 # Guest side of tests/scenarios/rdma.sh (issue 5): RDMA traffic through the PVRDMA device with
-# the unmodified tools (rdma-core's pingpongs, perftest, rping). Runs in each of two guests A and
-# B (busybox sh, `pvtest=run`) whose --pvrdma slots sit on one bridge of the test host (L1), which
-# also runs Linux Soft-RoCE (rxe0 on the bridge). The scenario prepends:
-#   ROLE            a | b
-#   MY_IP           eth0's address (/24); IP_A IP_B HOST_IP: A's, B's and the bridge's (L1's)
+# the unmodified tools (rdma-core's pingpongs, perftest, rping). Runs in each of three guests A, B
+# and C (busybox sh, `pvtest=run`) whose --pvrdma slots sit on one bridge of the test host (L1),
+# which also runs Linux Soft-RoCE (rxe0 on the bridge). The scenario prepends:
+#   ROLE            a | b | c
+#   MY_IP           eth0's address (/24); IP_A IP_B IP_C HOST_IP: the guests' and the bridge's
 #   SIG_PORT        TCP port of each party's signal server (below)
 #   LIMIT           seconds any one RDMA program may run (it is killed then: `timeout`)
 #   READY_WAIT      seconds a client waits for its server to listen
-#   GATE_WAIT       seconds a step waits for the test host's go-ahead (loss steps: netem is on)
+#   RETRY_WAIT      seconds a client tries again while it cannot connect
+#   GATE_WAIT       seconds a server waits for its client to reach the step, and a step for the
+#                   test host's go-ahead (loss steps: netem is on)
 #   PP_ITERS PERF_ITERS PING_COUNT  iteration counts (pingpongs, perftest, rping)
 #
 # The steps run in the order of the table at the end; each has a server party, a client party
-# (a, b, or l for L1) and a TCP port (or rdma_cm port) of its own. A party not in a step skips it.
-#   server: starts the program (bounded by LIMIT), waits until it listens (its TCP port, or its
+# (a, b, c, or l for L1) and a TCP port (or rdma_cm port) of its own. A party not in a step skips it.
+#   client: signals "at-STEP" (it is done with its previous step)
+#   server: waits for "at-STEP" (or "skip-STEP": the client will not run) at the client, starts the program (bounded by LIMIT), waits until
+#           it listens (its TCP port, or its
 #           rdma_cm ID in LISTEN), then signals "ready-STEP" (or "skip-STEP" if it never
 #           listened) and waits for the program to end
 #   client: waits for "ready-STEP"/"skip-STEP" at the server, then runs the program (bounded by
-#           LIMIT), again while it fails only because it could not connect, for READY_WAIT at most
+#           LIMIT), again while it fails only because it could not connect, for RETRY_WAIT at most
 # Signals between the guests: empty files under /tmp/sig served by busybox httpd on SIG_PORT,
-# polled with wget (addresses as signals would add GIDs to the device under test). The test host
+# polled with nc (addresses as signals would add GIDs to the device under test). The test host
 # serves its own (gates, and its rxe servers); it reads the guests' serial consoles for theirs.
 #
 # Output, parsed by tests/tests/rdma.rs:
@@ -86,12 +90,17 @@ ip_of() {
   case $1 in
     a) echo "$IP_A" ;;
     b) echo "$IP_B" ;;
+    c) echo "$IP_C" ;;
     l) echo "$HOST_IP" ;;
   esac
 }
 
 signal() { : > "$SIG_DIR/$1"; }
-has_signal() { wget -q -O /dev/null -T 3 "http://$1:$SIG_PORT/$2" 2> /dev/null; }
+# has_signal HOST NAME: HOST's signal server has NAME (HTTP by hand: this static busybox's wget
+# crashes).
+has_signal() {
+  printf 'GET /%s HTTP/1.0\r\n\r\n' "$2" | timeout 5 nc -w 3 "$1" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
+}
 
 # wait_signal SECS HOST NAME...: until HOST serves one of the NAMEs; prints that one.
 wait_signal() {
@@ -193,7 +202,7 @@ connect() {
   esac
   echo "SECTION-BEGIN $_step-client"
   _attempts=0
-  _end=$(($(now) + READY_WAIT))
+  _end=$(($(now) + RETRY_WAIT))
   while :; do
     _attempts=$((_attempts + 1))
     _t0=$(now)
@@ -219,16 +228,24 @@ step() {
   if [ "$ROLE" = "$_srv" ]; then _side=server; elif [ "$ROLE" = "$_cli" ]; then _side=client; else return 0; fi
   say "AT step=$_name"
   if [ "$_gate" != - ] && ! wait_signal "$GATE_WAIT" "$HOST_IP" "$_gate" > /dev/null; then
-    if [ $_side = server ]; then
-      signal "skip-$_name"
-      say "NOTREADY step=$_name"
-    fi
+    signal "skip-$_name"
+    [ $_side = server ] && say "NOTREADY step=$_name"
     not_run "$_name" $_side "no-gate($_gate)"
     return 0
   fi
   if [ $_side = server ]; then
+    # Start only once the client is here: its previous step (which may have hung until its
+    # LIMIT) is over, so that this program's LIMIT is all for this step.
+    _got=$(wait_signal "$GATE_WAIT" "$(ip_of "$_cli")" "at-$_name" "skip-$_name") || _got=nothing
+    if [ "$_got" != "at-$_name" ]; then
+      signal "skip-$_name"
+      say "NOTREADY step=$_name"
+      not_run "$_name" server "client-not-there($_got)"
+      return 0
+    fi
     serve "$_name" "$_kind" "$_port" "$@"
   else
+    signal "at-$_name"
     connect "$_name" "$_srv" "$_kind" "$@"
   fi
 }
@@ -276,10 +293,10 @@ PERF="-d $DEV -x $GIDX -F"
   step rxe-rc-guest-server a l - tcp 18702 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18702
   step rxe-write-bw-host-server l a - tcp 18703 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18703
   step rxe-write-bw-guest-server a l - tcp 18704 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18704
-  # Loss: the test host drops RoCE frames towards B (netem on B's TAP) while these run; B
-  # receives the data of the second one.
-  step loss-rc a b netem-on tcp 18801 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18801
-  step loss-write-bw b a loss-rc-counted tcp 18802 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18802
+  # Loss: the test host drops RoCE frames towards C (netem on C's TAP; C's VMM has no same-host
+  # channel) while these run; C receives the data of the second one.
+  step loss-rc a c netem-on tcp 18801 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18801
+  step loss-write-bw c a loss-rc-counted tcp 18802 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18802
 }
 
 echo "SECTION-BEGIN dmesg-end"

@@ -1,18 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Scenario of tests/tests/rdma.rs (issue 5): the RDMA data path. Two guests, A (10.12.0.1) and B
-# (10.12.0.2), each with a PVRDMA slot (--pvrdma: vmxnet3 + PVRDMA sharing a TAP), on one bridge
-# br0 (10.12.0.254) of this host, which also runs Linux Soft-RoCE (rxe0 on br0) as the native
-# endpoint. Both guests run tests/guest/rdma.sh, whose step table says who serves and who connects:
+# Scenario of tests/tests/rdma.rs (issue 5): the RDMA data path. Three guests, A (10.12.0.1), B
+# (10.12.0.2) and C (10.12.0.3), each with a PVRDMA slot (--pvrdma: vmxnet3 + PVRDMA sharing a
+# TAP), on one bridge br0 (10.12.0.254) of this host, which also runs Linux Soft-RoCE (rxe0 on br0)
+# as the native endpoint. A and B have the VMM's default same-host channel (local=on: their RDMA
+# traffic is a memory copy between the two VMMs); C has local=off, so that its traffic crosses its
+# TAP, where netem can drop it. All run tests/guest/rdma.sh, whose step table says who serves and
+# who connects:
 #   A <-> B    ibv_rc_pingpong -c and -e, ibv_ud_pingpong, ibv_srq_pingpong, ib_{write,read,send,
-#              atomic}_bw, ib_{write,read,send}_lat, rping (rdma_cm)
+#              atomic}_bw, ib_{write,read,send}_lat, rping (rdma_cm); the RoCE v2 frames (UDP
+#              4791) sent to A's and B's TAPs meanwhile are counted (the same-host channel
+#              should leave none)
 #   A <-> rxe0 ibv_rc_pingpong -c and ib_write_bw, each side once as server and once as client
 #              (this script runs rxe0's side)
-#   A <-> B    ibv_rc_pingpong -c and ib_write_bw with netem dropping LOSS of the RoCE v2 frames
-#              (UDP 4791) sent towards B on its TAP
+#   A <-> C    ibv_rc_pingpong -c and ib_write_bw with netem dropping LOSS of the RoCE v2 frames
+#              sent towards C on its TAP
 # Every program is bounded by `timeout`; a failed one is a result, not the end of the run.
-# Results: $OUT/rdma.env (set-up, this host's own runs as STEP.SIDE.KEY=..., netem counters, VMM
-# exits and panics), $OUT/rdma-{a,b}-{serial,vmm}.log (the guests' results: see
+# Results: $OUT/rdma.env (set-up, this host's own runs as STEP.SIDE.KEY=..., netem and TAP
+# counters, VMM exits and panics), $OUT/rdma-{a,b,c}-{serial,vmm}.log (the guests' results: see
 # tests/guest/rdma.sh), $OUT/rdma-host-STEP-SIDE.log (output of this host's programs),
 # $OUT/rxe-devinfo.txt, $OUT/netem-*.txt, $OUT/l1-ps.log (the busiest threads of this host every 30 s).
 
@@ -23,6 +28,7 @@ isolate_network
 RDMA_LIMIT=${RDMA_LIMIT:-1500}
 PROG_LIMIT=${PROG_LIMIT:-60}
 READY_WAIT=${READY_WAIT:-240}
+RETRY_WAIT=${RETRY_WAIT:-60}
 GATE_WAIT=${GATE_WAIT:-900}
 PP_ITERS=${PP_ITERS:-50}
 PERF_ITERS=${PERF_ITERS:-100}
@@ -30,8 +36,10 @@ PING_COUNT=${PING_COUNT:-10}
 LOSS=${LOSS:-3%}
 MAC_A=52:54:00:12:00:01
 MAC_B=52:54:00:12:00:02
+MAC_C=52:54:00:12:00:03
 IP_A=10.12.0.1
 IP_B=10.12.0.2
+IP_C=10.12.0.3
 HOST_IP=10.12.0.254
 SIG_PORT=8000
 SIG=$WORK/sig
@@ -49,6 +57,22 @@ l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0
 l1_tap tapa br0
 l1_tap tapb br0
+l1_tap tapc br0
+
+# roce_counter DEV: RoCE v2 frames (UDP 4791) this host sends to DEV go through class 1:3 of a
+# prio qdisc (everything else through 1:1), whose counters then count them.
+roce_counter() {
+  tc qdisc add dev "$1" root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
+    tc filter add dev "$1" parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3
+}
+# roce_frames DEV: how many went through it so far.
+roce_frames() {
+  tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
+}
+modprobe -a sch_prio sch_netem cls_u32 || true
+for dev in tapa tapb tapc; do
+  roce_counter "$dev" || record rdma "counter_$dev=fail"
+done
 
 # What runs in this host every 30 s (which VMM thread spins when a guest goes silent).
 (while sleep 30; do
@@ -68,12 +92,13 @@ else
   record rdma "rxe_setup=fail" "rxe_why=modprobe-or-link-add"
 fi
 
-header="IP_A=$IP_A IP_B=$IP_B HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT
+header="IP_A=$IP_A IP_B=$IP_B IP_C=$IP_C HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT
 GATE_WAIT=$GATE_WAIT PP_ITERS=$PP_ITERS PERF_ITERS=$PERF_ITERS PING_COUNT=$PING_COUNT"
 guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/rdma.sh"
 guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/rdma.sh"
 
-# One vCPU each: both guests share L1's single vCPU.
+# One vCPU each: the guests share L1's single vCPU.
 cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
 VMM_CPUS=1 start_vmm rdma-a --cmdline "$cmdline" --disk "path=$WORK/rdma-a-run.img,readonly=on" \
   --serial "file=$OUT/rdma-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
@@ -81,6 +106,9 @@ pid_a=$VMM_PID
 VMM_CPUS=1 start_vmm rdma-b --cmdline "$cmdline" --disk "path=$WORK/rdma-b-run.img,readonly=on" \
   --serial "file=$OUT/rdma-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B"
 pid_b=$VMM_PID
+VMM_CPUS=1 start_vmm rdma-c --cmdline "$cmdline" --disk "path=$WORK/rdma-c-run.img,readonly=on" \
+  --serial "file=$OUT/rdma-c-serial.log" --pvrdma "tap=tapc,mac=$MAC_C,local=off"
+pid_c=$VMM_PID
 
 # ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs.
 ipv4_mapped_gid() {
@@ -130,25 +158,26 @@ host_result() {
 guest_line() {
   local pid=$pid_a
   [[ $1 == b ]] && pid=$pid_b
+  [[ $1 == c ]] && pid=$pid_c
   wait_for_line "$OUT/rdma-$1-serial.log" "$2" "$(remaining)" "$pid"
 }
 
 # host_step NAME SERVER CLIENT PORT CMD...: this host's side of a step with guest A (the same
 # protocol as tests/guest/rdma.sh's `step`; A learns of this host's server through $SIG, this host
-# of A's through A's console). stdbuf: line-buffered output, kept even if `timeout` kills it.
+# of A's through A's console; "skip-STEP" from this host: its side will not run). stdbuf: line-buffered output, kept even if `timeout` kills it.
 host_step() {
   local name=$1 srv=$2 port=$4 side=client pid rc=0 attempts=0 ready=0 start end
   shift 4
   [[ $srv == l ]] && side=server
   local out=$OUT/rdma-host-$name-$side.log
   if [[ -z $RXE_GIDX ]]; then
-    [[ $side == server ]] && : > "$SIG/skip-$name"
+    : > "$SIG/skip-$name"
     host_result "$name" "$side" none 0 0 "no-soft-roce"
     return 0
   fi
   # A reached the step: A's previous step is over.
   if ! guest_line a "RDMA-AT step=$name([^a-z0-9-]|\$)"; then
-    [[ $side == server ]] && : > "$SIG/skip-$name"
+    : > "$SIG/skip-$name"
     host_result "$name" "$side" none 0 0 "guest-a-never-reached-the-step"
     return 0
   fi
@@ -174,13 +203,14 @@ host_step() {
     host_result "$name" server "$rc" "$(since "$start")" 1 "$( ((ready)) || echo never-listened)"
     return 0
   fi
+  : > "$SIG/at-$name"
   if ! guest_line a "RDMA-(NOT)?READY step=$name([^a-z0-9-]|\$)" ||
     grep -qE "RDMA-NOTREADY step=$name([^a-z0-9-]|\$)" "$OUT/rdma-a-serial.log"; then
     host_result "$name" client none 0 0 "server-not-ready"
     return 0
   fi
   : > "$out"
-  end=$(($(now_us) + READY_WAIT * 1000000))
+  end=$(($(now_us) + RETRY_WAIT * 1000000))
   while :; do
     attempts=$((attempts + 1))
     start=$(now_us)
@@ -196,6 +226,13 @@ host_step() {
   host_result "$name" client "$rc" "$(since "$start")" "$attempts"
 }
 
+# A is done with B once it reaches the first Soft-RoCE step: the RoCE frames that crossed A's and
+# B's TAPs until then (B has no other peer).
+if guest_line a "RDMA-AT step=rxe-rc-host-server([^a-z0-9-]|\$)"; then
+  record rdma "samehost.tapa.frames=$(roce_frames tapa)" "samehost.tapb.frames=$(roce_frames tapb)"
+fi
+tc -s class show dev tapa > "$OUT/tapa-classes.txt" 2>&1 || true
+
 PP=(-d rxe0 -g "$RXE_GIDX" -c -n "$PP_ITERS" -s 4096)
 PERF=(-d rxe0 -x "$RXE_GIDX" -F -n "$PERF_ITERS" -s 16384)
 host_step rxe-rc-host-server l a 18701 ibv_rc_pingpong "${PP[@]}" -p 18701
@@ -203,29 +240,29 @@ host_step rxe-rc-guest-server a l 18702 ibv_rc_pingpong "${PP[@]}" -p 18702
 host_step rxe-write-bw-host-server l a 18703 ib_write_bw "${PERF[@]}" -p 18703
 host_step rxe-write-bw-guest-server a l 18704 ib_write_bw "${PERF[@]}" -p 18704
 
-# Loss: netem drops LOSS of the RoCE v2 frames (UDP 4791) this host sends to B through tapb;
-# everything else (the programs' TCP exchange, the signals) passes untouched, so that the netem
-# counters count RoCE frames only.
+# Loss: netem drops LOSS of the RoCE v2 frames (UDP 4791) this host sends to C through tapc (class
+# 1:3 of its roce_counter); everything else (the programs' TCP exchange, the signals) passes
+# untouched, so that the netem counters count RoCE frames only.
 netem_on() {
-  tc qdisc add dev tapb root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
-    tc qdisc add dev tapb parent 1:3 handle 30: netem loss "$LOSS" &&
-    tc filter add dev tapb parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3
+  tc qdisc add dev tapc parent 1:3 handle 30: netem loss "$LOSS"
 }
 # netem_counters NAME: the netem qdisc's counters to $OUT/netem-NAME.txt and as rdma.env keys
 # netem.NAME.sent / .dropped (cumulative since netem went on).
 netem_counters() {
-  local sent dropped
-  tc -s qdisc show dev tapb > "$OUT/netem-$1.txt" 2>&1 || true
-  read -r sent dropped < <(awk '$1 == "qdisc" { n = ($2 == "netem") } n && $1 == "Sent" { gsub(",", "", $7); print $4, $7; exit }' "$OUT/netem-$1.txt") || true
+  local stats sent dropped
+  stats=$(tc -s qdisc show dev tapc 2>&1) || true
+  printf '%s\n' "$stats" > "$OUT/netem-$1.txt"
+  # (No process substitution: L1's /dev has no /dev/fd.)
+  read -r sent dropped <<< "$(awk '$1 == "qdisc" { n = ($2 == "netem") } n && $1 == "Sent" { gsub(",", "", $7); print $4, $7; exit }' <<< "$stats")" || true
   record rdma "netem.$1.sent=${sent:-none}" "netem.$1.dropped=${dropped:-none}"
-  log "netem after $1: sent ${sent:-none} dropped ${dropped:-none} (RoCE v2 frames towards B)"
+  log "netem after $1: sent ${sent:-none} dropped ${dropped:-none} (RoCE v2 frames towards C)"
 }
 # loss_step_done STEP: both guests recorded their side of STEP.
 loss_step_done() {
-  guest_line a "RDMA-RESULT step=$1 " && guest_line b "RDMA-RESULT step=$1 "
+  guest_line a "RDMA-RESULT step=$1 " && guest_line c "RDMA-RESULT step=$1 "
 }
 
-if modprobe -a sch_prio sch_netem cls_u32 && netem_on; then
+if netem_on; then
   record rdma "netem=on" "netem_loss=$LOSS"
 else
   record rdma "netem=fail"
@@ -237,13 +274,18 @@ netem_counters loss-rc
 : > "$SIG/loss-rc-counted"
 loss_step_done loss-write-bw || true
 netem_counters loss-write-bw
-tc qdisc del dev tapb root 2>/dev/null || true
+tc qdisc del dev tapc parent 1:3 handle 30: 2>/dev/null || true
 
-wait_for_exit "$pid_a" "$(remaining)"
-record rdma "a_exit=$EXIT_STATUS"
-wait_for_exit "$pid_b" 60
-record rdma "b_exit=$EXIT_STATUS" "seconds=$(since "$t0")"
-for g in a b; do
+# Each VMM must end once its guest powered off: 60 s after the guest's last word it is killed
+# (exit=timeout), however much of the run's time is left.
+for g in a b c; do
+  pid_var=pid_$g
+  wait_for_line "$OUT/rdma-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
+  wait_for_exit "${!pid_var}" 60
+  record rdma "${g}_exit=$EXIT_STATUS"
+done
+record rdma "seconds=$(since "$t0")"
+for g in a b c; do
   record rdma "${g}_panics=$(grep -c 'panicked at' "$OUT/rdma-$g-vmm.log" || true)"
 done
 log "rdma: $(grep -vE '^rxe-|\.(secs|attempts|why)=' "$OUT/rdma.env" | tr '\n' ' ')"

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-//! End to end: the RDMA data path with unmodified guests and tools (issue 5). Two guests, A and
-//! B, each with a PVRDMA slot on one bridge of the test host, run rdma-core's and perftest's
-//! programs against each other: `ibv_rc_pingpong` with data check and with completion events,
+//! End to end: the RDMA data path with unmodified guests and tools (issue 5). Guests A and B, each
+//! with a PVRDMA slot on one bridge of the test host, run rdma-core's and perftest's programs
+//! against each other: `ibv_rc_pingpong` with data check and with completion events,
 //! `ibv_ud_pingpong`, `ibv_srq_pingpong`, `ib_{write,read,send,atomic}_bw`,
-//! `ib_{write,read,send}_lat` and `rping` over rdma_cm with its data verified. Guest A also talks
-//! to a native endpoint, Linux Soft-RoCE (rxe0) in the test host, with `ibv_rc_pingpong -c` and
-//! `ib_write_bw`, each side once as server and once as client. Last, with netem dropping some of
-//! the RoCE v2 frames sent to B, `ibv_rc_pingpong -c` and `ib_write_bw` must still complete and
-//! verify (RC retransmission), and the netem counters must show that frames were dropped.
+//! `ib_{write,read,send}_lat` and `rping` over rdma_cm with its data verified; their VMMs share
+//! the host, so the traffic should take the same-host channel (no RoCE frame on their TAPs). Guest
+//! A also talks to a native endpoint, Linux Soft-RoCE (rxe0) in the test host, with
+//! `ibv_rc_pingpong -c` and `ib_write_bw`, each side once as server and once as client. Last, A
+//! and guest C, whose VMM has no same-host channel (`local=off`), run `ibv_rc_pingpong -c` and
+//! `ib_write_bw` while netem drops some of the RoCE v2 frames sent to C: they must still complete
+//! and verify (RC retransmission), and the netem counters must show that frames were dropped.
 //!
 //! Every program must exit 0 on both sides and print what proves its data arrived. One test per
 //! program or property, so that a failure names what broke. All tests share ONE run of
@@ -26,6 +28,7 @@ use e2e::testhost::Outcome;
 
 const IP_A: &str = "10.12.0.1";
 const IP_B: &str = "10.12.0.2";
+const IP_C: &str = "10.12.0.3";
 const HOST_IP: &str = "10.12.0.254";
 
 /// Iterations of the pingpongs, of perftest's programs and of rping (passed to the scenario).
@@ -45,11 +48,14 @@ const SRQ_QPS: usize = 4;
 /// rping's default message size (-S): the buffer holds size - 1 characters and a NUL.
 const RPING_SIZE: usize = 64;
 
+const GUESTS: [Party; 3] = [Party::A, Party::B, Party::C];
+
 /// Who ran one side of a step: a guest (results on its console) or the test host (Soft-RoCE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Party {
     A,
     B,
+    C,
     Host,
 }
 
@@ -58,6 +64,7 @@ impl Party {
         match self {
             Self::A => IP_A,
             Self::B => IP_B,
+            Self::C => IP_C,
             Self::Host => HOST_IP,
         }
     }
@@ -68,6 +75,7 @@ impl fmt::Display for Party {
         f.write_str(match self {
             Self::A => "guest A",
             Self::B => "guest B",
+            Self::C => "guest C",
             Self::Host => "the test host's Soft-RoCE",
         })
     }
@@ -123,6 +131,7 @@ struct Suite {
     env: KeyValues,
     a: SerialLog,
     b: SerialLog,
+    c: SerialLog,
 }
 
 fn suite() -> &'static Suite {
@@ -135,16 +144,17 @@ fn suite() -> &'static Suite {
                 ("PERF_ITERS", PERF_ITERS.to_string()),
                 ("PING_COUNT", PING_COUNT.to_string()),
             ],
-            // Typically ~6 min; the guests have 1500 s (scenarios/rdma.sh), which only a data
+            // Typically ~4 min; the guests have 1500 s (scenarios/rdma.sh), which only a data
             // path that hangs in every program needs.
             Duration::from_secs(1620),
-            // Two L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
+            // Three L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
             1,
         )?;
         Ok(Suite {
             env: suite::key_values(&outcome, "rdma.env")?,
             a: suite::serial_log(&outcome, "rdma-a-serial.log")?,
             b: suite::serial_log(&outcome, "rdma-b-serial.log")?,
+            c: suite::serial_log(&outcome, "rdma-c-serial.log")?,
             outcome,
         })
     })
@@ -154,6 +164,7 @@ impl Suite {
     fn guest(&self, g: Party) -> &SerialLog {
         match g {
             Party::B => &self.b,
+            Party::C => &self.c,
             _ => &self.a,
         }
     }
@@ -161,12 +172,15 @@ impl Suite {
     /// Fails the test with `what`, the guests' set-up failures and the end of both VMM logs.
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
-        for g in [Party::A, Party::B] {
+        for g in GUESTS {
             if let Some(why) = self.guest(g).marker("RDMA-FAIL ") {
                 msg += &format!("\n{g}'s script failed: {why}");
             }
         }
-        let logs = ["rdma-a-vmm.log".to_string(), "rdma-b-vmm.log".to_string()];
+        let logs: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|g| format!("rdma-{g}-vmm.log"))
+            .collect();
         panic!("{}", self.outcome.failure(&msg, &logs, 20))
     }
 
@@ -304,14 +318,11 @@ impl Suite {
     fn perftest(&self, step: &str, server: Party, client: Party, size: u64, iters: u64) {
         let runs = self.both_succeed(step, server, client);
         for (run, peer) in runs.iter().zip([client, server]) {
-            let gid = perftest_gid(peer.ip());
-            self.expect_in(
-                run,
-                run.text
-                    .lines()
-                    .any(|l| l.trim_start().starts_with("remote address:") && l.contains(&gid)),
-                || format!("no 'remote address: ... GID: {gid}' line"),
-            );
+            let gid = format!("GID: {}", perftest_gid(peer.ip()));
+            let remote = perftest_remote_gids(&run.text);
+            self.expect_in(run, remote.iter().any(|g| g.contains(&gid)), || {
+                format!("the peer's {gid} should be its remote address, got {remote:?}")
+            });
         }
         let client_run = &runs[1];
         let results = perftest_results(&client_run.text);
@@ -346,6 +357,16 @@ fn perftest_gid(ipv4: &str) -> String {
             .map(|o| format!("{:02}", o.parse::<u8>().unwrap_or(0))),
     );
     bytes.join(":")
+}
+
+/// The GID lines of perftest's `remote address:` blocks (the GID follows on the next line).
+fn perftest_remote_gids(text: &str) -> Vec<&str> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0].starts_with("remote address:") && w[1].starts_with("GID:"))
+        .map(|w| w[1])
+        .collect()
 }
 
 /// perftest's result rows: the numeric lines after a ` #bytes ...` header, as numbers (the
@@ -387,7 +408,7 @@ fn rping_data(n: usize, size: usize) -> String {
 #[test]
 fn both_guests_complete_and_vmms_exit_cleanly() {
     let s = suite();
-    for (g, name) in [(Party::A, "a"), (Party::B, "b")] {
+    for (g, name) in GUESTS.into_iter().zip(["a", "b", "c"]) {
         let log = s.guest(g);
         s.expect(log.marker("GUEST-RUN-RC=") == Some("0"), || {
             format!(
@@ -406,7 +427,15 @@ fn both_guests_complete_and_vmms_exit_cleanly() {
         });
         let exit = s.env(&format!("{name}_exit"));
         s.expect(exit == "0", || {
-            format!("the VMM of {g} should exit 0 after the guest's poweroff, got {exit}")
+            let ended = SerialLog::read(&s.vmm_log(name))
+                .ok()
+                .and_then(|l| l.marker("VM ended").map(str::to_string));
+            format!(
+                "the VMM of {g} should exit 0 after the guest's poweroff, got {exit}{}",
+                ended.map_or(String::new(), |e| format!(
+                    " (it had logged 'VM ended{e}' and was still running 60 s later)"
+                ))
+            )
         });
     }
 }
@@ -414,7 +443,7 @@ fn both_guests_complete_and_vmms_exit_cleanly() {
 #[test]
 fn vmm_logs_have_no_panics() {
     let s = suite();
-    for g in ["a", "b"] {
+    for g in ["a", "b", "c"] {
         let log = SerialLog::read(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
         let panics = log.markers("panicked at");
         s.expect(panics.is_empty(), || {
@@ -426,7 +455,7 @@ fn vmm_logs_have_no_panics() {
 #[test]
 fn vmm_logs_have_no_warnings_or_errors() {
     let s = suite();
-    for g in ["a", "b"] {
+    for g in ["a", "b", "c"] {
         let problems = vmm_log_problems(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
         s.expect(problems.is_empty(), || {
             format!(
@@ -581,14 +610,31 @@ fn ib_write_bw_guest_server_soft_roce_client() {
     );
 }
 
-/// netem dropped RoCE v2 frames on their way to B during the run, and the pingpong still
+/// Between two VMMs of one host (A and B, default `local=on`) RDMA goes through the same-host
+/// channel: no RoCE v2 frame went to A's or B's TAP while they ran their programs.
+#[test]
+fn guest_to_guest_traffic_takes_the_same_host_channel() {
+    let s = suite();
+    for tap in ["tapa", "tapb"] {
+        let key = format!("samehost.{tap}.frames");
+        let frames = s.env(&key);
+        s.expect(frames == "0", || {
+            format!(
+                "{frames} RoCE v2 frames went to {tap} while A and B ran their programs: the \
+                 same-host channel should carry all of it (see tapa-classes.txt)"
+            )
+        });
+    }
+}
+
+/// netem dropped RoCE v2 frames on their way to C during the run, and the pingpong still
 /// completed with its data verified.
 #[test]
 fn ibv_rc_pingpong_recovers_from_frame_loss() {
     let s = suite();
     s.expect(s.env.get("netem") == Some("on"), || {
         format!(
-            "netem could not be set up on B's TAP: netem={:?}",
+            "netem could not be set up on C's TAP: netem={:?}",
             s.env.get("netem")
         )
     });
@@ -599,14 +645,14 @@ fn ibv_rc_pingpong_recovers_from_frame_loss() {
              nothing (see netem-loss-rc.txt)"
         )
     });
-    s.pingpong("loss-rc", Party::A, Party::B, PP_ITERS, RC_SIZE, 1);
+    s.pingpong("loss-rc", Party::A, Party::C, PP_ITERS, RC_SIZE, 1);
     e2e::announce(&format!(
-        "rdma: ibv_rc_pingpong A<->B with {dropped} of {} RoCE frames to B dropped",
+        "rdma: ibv_rc_pingpong A<->C with {dropped} of {} RoCE frames to C dropped",
         sent + dropped
     ));
 }
 
-/// The same for RDMA WRITEs into B: their frames went through netem.
+/// The same for RDMA WRITEs into C: their frames went through netem.
 #[test]
 fn ib_write_bw_recovers_from_frame_loss() {
     let s = suite();
@@ -618,9 +664,9 @@ fn ib_write_bw_recovers_from_frame_loss() {
              tested nothing (see netem-loss-write-bw.txt)"
         )
     });
-    s.perftest("loss-write-bw", Party::B, Party::A, BW_SIZE, PERF_ITERS);
+    s.perftest("loss-write-bw", Party::C, Party::A, BW_SIZE, PERF_ITERS);
     e2e::announce(&format!(
-        "rdma: ib_write_bw A->B with {dropped} of {} RoCE frames to B dropped",
+        "rdma: ib_write_bw A->C with {dropped} of {} RoCE frames to C dropped",
         sent + dropped
     ));
 }
@@ -648,8 +694,12 @@ mod helpers {
             perftest_gid("10.12.0.254"),
             "00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:254"
         );
-        let out = " remote address: LID 0000 QPN 0x0011\n---\n #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 16384      100              0.00               0.00   \t\t   0.000000\n---\n";
+        let out = " remote address: LID 0000 QPN 0x0011\n GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:02\n---\n #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 16384      100              0.00               0.00   \t\t   0.000000\n---\n";
         assert_eq!(perftest_results(out), vec![vec![16384, 100]]);
+        assert_eq!(
+            perftest_remote_gids(out),
+            ["GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:02"]
+        );
         let lat = " #bytes #iterations    t_min[usec]\n 64       100          5.10\n";
         assert_eq!(perftest_results(lat), vec![vec![64, 100]]);
     }
