@@ -488,3 +488,114 @@ fn arming_a_cq_with_unpolled_completions_notifies_at_once() {
     assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
     assert_eq!(b.cqes(1)[0].wr_id, 1);
 }
+
+/// Every byte the data path places in guest memory marks its page dirty
+/// (live migration copies dirty pages again): RDMA WRITE payload, READ
+/// response data, the CQE and the ring indices, and nothing else.
+#[test]
+fn data_path_writes_mark_guest_pages_dirty() {
+    use vm_memory::bitmap::Bitmap;
+    use vm_memory::{GuestAddress, GuestMemoryBackend};
+
+    let (a, b) = rc_pair();
+    let bmem = b.sim.mem.clone();
+    let bregion = bmem.find_region(GuestAddress(0)).expect("region");
+    let amem = a.sim.mem.clone();
+    let aregion = amem.find_region(GuestAddress(0)).expect("region");
+    a.write(0, &pattern(8192, 4));
+    bregion.bitmap().reset();
+    aregion.bitmap().reset();
+    // A WRITE into B's third and fourth MR pages.
+    a.send(
+        1,
+        send_opcode::RDMA_WRITE,
+        &[a.sge(0, 8192)],
+        (IOVA + 8192, b.key),
+        0,
+    );
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    let bdirty = |addr: u64| bregion.bitmap().dirty_at(addr as usize);
+    assert!(bdirty(b.pages[2]) && bdirty(b.pages[3]), "written pages");
+    assert!(
+        !bdirty(b.pages[0]) && !bdirty(b.pages[4]),
+        "untouched pages"
+    );
+    // A READ of B's page 5 into A's page 6: A's page, A's CQE, A's CQ index.
+    aregion.bitmap().reset();
+    a.send(
+        2,
+        send_opcode::RDMA_READ,
+        &[a.sge(6 * 4096, 100)],
+        (IOVA + 5 * 4096, b.key),
+        0,
+    );
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    let adirty = |addr: u64| aregion.bitmap().dirty_at(addr as usize);
+    assert!(adirty(a.pages[6]));
+    assert!(!adirty(a.pages[5]));
+    assert!(adirty(a.cq.ring.data[0]) && adirty(a.cq.ring.indices));
+    assert!(adirty(a.qp.sq.indices), "the SQ consumer index");
+}
+
+/// LOCAL_INV makes a fast-registered key unusable for the peer; the
+/// responder's access violation is fatal for its QP too.
+#[test]
+fn local_invalidate() {
+    let (mut a, mut b) = rc_pair();
+    let frmr: pvrdma_abi::cmd::CreateMrResp = b
+        .sim
+        .cmd(
+            pvrdma_abi::cmd::CmdCode::CreateMr,
+            pvrdma_abi::cmd::CreateMrReq {
+                pd_handle: b.pd,
+                flags: pvrdma_abi::verbs::mr_flags::FRMR,
+                nchunks: 1,
+                ..Default::default()
+            },
+        )
+        .expect("frmr");
+    let page = b.sim.alloc_pages(1);
+    let list = b.sim.make_pdir(&page);
+    let key = frmr.rkey;
+    let mut reg = SqWqeHdr {
+        wr_id: 1,
+        opcode: send_opcode::REG_MR,
+        send_flags: send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    reg.wr = [
+        0x4000,
+        list,
+        12 | 1 << 32,
+        4096 | u64::from(RIGHTS) << 32,
+        key.into(),
+        0,
+    ];
+    b.sim.post_send_wqe(&b.qp, reg, &[]);
+    assert_eq!(b.cqes(1)[0].status, wc_status::SUCCESS);
+    a.send(1, send_opcode::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    let inv = SqWqeHdr {
+        wr_id: 2,
+        opcode: send_opcode::LOCAL_INV,
+        send_flags: send_flags::SIGNALED,
+        ex: key,
+        ..SqWqeHdr::default()
+    };
+    b.sim.post_send_wqe(&b.qp, inv, &[]);
+    assert_eq!(
+        summary(&b.cqes(1)[0]),
+        (2, wc_opcode::LOCAL_INV, wc_status::SUCCESS, 0)
+    );
+    a.send(2, send_opcode::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
+    assert_eq!(
+        a.cqes(1)[0].status,
+        10,
+        "remote access error after LOCAL_INV"
+    );
+    // The NAK'd access error put B's QP in the error state as well.
+    b.sim
+        .post_send_wqe(&b.qp, SqWqeHdr { wr_id: 3, ..inv }, &[]);
+    assert_eq!(b.cqes(1)[0].status, wc_status::WR_FLUSH_ERR);
+    let _ = (&mut a.pd, &mut b.pd);
+}
