@@ -36,8 +36,10 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::datapath::{self, Input, Outcome};
 
+use crate::events::EventRings;
 use crate::objects::{qp, Objects};
 use crate::port::handle_link_change;
+use crate::state::Env;
 use crate::state::Shared;
 use crate::uar::{Class, WatchOp};
 
@@ -153,13 +155,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Takes what a run of QP `handle` left: frames to send, more work.
-    fn finish_run(
-        &mut self,
-        env: &crate::state::Env,
-        objects: &Objects,
-        handle: u32,
-        out: Outcome,
-    ) {
+    fn finish_run(&mut self, env: &Env, objects: &Objects, handle: u32, out: Outcome) {
         let frames = env.route(&objects.gids, out.frames);
         self.outgoing.extend(frames);
         if out.more && self.busy.insert(handle) {
@@ -169,40 +165,54 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// A doorbell of object `handle`; `gen` says which object it was.
-    fn handle_doorbell(&mut self, class: Class, handle: u32, gen: u64) {
+    /// Runs `f` on the session (its event rings and objects) under the
+    /// state lock; does nothing without a session, or before ACTIVATE if
+    /// `active_only`.
+    fn with_session(
+        &mut self,
+        active_only: bool,
+        f: impl FnOnce(&mut Self, &M::M, &Env, &mut EventRings, &mut Objects),
+    ) {
         let mem = self.mem.memory();
         let shared = Arc::clone(&self.shared);
-        let env = &shared.env;
         let mut state = shared.lock();
-        let Some(session) = state.session.as_mut() else {
+        let active = state.active;
+        let Some(session) = state.session.as_mut().filter(|_| active || !active_only) else {
             return;
         };
-        let events = &mut session.dsr.events;
-        let objects = &mut session.objects;
-        match class {
+        f(
+            self,
+            &mem,
+            &shared.env,
+            &mut session.dsr.events,
+            &mut session.objects,
+        );
+    }
+
+    /// A doorbell of object `handle`; `gen` says which object it was.
+    fn handle_doorbell(&mut self, class: Class, handle: u32, gen: u64) {
+        self.with_session(false, |w, mem, env, events, objects| match class {
             Class::Qp => match objects.qps.get(&handle).filter(|o| o.gen == gen) {
                 Some(o) if o.engine.is_some() => {
                     env.metrics.doorbell_qp.inc();
                     let now = env.clock.now();
-                    let out =
-                        datapath::run_qp(&*mem, env, events, objects, handle, now, Input::Kick);
-                    self.finish_run(env, objects, handle, out);
+                    let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Kick);
+                    w.finish_run(env, objects, handle, out);
                 }
-                Some(_) => qp::handle_doorbell(&*mem, env, events, objects, handle),
+                Some(_) => qp::handle_doorbell(mem, env, events, objects, handle),
                 None => {}
             },
             Class::CqArm | Class::CqArmSol => {
                 if let Some(cq) = objects.cqs.get_mut(&handle).filter(|o| o.gen == gen) {
-                    cq.handle_arm(&*mem, env, events, handle, class == Class::CqArmSol);
+                    cq.handle_arm(mem, env, events, handle, class == Class::CqArmSol);
                 }
             }
             Class::Srq => {
                 if let Some(srq) = objects.srqs.get_mut(&handle).filter(|o| o.gen == gen) {
-                    srq.handle_doorbell(&*mem, env, events, handle);
+                    srq.handle_doorbell(mem, env, events, handle);
                 }
             }
-        }
+        });
     }
 
     /// Frames steered to the device: each goes to the QP it names, if
@@ -210,53 +220,49 @@ impl<M: GuestAddressSpace> Worker<M> {
     fn handle_inbox(&mut self) {
         let _ = self.shared.env.wire.inbox.evt.read();
         let frames = self.shared.env.wire.inbox.take(RX_BATCH);
-        let mem = self.mem.memory();
-        let shared = Arc::clone(&self.shared);
-        let env = &shared.env;
-        let mut state = shared.lock();
-        let active = state.active;
-        let Some(session) = state.session.as_mut().filter(|_| active) else {
-            return;
-        };
-        let events = &mut session.dsr.events;
-        let objects = &mut session.objects;
-        for frame in &frames {
-            env.metrics.roce_rx.inc();
-            let pkt = match parse(frame) {
-                Ok(pkt) => pkt,
-                Err(e) => {
-                    guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
-                    continue;
-                }
-            };
-            let ours = objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst));
-            let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied();
-            let receiving = handle.and_then(|h| objects.qps.get(&h)).is_some_and(|qp| {
-                qp.engine.is_some()
-                    && matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD)
-            });
-            let (true, true, Some(handle)) = (ours, receiving, handle) else {
-                env.metrics.roce_rx_no_qp.inc();
-                continue;
-            };
-            let now = env.clock.now();
-            let out = datapath::run_qp(
-                &*mem,
-                env,
-                events,
-                objects,
-                handle,
-                now,
-                Input::Packet(&pkt),
-            );
-            self.finish_run(env, objects, handle, out);
-        }
-        if !env.wire.inbox.is_empty() {
+        self.with_session(true, |w, mem, env, events, objects| {
+            for frame in &frames {
+                w.receive(mem, env, events, objects, frame);
+            }
+        });
+        let inbox = &self.shared.env.wire.inbox;
+        if !inbox.is_empty() {
             // Come back after the other events.
-            if let Err(e) = env.wire.inbox.evt.write(1) {
+            if let Err(e) = inbox.evt.write(1) {
                 error!("pvrdma: failed to requeue received frames: {e}");
             }
         }
+    }
+
+    /// One received frame.
+    fn receive(
+        &mut self,
+        mem: &M::M,
+        env: &Env,
+        events: &mut EventRings,
+        objects: &mut Objects,
+        frame: &[u8],
+    ) {
+        env.metrics.roce_rx.inc();
+        let pkt = match parse(frame) {
+            Ok(pkt) => pkt,
+            Err(e) => {
+                guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
+                return;
+            }
+        };
+        let ours = objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst));
+        let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied();
+        let receiving = handle.and_then(|h| objects.qps.get(&h)).is_some_and(|qp| {
+            qp.engine.is_some() && matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD)
+        });
+        let (true, true, Some(handle)) = (ours, receiving, handle) else {
+            env.metrics.roce_rx_no_qp.inc();
+            return;
+        };
+        let now = env.clock.now();
+        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packet(&pkt));
+        self.finish_run(env, objects, handle, out);
     }
 
     /// Frames from VMMs of this host join the steered ones.
@@ -284,36 +290,28 @@ impl<M: GuestAddressSpace> Worker<M> {
             self.armed = None;
             BTreeSet::new()
         };
-        let mem = self.mem.memory();
-        let shared = Arc::clone(&self.shared);
-        let env = &shared.env;
-        let mut state = shared.lock();
-        let Some(session) = state.session.as_mut() else {
-            return;
-        };
-        let events = &mut session.dsr.events;
-        let objects = &mut session.objects;
-        let now = env.clock.now();
-        let due: Vec<(u32, bool)> = if kick {
-            busy.into_iter().map(|h| (h, false)).collect()
-        } else {
-            objects
-                .qps
-                .iter()
-                .filter(|(_, qp)| {
-                    qp.engine
-                        .as_ref()
-                        .and_then(|e| e.deadline())
-                        .is_some_and(|d| d <= now)
-                })
-                .map(|(&h, _)| (h, true))
-                .collect()
-        };
-        for (handle, timer) in due {
-            let input = if timer { Input::Timer } else { Input::Kick };
-            let out = datapath::run_qp(&*mem, env, events, objects, handle, now, input);
-            self.finish_run(env, objects, handle, out);
-        }
+        self.with_session(false, |w, mem, env, events, objects| {
+            let now = env.clock.now();
+            let due: Vec<(u32, Input<'_>)> = if kick {
+                busy.into_iter().map(|h| (h, Input::Kick)).collect()
+            } else {
+                objects
+                    .qps
+                    .iter()
+                    .filter(|(_, qp)| {
+                        qp.engine
+                            .as_ref()
+                            .and_then(|e| e.deadline())
+                            .is_some_and(|d| d <= now)
+                    })
+                    .map(|(&h, _)| (h, Input::Timer))
+                    .collect()
+            };
+            for (handle, input) in due {
+                let out = datapath::run_qp(mem, env, events, objects, handle, now, input);
+                w.finish_run(env, objects, handle, out);
+            }
+        });
     }
 
     /// Arms the timer for the earliest engine deadline, or disarms it.

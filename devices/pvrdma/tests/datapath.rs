@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use pvrdma::sim_driver::endpoint::{
-    connect, rc_pair, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B, MR_LEN, RIGHTS,
+    connect, rc_pair, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B, MR_LEN,
 };
 use pvrdma::sim_driver::{QpSpec, SimDriver};
 use pvrdma::PvrdmaConfig;
@@ -292,37 +292,10 @@ fn srq_receives_complete_with_the_qp_handle() {
 #[test]
 fn send_with_invalidate_and_fast_registration() {
     let (mut a, mut b) = rc_pair();
-    // B: a fast-register MR, mapped by REG_MR over 2 pages.
-    let frmr: pvrdma_abi::cmd::CreateMrResp = b
-        .sim
-        .cmd(
-            pvrdma_abi::cmd::CmdCode::CreateMr,
-            pvrdma_abi::cmd::CreateMrReq {
-                pd_handle: b.pd,
-                flags: pvrdma_abi::verbs::mr_flags::FRMR,
-                nchunks: 4,
-                ..Default::default()
-            },
-        )
-        .expect("frmr");
-    let pages = b.sim.alloc_pages(2);
-    let list = b.sim.make_pdir(&pages);
-    let new_key = (frmr.rkey & !0xff) | 0x5a;
-    let mut reg = SqWqeHdr {
-        wr_id: 70,
-        opcode: send_opcode::REG_MR,
-        send_flags: send_flags::SIGNALED,
-        ..SqWqeHdr::default()
-    };
-    reg.wr = [
-        0x9000,
-        list,
-        12 | 2 << 32,
-        8192 | u64::from(RIGHTS) << 32,
-        new_key.into(),
-        0,
-    ];
-    b.sim.post_send_wqe(&b.qp, reg, &[]);
+    // B: a fast-register MR for 4 pages, mapped by REG_MR over 2.
+    let (key, pages, list) = b.alloc_frmr(4);
+    let new_key = (key & !0xff) | 0x5a;
+    b.reg_mr(70, new_key, 0x9000, (list, 2), 8192);
     assert_eq!(
         summary(&b.cqes(1)[0]),
         (70, wc_opcode::REG_MR, wc_status::SUCCESS, 0)
@@ -542,36 +515,8 @@ fn data_path_writes_mark_guest_pages_dirty() {
 #[test]
 fn local_invalidate() {
     let (mut a, mut b) = rc_pair();
-    let frmr: pvrdma_abi::cmd::CreateMrResp = b
-        .sim
-        .cmd(
-            pvrdma_abi::cmd::CmdCode::CreateMr,
-            pvrdma_abi::cmd::CreateMrReq {
-                pd_handle: b.pd,
-                flags: pvrdma_abi::verbs::mr_flags::FRMR,
-                nchunks: 1,
-                ..Default::default()
-            },
-        )
-        .expect("frmr");
-    let page = b.sim.alloc_pages(1);
-    let list = b.sim.make_pdir(&page);
-    let key = frmr.rkey;
-    let mut reg = SqWqeHdr {
-        wr_id: 1,
-        opcode: send_opcode::REG_MR,
-        send_flags: send_flags::SIGNALED,
-        ..SqWqeHdr::default()
-    };
-    reg.wr = [
-        0x4000,
-        list,
-        12 | 1 << 32,
-        4096 | u64::from(RIGHTS) << 32,
-        key.into(),
-        0,
-    ];
-    b.sim.post_send_wqe(&b.qp, reg, &[]);
+    let (key, _, list) = b.alloc_frmr(1);
+    b.reg_mr(1, key, 0x4000, (list, 1), 4096);
     assert_eq!(b.cqes(1)[0].status, wc_status::SUCCESS);
     a.send(1, send_opcode::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);

@@ -3,8 +3,9 @@
 //! simulated driver with a PD, CQ, RC QP and MR, as two guests running
 //! one verbs program against each other.
 
-use pvrdma_abi::verbs::access;
-use pvrdma_abi::wqe::{send_flags, Cqe, Sge, SqWqeHdr};
+use pvrdma_abi::cmd::{CmdCode, CreateMrReq, CreateMrResp};
+use pvrdma_abi::verbs::{access, mr_flags};
+use pvrdma_abi::wqe::{send_flags, send_opcode, Cqe, Sge, SqWqeHdr};
 
 use super::{QpSpec, SimCq, SimDriver, SimQp};
 use crate::PvrdmaConfig;
@@ -89,6 +90,47 @@ impl Endpoint {
             got.len() >= n
         });
         got
+    }
+
+    /// A fast-register MR for up to `pages` pages (invalid until a REG_MR),
+    /// fresh guest pages for it and their page list: what the kernel's
+    /// `ib_alloc_mr` and `ib_map_mr_sg` prepare. Returns (key, pages, list).
+    pub fn alloc_frmr(&mut self, pages: u32) -> (u32, Vec<u64>, u64) {
+        let mr: CreateMrResp = self
+            .sim
+            .cmd(
+                CmdCode::CreateMr,
+                CreateMrReq {
+                    pd_handle: self.pd,
+                    flags: mr_flags::FRMR,
+                    nchunks: pages,
+                    ..Default::default()
+                },
+            )
+            .expect("FRMR");
+        let backing = self.sim.alloc_pages(pages);
+        let list = self.sim.make_pdir(&backing);
+        (mr.rkey, backing, list)
+    }
+
+    /// Posts the REG_MR WQE mapping `len` bytes at `iova` over the page
+    /// list `list` of `pages` pages, under the (new) `key`.
+    pub fn reg_mr(&self, wr_id: u64, key: u32, iova: u64, (list, pages): (u64, u32), len: u32) {
+        let mut hdr = SqWqeHdr {
+            wr_id,
+            opcode: send_opcode::REG_MR,
+            send_flags: send_flags::SIGNALED,
+            ..SqWqeHdr::default()
+        };
+        hdr.wr = [
+            iova,
+            list,
+            12 | u64::from(pages) << 32,
+            u64::from(len) | u64::from(RIGHTS) << 32,
+            key.into(),
+            0,
+        ];
+        self.sim.post_send_wqe(&self.qp, hdr, &[]);
     }
 
     /// Posts a signaled send WQE with `remote` = (address, rkey).
