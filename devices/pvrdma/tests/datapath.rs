@@ -544,3 +544,71 @@ fn local_invalidate() {
     assert_eq!(b.cqes(1)[0].status, wc_status::WR_FLUSH_ERR);
     let _ = (&mut a.pd, &mut b.pd);
 }
+
+/// An armed SRQ limit fires SRQ_LIMIT_REACHED once consumption leaves
+/// fewer WQEs than the limit, and then disarms.
+#[test]
+fn srq_limit_event_when_receives_run_low() {
+    use pvrdma_abi::cmd::{CmdCode, ModifySrqReq};
+    use pvrdma_abi::verbs::SrqAttr;
+    use pvrdma_abi::wqe::event;
+
+    let mut b = Side::new(GID_B, QpSpec::rc);
+    let srq = b.sim.create_srq(b.pd, 16, 1).expect("srq");
+    let qp = b
+        .sim
+        .create_qp(QpSpec {
+            srq: Some(srq.handle),
+            ..QpSpec::rc(b.pd, b.cq.handle)
+        })
+        .expect("qp");
+    let mut a = Side::new(GID_A, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    a.sim
+        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qp.qpn, (1, 2))
+        .expect("A");
+    b.sim
+        .connect_rc(qp.handle, 0, (GID_A, MAC_A), a.qp.qpn, (2, 1))
+        .expect("B");
+    for i in 0..3 {
+        b.sim.post_srq_recv_sges(&srq, i, &[b.sge(i * 64, 64)]);
+    }
+    let arm = ModifySrqReq {
+        srq_handle: srq.handle,
+        attr_mask: 2,
+        attrs: SrqAttr {
+            srq_limit: 2,
+            ..SrqAttr::default()
+        },
+        ..Default::default()
+    };
+    b.sim.post(CmdCode::ModifySrq, arm).expect("arm the limit");
+    a.send(1, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    assert_eq!(b.cqes(1).len(), 1);
+    assert!(
+        b.sim
+            .async_events()
+            .iter()
+            .all(|e| e.event_type != event::SRQ_LIMIT_REACHED),
+        "2 left: not yet"
+    );
+    a.send(2, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    assert_eq!(b.cqes(1).len(), 1);
+    let limit: Vec<_> = b
+        .sim
+        .async_events()
+        .into_iter()
+        .filter(|e| e.event_type == event::SRQ_LIMIT_REACHED)
+        .collect();
+    assert_eq!(limit.len(), 1);
+    assert_eq!(limit[0].info, srq.handle);
+    // Disarmed: the last receive does not fire it again.
+    a.send(3, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    assert_eq!(b.cqes(1).len(), 1);
+    assert!(b
+        .sim
+        .async_events()
+        .iter()
+        .all(|e| e.event_type != event::SRQ_LIMIT_REACHED));
+    let _ = &mut a.pd;
+}

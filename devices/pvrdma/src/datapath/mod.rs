@@ -38,6 +38,7 @@ use crate::events::EventRings;
 use crate::objects::cq::Cq;
 use crate::objects::gid::GidTable;
 use crate::objects::qp::Qp;
+use crate::objects::srq::Srq;
 use crate::objects::{Objects, KERNEL_CTX};
 use crate::port::ib_mtu;
 use crate::state::Env;
@@ -323,6 +324,29 @@ fn post_completions<M: GuestMemory>(
     }
 }
 
+/// SRQ_LIMIT_REACHED once fewer WQEs than the armed limit remain (the
+/// limit then disarms, as modify_srq's `srq_limit` semantics say).
+fn srq_limit<M: GuestMemory>(
+    mem: &M,
+    env: &Env,
+    events: &mut EventRings,
+    (handle, srq): (u32, &mut Srq),
+) {
+    if srq.limit == 0 {
+        return;
+    }
+    if srq.ring.pending(mem).is_ok_and(|left| left < srq.limit) {
+        srq.limit = 0;
+        events.post_async(
+            mem,
+            &env.irq,
+            &env.metrics,
+            pvrdma_abi::wqe::event::SRQ_LIMIT_REACHED,
+            handle,
+        );
+    }
+}
+
 /// Runs QP `handle` once for `input` at time `now` (nanoseconds).
 pub(crate) fn run_qp<M: GuestMemory>(
     mem: &M,
@@ -364,6 +388,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
     }
     let mut frames = Frames::default();
     let mut recv_error = None;
+    let mut taken = 0;
     let work = {
         let srq = qp.srq.and_then(|h| srqs.get_mut(&h));
         let mut rq = match (srq, qp.rq.as_mut()) {
@@ -393,9 +418,15 @@ pub(crate) fn run_qp<M: GuestMemory>(
         let work = engine.flush(now, &mut io, budget);
         if let Some(q) = rq {
             recv_error = q.error;
+            taken = q.taken;
         }
         work
     };
+    if let Some(srq) = qp.srq.and_then(|h| srqs.get_mut(&h).map(|s| (h, s))) {
+        if taken > 0 {
+            srq_limit(mem, env, events, srq);
+        }
+    }
     if let Some(e) = recv_error {
         guest_warn!(env.metrics.wqe_invalid, "qp={handle}: receive queue: {e}");
         engine.set_error();
