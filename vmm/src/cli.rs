@@ -51,7 +51,8 @@ pub struct Cli {
     /// The PVRDMA slot: vmxnet3 (function 0) on TAP NAME plus PVRDMA (function 1) sharing its
     /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR]. RDMA traffic
     /// is RoCE v2 on the TAP, except to VMMs of this host, reached by memory copy through
-    /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). At most one per VM.
+    /// shared-memory rings set up over sockets in DIR (local=on: /run/pvrdma-vmm; local=off:
+    /// always the TAP). At most one per VM.
     #[arg(
         long,
         value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR]"

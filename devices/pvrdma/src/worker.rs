@@ -379,9 +379,10 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             error!("pvrdma: failed to watch the engine timer: {e}");
         }
         if let Some(local) = self.shared.env.wire.local.as_ref() {
-            let fd = local.socket().as_raw_fd();
-            if let Err(e) = ops.add(Events::with_data_raw(fd, LOCAL_EVENT, EventSet::IN)) {
-                error!("pvrdma: failed to watch the same-host channel: {e}");
+            for fd in local.fds() {
+                if let Err(e) = ops.add(Events::with_data_raw(fd, LOCAL_EVENT, EventSet::IN)) {
+                    error!("pvrdma: failed to watch the same-host channel: {e}");
+                }
             }
         }
     }

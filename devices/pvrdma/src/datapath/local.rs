@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The same-host path: VMMs on one host exchange RoCE v2 frames by memory
-//! copy through AF_UNIX datagram sockets instead of their TAPs, the host
-//! bridge and its network stack, as VMware's PVRDMA does between VMs of
-//! one ESXi host. It is chosen automatically per frame: a device binds
+//! The same-host path: VMMs on one host exchange RoCE v2 frames through
+//! shared memory instead of their TAPs, the host bridge and its network
+//! stack, as VMware's PVRDMA does between VMs of one ESXi host. It is
+//! chosen automatically per frame: every device binds a control socket
 //! `<dir>/<mac>.sock` for its port's MAC, and a frame whose destination
-//! MAC has a socket there goes to it; everything else takes the wire.
-//! The frames are the same RoCE v2 frames, so the receiver treats both
-//! paths alike (and a peer never trusts either).
+//! MAC has a socket there goes through shared memory; everything else
+//! takes the wire. The frames are the same RoCE v2 frames, so both paths
+//! are received alike (and a peer is never trusted on either).
 //!
-//! A socket whose owner died refuses the datagram; the frame then takes
-//! the wire. A receiver's queue is short (`net.unix.max_dgram_qlen`, 10 by
-//! default), so a sender waits for room, up to [`SEND_WAIT`] per frame:
-//! that paces a sender to its receiver instead of losing most of a burst.
-//! Only after that wait is a frame dropped (RC retransmits, as on a wire);
-//! the wait is bounded so two workers sending to each other cannot block
-//! each other for long. Sends happen outside the device's state lock.
+//! On its first frame for a peer, a sender creates a ring ([`ShmRing`],
+//! one per direction and peer) in a memfd and hands it over on the
+//! peer's control socket (SCM_RIGHTS). Frames are then memory copies into
+//! the ring; the control socket only carries a kick when the consumer
+//! said it was going to sleep. A full ring drops the frame (RC
+//! retransmits, as on a congested wire); a peer that is gone (its socket
+//! refuses) makes the sender forget the ring and use the wire.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -24,53 +24,74 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 
-use net_port::MAX_FRAME_LEN;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use super::shm_ring::{self, ShmRing};
 
 /// What became of a frame offered to the channel.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Sent {
     /// Delivered to a VMM of this host.
     Local,
-    /// A local VMM owns the MAC but had no room: the frame is lost.
+    /// A local VMM owns the MAC but its ring is full: the frame is lost.
     Dropped,
     /// No VMM of this host owns the MAC: use the wire.
     NotLocal,
 }
 
-/// Longest a sender waits for room in a receiver's queue.
-const SEND_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Peers whose sockets stay connected (a connected send skips the path
-/// lookup); beyond this many, the cache starts over.
+/// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
+/// of 1 KiB, several RC windows.
+const RING_BYTES: usize = 4 << 20;
+/// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
-
-/// One device's end of the same-host channel.
-#[derive(Debug)]
-pub(crate) struct LocalChannel {
-    /// Bound to `own`, non-blocking: frames from other VMMs.
-    sock: UnixDatagram,
-    /// Sockets connected to peers by MAC, blocking up to [`SEND_WAIT`].
-    peers: Mutex<HashMap<[u8; 6], UnixDatagram>>,
-    /// Receive buffer (one frame).
-    buf: Mutex<Vec<u8>>,
-    dir: PathBuf,
-    own: PathBuf,
-}
+/// Longest a control message (ring hand-over, kick) may wait for room in
+/// the peer's socket queue.
+const SEND_WAIT: Duration = Duration::from_millis(5);
+/// Control messages: a tag, then for SETUP the ring size and the sender's
+/// MAC (the ring's memfd rides along as SCM_RIGHTS).
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING1";
+const KICK: &[u8; 16] = b"PVRDMA-SHM-KICK1";
+const SETUP_LEN: usize = 16 + 4 + 6;
 
 fn sock_name(mac: [u8; 6]) -> String {
     let [a, b, c, d, e, f] = mac;
     format!("{a:02x}-{b:02x}-{c:02x}-{d:02x}-{e:02x}-{f:02x}.sock")
 }
 
+/// Our ring towards one peer.
+#[derive(Debug)]
+struct Peer {
+    sock: UnixDatagram,
+    ring: ShmRing,
+}
+
+/// One device's end of the same-host channel.
+#[derive(Debug)]
+pub(crate) struct LocalChannel {
+    /// Bound to `own`, non-blocking: rings and kicks from other VMMs.
+    sock: UnixDatagram,
+    /// Wakes the worker again when a batch left frames in the rings.
+    again: EventFd,
+    mac: [u8; 6],
+    peers: Mutex<HashMap<[u8; 6], Peer>>,
+    /// Rings other VMMs send us frames in, by their MAC.
+    inbound: Mutex<HashMap<[u8; 6], ShmRing>>,
+    dir: PathBuf,
+    own: PathBuf,
+}
+
 impl LocalChannel {
-    /// Binds the socket of `mac` in `dir` (created 0700 if missing). A
-    /// socket file left by a VMM that is gone is replaced; one that
-    /// answers belongs to a running VMM with the same MAC, an error.
+    /// Binds the control socket of `mac` in `dir` (created 0700 if
+    /// missing). A socket file left by a VMM that is gone is replaced; one
+    /// that answers belongs to a running VMM with the same MAC, an error.
     pub(crate) fn bind(dir: &Path, mac: [u8; 6]) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -92,71 +113,147 @@ impl LocalChannel {
         sock.set_nonblocking(true)?;
         Ok(Self {
             sock,
+            again: EventFd::new(EFD_NONBLOCK)?,
+            mac,
             peers: Mutex::new(HashMap::new()),
-            buf: Mutex::new(vec![0; MAX_FRAME_LEN]),
+            inbound: Mutex::new(HashMap::new()),
             dir: dir.to_path_buf(),
             own,
         })
     }
 
-    /// The socket the worker watches for frames from other VMMs.
-    pub(crate) fn socket(&self) -> &UnixDatagram {
-        &self.sock
+    /// What the worker watches: the control socket and the re-wake.
+    pub(crate) fn fds(&self) -> [std::os::fd::RawFd; 2] {
+        [self.sock.as_raw_fd(), self.again.as_raw_fd()]
     }
 
-    /// A socket connected to the VMM owning `mac`, if one is running.
-    fn connect(&self, mac: [u8; 6]) -> Option<UnixDatagram> {
+    /// A ring towards the VMM owning `mac`, handed over on its socket.
+    fn connect(&self, mac: [u8; 6]) -> Option<Peer> {
         let path = self.dir.join(sock_name(mac));
-        if path == self.own {
+        if path == self.own || !path.exists() {
             return None;
         }
         let sock = UnixDatagram::unbound().ok()?;
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
-        Some(sock)
+        let (ring, file) = shm_ring::create(RING_BYTES).ok()?;
+        let mut msg = [0u8; SETUP_LEN];
+        let (tag, rest) = msg.split_at_mut(SETUP.len());
+        tag.copy_from_slice(SETUP);
+        let (size, from) = rest.split_at_mut(4);
+        size.copy_from_slice(&(RING_BYTES as u32).to_le_bytes());
+        from.copy_from_slice(&self.mac);
+        sock.send_with_fd(&msg[..], file.as_raw_fd()).ok()?;
+        Some(Peer { sock, ring })
     }
 
     /// Offers `frame` to the VMM owning `dst_mac` on this host.
     pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         if !peers.contains_key(&dst_mac) {
-            let Some(sock) = self.connect(dst_mac) else {
+            if peers.len() >= MAX_PEERS {
+                return Sent::NotLocal;
+            }
+            let Some(peer) = self.connect(dst_mac) else {
                 return Sent::NotLocal;
             };
-            if peers.len() >= MAX_PEERS {
-                peers.clear();
-            }
-            peers.insert(dst_mac, sock);
+            peers.insert(dst_mac, peer);
         }
-        let Some(sock) = peers.get(&dst_mac) else {
+        let Some(peer) = peers.get(&dst_mac) else {
             return Sent::NotLocal;
         };
-        match sock.send(frame) {
-            Ok(_) => Sent::Local,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Sent::Dropped
+        match peer.ring.push(frame) {
+            None => Sent::Dropped,
+            Some(false) => Sent::Local,
+            Some(true) => match peer.sock.send(KICK) {
+                Ok(_) => Sent::Local,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    // Its queue is full of kicks: it is awake anyway.
+                    Sent::Local
+                }
+                Err(_) => {
+                    // The peer is gone (or was replaced): forget its ring.
+                    peers.remove(&dst_mac);
+                    Sent::NotLocal
+                }
+            },
+        }
+    }
+
+    /// Takes rings handed over on the control socket (and drains kicks).
+    fn accept(&self) {
+        let mut buf = [0u8; SETUP_LEN];
+        loop {
+            let (n, file) = match self.sock.recv_with_fd(&mut buf) {
+                Ok(got) => got,
+                Err(_) => break,
+            };
+            let (Some(file), Some(msg)) = (file, buf.get(..n)) else {
+                continue;
+            };
+            let Some((tag, rest)) = msg.split_first_chunk::<16>() else {
+                continue;
+            };
+            let Some((size, from)) = rest.split_first_chunk::<4>() else {
+                continue;
+            };
+            let (Ok(from), true) = (<[u8; 6]>::try_from(from), tag == SETUP) else {
+                continue;
+            };
+            let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+            if inbound.len() >= MAX_PEERS && !inbound.contains_key(&from) {
+                log::warn!("pvrdma: same-host channel: too many peers, ring refused");
+                continue;
             }
-            Err(_) => {
-                // The peer is gone (or was replaced): look again next time.
-                peers.remove(&dst_mac);
-                Sent::NotLocal
+            match ShmRing::map(file, u32::from_le_bytes(*size) as usize) {
+                Ok(ring) => {
+                    inbound.insert(from, ring);
+                }
+                Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
         }
     }
 
-    /// Up to `max` frames received from other VMMs.
+    /// Up to `max` frames from other VMMs; asks the worker to come back
+    /// when more are waiting.
     pub(crate) fn recv(&self, max: usize) -> Vec<Vec<u8>> {
+        let _ = self.again.read();
+        self.accept();
         let mut out = Vec::new();
-        let mut buf = self.buf.lock().unwrap_or_else(PoisonError::into_inner);
-        while out.len() < max {
-            match self.sock.recv(&mut buf) {
-                Ok(n) => out.push(buf.get(..n).unwrap_or_default().to_vec()),
-                Err(_) => break,
+        let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut corrupt = Vec::new();
+        for (mac, ring) in inbound.iter() {
+            loop {
+                if out.len() >= max {
+                    break;
+                }
+                match ring.pop() {
+                    Ok(Some(frame)) => out.push(frame),
+                    Ok(None) => {
+                        // Announce the sleep; data that raced in is taken.
+                        if !ring.prepare_to_wait() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("pvrdma: same-host channel: {e}; ring dropped");
+                        corrupt.push(*mac);
+                        break;
+                    }
+                }
+            }
+        }
+        for mac in corrupt {
+            inbound.remove(&mac);
+        }
+        if out.len() >= max {
+            if let Err(e) = self.again.write(1) {
+                log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
         }
         out
@@ -180,7 +277,8 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 1]).unwrap();
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2]).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
-        assert_eq!(b.recv(8), vec![b"hello".to_vec()]);
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
+        assert_eq!(b.recv(8), vec![b"hello".to_vec(), b"again".to_vec()]);
         assert_eq!(
             a.send([2, 0, 0, 0, 0, 3], b"x"),
             Sent::NotLocal,
@@ -193,7 +291,18 @@ mod tests {
         );
         // A second VMM with the same MAC is refused while the first lives.
         assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2]).is_err());
+        // B went to sleep after draining: the next frame kicks it.
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
+        let mut readable = [libc::pollfd {
+            fd: b.fds()[0],
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: one valid pollfd, for the duration of the call.
+        assert_eq!(unsafe { libc::poll(readable.as_mut_ptr(), 1, 1000) }, 1);
+        assert_eq!(b.recv(8), vec![b"kick".to_vec()]);
         drop(b);
+        // B's socket is gone: A forgets the ring when it next has to kick.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
         // A stale socket file (its VMM died without cleaning up) is replaced.
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
@@ -201,6 +310,21 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
         assert_eq!(c.recv(8), vec![b"again".to_vec()]);
         drop((a, c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn batches_are_bounded_and_the_worker_comes_back() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-b-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 1]).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 2]).unwrap();
+        for i in 0..10u8 {
+            assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
+        }
+        assert_eq!(b.recv(4).len(), 4);
+        assert_eq!(b.again.read().unwrap(), 1, "asked to come back");
+        assert_eq!(b.recv(100).len(), 6);
+        drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

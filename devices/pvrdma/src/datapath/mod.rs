@@ -17,6 +17,7 @@
 
 pub(crate) mod local;
 pub(crate) mod mem;
+mod shm_ring;
 pub(crate) mod wire;
 pub(crate) mod wqe;
 

@@ -1,0 +1,265 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A single-producer single-consumer ring of frames in memory shared by
+//! two VMM processes (a memfd both map): the same-host channel's data path.
+//!
+//! Layout: a 64-byte header (`head` at 0: bytes ever written; `tail` at
+//! 8: bytes ever read; `waiting` at 16: the consumer is about to sleep),
+//! then `cap` bytes of records, `cap` a power of two. A record is a
+//! little-endian u32 length, the frame, and padding to 4 bytes; records
+//! wrap around the end of the area.
+//!
+//! The other process is not trusted: the consumer validates `head`, every
+//! length, and copies a frame out before anyone parses it. A corrupt ring
+//! is dropped, never read past.
+//!
+//! Wake-ups follow virtio's notification suppression: the consumer sets
+//! `waiting` and re-checks for data before it sleeps; the producer, after
+//! publishing `head`, kicks the consumer only if it finds `waiting` set.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+
+use net_port::MAX_FRAME_LEN;
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{Bytes, FileOffset, VolatileMemory, VolatileSlice};
+
+const HEAD: usize = 0;
+const TAIL: usize = 8;
+const WAITING: usize = 16;
+/// Bytes before the record area.
+pub(crate) const HEADER: usize = 64;
+const LEN: usize = 4;
+
+/// Why a ring was given up.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum RingError {
+    #[error("shared ring of {0} bytes is not a power of two of 4 KiB to 64 MiB")]
+    Size(usize),
+    #[error("cannot map the shared ring")]
+    Map,
+    #[error("the peer corrupted the shared ring")]
+    Corrupt,
+}
+
+/// One direction of the channel between two VMMs.
+#[derive(Debug)]
+pub(crate) struct ShmRing {
+    map: MmapRegion<()>,
+    cap: usize,
+}
+
+/// Smallest and largest record areas accepted from a peer.
+const MIN_CAP: usize = 4096;
+const MAX_CAP: usize = 64 << 20;
+
+impl ShmRing {
+    /// Maps `file` (at least `HEADER + cap` bytes) as a ring of `cap` bytes.
+    pub(crate) fn map(file: File, cap: usize) -> Result<Self, RingError> {
+        if !cap.is_power_of_two() || !(MIN_CAP..=MAX_CAP).contains(&cap) {
+            return Err(RingError::Size(cap));
+        }
+        let size = cap.checked_add(HEADER).ok_or(RingError::Size(cap))?;
+        let len = file.metadata().map_err(|_| RingError::Map)?.len();
+        if len < size as u64 {
+            return Err(RingError::Size(cap));
+        }
+        let map =
+            MmapRegion::from_file(FileOffset::new(file, 0), size).map_err(|_| RingError::Map)?;
+        Ok(Self { map, cap })
+    }
+
+    fn mem(&self) -> VolatileSlice<'_> {
+        self.map.as_volatile_slice()
+    }
+
+    fn load(&self, at: usize) -> u64 {
+        self.mem().load::<u64>(at, Ordering::Acquire).unwrap_or(0)
+    }
+
+    fn store(&self, at: usize, v: u64) {
+        let _ = self.mem().store(v, at, Ordering::Release);
+    }
+
+    /// Offset in the mapping of ring position `pos`.
+    fn at(&self, pos: u64) -> usize {
+        // `cap` is a power of two no larger than 64 MiB.
+        HEADER.saturating_add((pos & (self.cap as u64).wrapping_sub(1)) as usize)
+    }
+
+    /// Copies `data` in at ring position `pos`, wrapping.
+    fn write_at(&self, pos: u64, data: &[u8]) {
+        let start = self.at(pos);
+        let room = HEADER.saturating_add(self.cap).saturating_sub(start);
+        let (first, second) = data.split_at(room.min(data.len()));
+        let _ = self.mem().write_slice(first, start);
+        if !second.is_empty() {
+            let _ = self.mem().write_slice(second, HEADER);
+        }
+    }
+
+    /// Copies out `buf.len()` bytes at ring position `pos`, wrapping.
+    fn read_at(&self, pos: u64, buf: &mut [u8]) {
+        let start = self.at(pos);
+        let room = HEADER.saturating_add(self.cap).saturating_sub(start);
+        let (first, second) = buf.split_at_mut(room.min(buf.len()));
+        let _ = self.mem().read_slice(first, start);
+        if !second.is_empty() {
+            let _ = self.mem().read_slice(second, HEADER);
+        }
+    }
+
+    fn record_len(frame: usize) -> usize {
+        LEN.saturating_add(frame).saturating_add(3) & !3
+    }
+
+    /// Producer: appends `frame`; false when the ring has no room (the
+    /// consumer is slow or gone). Returns whether the consumer waits for a
+    /// kick, in which case the caller must wake it.
+    pub(crate) fn push(&self, frame: &[u8]) -> Option<bool> {
+        let (head, tail) = (self.load(HEAD), self.load(TAIL));
+        let used = head.wrapping_sub(tail);
+        let need = Self::record_len(frame.len()) as u64;
+        if used > self.cap as u64 || need > (self.cap as u64).saturating_sub(used) {
+            return None;
+        }
+        let len = u32::try_from(frame.len()).ok()?;
+        self.write_at(head, &len.to_le_bytes());
+        self.write_at(head.wrapping_add(LEN as u64), frame);
+        let new_head = head.wrapping_add(need);
+        // SeqCst: the head must be visible before `waiting` is read.
+        let _ = self.mem().store(new_head, HEAD, Ordering::SeqCst);
+        let waiting = self
+            .mem()
+            .load::<u64>(WAITING, Ordering::SeqCst)
+            .unwrap_or(0);
+        if waiting != 0 {
+            self.store(WAITING, 0);
+        }
+        Some(waiting != 0)
+    }
+
+    /// Consumer: the next frame, `Ok(None)` when empty.
+    pub(crate) fn pop(&self) -> Result<Option<Vec<u8>>, RingError> {
+        let (head, tail) = (self.load(HEAD), self.load(TAIL));
+        let used = head.wrapping_sub(tail);
+        if used == 0 {
+            return Ok(None);
+        }
+        if used > self.cap as u64 || used < LEN as u64 {
+            return Err(RingError::Corrupt);
+        }
+        let mut len = [0u8; LEN];
+        self.read_at(tail, &mut len);
+        let len = u32::from_le_bytes(len) as usize;
+        let rec = Self::record_len(len) as u64;
+        if len > MAX_FRAME_LEN || rec > used {
+            return Err(RingError::Corrupt);
+        }
+        let mut frame = vec![0u8; len];
+        self.read_at(tail.wrapping_add(LEN as u64), &mut frame);
+        self.store(TAIL, tail.wrapping_add(rec));
+        Ok(Some(frame))
+    }
+
+    /// Consumer, before sleeping: announces it and says whether data came
+    /// in meanwhile (then it must not sleep).
+    pub(crate) fn prepare_to_wait(&self) -> bool {
+        let _ = self.mem().store(1u64, WAITING, Ordering::SeqCst);
+        let (head, tail) = (
+            self.mem().load::<u64>(HEAD, Ordering::SeqCst).unwrap_or(0),
+            self.load(TAIL),
+        );
+        head != tail
+    }
+}
+
+/// A fresh memfd-backed ring of `cap` bytes, and the file to hand over.
+pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
+    use std::os::fd::FromRawFd;
+    let size = cap.saturating_add(HEADER);
+    // SAFETY: memfd_create with a NUL-terminated name and flags only.
+    let fd = unsafe { libc::memfd_create(c"pvrdma-local".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size as u64)?;
+    let ring =
+        ShmRing::map(file.try_clone()?, cap).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok((ring, file))
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+
+    fn pair(cap: usize) -> (ShmRing, ShmRing) {
+        let (tx, file) = create(cap).unwrap();
+        (tx, ShmRing::map(file, cap).unwrap())
+    }
+
+    #[test]
+    fn frames_cross_in_order_and_wrap() {
+        let (tx, rx) = pair(4096);
+        for round in 0..50u32 {
+            let frames: Vec<Vec<u8>> = (0..5)
+                .map(|i| vec![(round + i) as u8; 100 + 37 * i as usize])
+                .collect();
+            for f in &frames {
+                assert!(tx.push(f).is_some());
+            }
+            for f in &frames {
+                assert_eq!(rx.pop().unwrap().as_ref(), Some(f));
+            }
+            assert_eq!(rx.pop().unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn full_ring_refuses_and_waiting_consumer_is_kicked_once() {
+        let (tx, rx) = pair(4096);
+        let f = [1u8; 1000];
+        let mut n = 0;
+        while tx.push(&f).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 4, "4 records of 1004 bytes fit 4096");
+        while rx.pop().unwrap().is_some() {}
+        assert!(!rx.prepare_to_wait(), "empty: may sleep");
+        assert_eq!(tx.push(&f), Some(true), "the sleeper is kicked");
+        assert_eq!(tx.push(&f), Some(false), "once");
+        assert!(rx.prepare_to_wait(), "data: must not sleep");
+    }
+
+    #[test]
+    fn a_corrupt_ring_is_refused_not_read() {
+        let (tx, rx) = pair(4096);
+        tx.push(&[0u8; 10]).unwrap();
+        // The peer writes a length beyond what it published.
+        tx.write_at(0, &u32::MAX.to_le_bytes());
+        assert_eq!(rx.pop(), Err(RingError::Corrupt));
+        // And a head beyond the ring.
+        tx.store(HEAD, 1 << 40);
+        assert_eq!(rx.pop(), Err(RingError::Corrupt));
+        assert!(matches!(
+            ShmRing::map(tempfile(), 1000),
+            Err(RingError::Size(1000))
+        ));
+    }
+
+    fn tempfile() -> File {
+        create(4096).unwrap().1
+    }
+}
