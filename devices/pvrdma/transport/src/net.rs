@@ -58,7 +58,7 @@ pub enum NetError {
 }
 
 /// IP addressing and the per-packet IP fields the sender controls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IpInfo {
     /// Source address.
     pub src: IpAddr,

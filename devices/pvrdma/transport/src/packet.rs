@@ -110,7 +110,7 @@ pub struct Packet<'a> {
 }
 
 /// Addressing of an outgoing frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Addr {
     /// Our MAC.
     pub src_mac: Mac,

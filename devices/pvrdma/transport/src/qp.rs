@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompWqe};
@@ -49,7 +50,7 @@ pub enum QpError {
 }
 
 /// QP attributes, as modify_qp set them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpAttrs {
     /// Our QPN.
     pub qpn: u32,
@@ -113,7 +114,7 @@ impl QpAttrs {
 }
 
 /// A send work request as posted.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendEntry {
     /// The decoded WQE.
     pub wqe: SendWqe,
@@ -127,10 +128,53 @@ pub struct SendEntry {
     pub fast_reg: Option<FastReg>,
 }
 
-struct Slot {
-    e: SendEntry,
-    first_psn: Option<Psn>,
-    done: Option<WcStatus>,
+/// A send WQE in the engine: sent from `first_psn`, finished with `done`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    /// The WQE.
+    pub e: SendEntry,
+    /// PSN of its first packet, once sent.
+    pub first_psn: Option<Psn>,
+    /// Its status, once finished (completed in order).
+    pub done: Option<WcStatus>,
+}
+
+/// Everything a QP's engine holds, for migration and snapshots: the
+/// sequence numbers, the unacknowledged and unsent send WQEs, the
+/// responder's open message and READ/atomic replay cache. Untrusted on
+/// [`Qp::restore`] (it may come from another host).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpState {
+    /// Attributes.
+    pub attrs: QpAttrs,
+    /// Requester.
+    pub req: ReqState,
+    /// Completer.
+    pub comp: CompState,
+    /// Responder.
+    pub resp: RespState,
+    /// The send queue, oldest first.
+    pub sq: Vec<Slot>,
+    /// Index in `sq` of the next WQE to send.
+    pub next: usize,
+    /// The QP's own receive queue (empty when the device keeps receives
+    /// in guest memory).
+    pub rq: Vec<RecvWqe>,
+    /// In the error state.
+    pub error: bool,
+    /// Counters.
+    pub metrics: Metrics,
+}
+
+/// Why a saved state was refused.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
+pub enum RestoreError {
+    /// A queue is longer than [`MAX_QUEUE`] or an index points outside it.
+    #[error("Saved queue state is inconsistent")]
+    Queue,
+    /// A WQE's scatter/gather list is invalid.
+    #[error("Saved work request is invalid")]
+    Wqe,
 }
 
 /// The QP's own receive queue (an SRQ is the device's [`RecvQueue`]).
@@ -220,6 +264,60 @@ impl Qp {
             error: false,
             metrics: Metrics::default(),
         }
+    }
+
+    /// The engine's whole state (see [`QpState`]).
+    pub fn save(&self) -> QpState {
+        QpState {
+            attrs: self.attrs,
+            req: self.req.clone(),
+            comp: self.comp.clone(),
+            resp: self.resp.clone(),
+            sq: self.sq.iter().cloned().collect(),
+            next: self.next,
+            rq: self.rq.0.iter().cloned().collect(),
+            error: self.error,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// An engine continuing from `state`, checked first: queue lengths,
+    /// indices and every WQE's scatter/gather list. Timers restart: the
+    /// caller's clock is not the saver's.
+    pub fn restore(state: QpState) -> Result<Self, RestoreError> {
+        if state.sq.len() > MAX_QUEUE || state.rq.len() > MAX_QUEUE || state.next > state.sq.len() {
+            return Err(RestoreError::Queue);
+        }
+        let local = |s: &Slot| matches!(s.e.wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr);
+        if state
+            .sq
+            .iter()
+            .any(|s| !local(s) && sge_total(&s.e.sges) != Some(s.e.wqe.len))
+            || state.rq.iter().any(|w| sge_total(&w.sges).is_none())
+        {
+            return Err(RestoreError::Wqe);
+        }
+        let mut comp = state.comp;
+        comp.deadline = None;
+        comp.rnr_until = None;
+        let outstanding = state.req.psn != comp.psn;
+        let mut qp = Qp {
+            attrs: state.attrs,
+            req: state.req,
+            comp,
+            resp: state.resp,
+            sq: state.sq.into(),
+            next: state.next,
+            rq: RecvRing(state.rq.into()),
+            error: state.error,
+            metrics: state.metrics,
+        };
+        if outstanding && !qp.error && !qp.attrs.ud {
+            // Due at once (0 is before any `now`): whatever was in flight
+            // during the blackout is resent on the first timer call.
+            qp.comp.rearm(&qp.attrs.comp(), 0, true);
+        }
+        Ok(qp)
     }
 
     /// Send WQEs queued and not yet completed.
