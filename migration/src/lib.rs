@@ -4,6 +4,8 @@
 //! component implements. The protocol, versioned state and dirty tracking
 //! land here as live migration is built.
 
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
 /// Errors of a migration step, named after the step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MigratableError {
@@ -11,6 +13,79 @@ pub enum MigratableError {
     Pause(#[source] std::io::Error),
     #[error("Failed to resume")]
     Resume(#[source] std::io::Error),
+    #[error("Failed to save the state of {0}")]
+    Snapshot(String, #[source] serde_json::Error),
+    #[error("State of {id} is version {got}, this VMM reads version {want}")]
+    Version { id: String, got: u32, want: u32 },
+    #[error("Snapshot is of {got}, expected {want}")]
+    WrongId { got: String, want: String },
+    #[error("Failed to restore {0}")]
+    Restore(String, #[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The saved state of one component: who it is, the version of its state
+/// layout, and the state itself (JSON; every field is checked again on
+/// restore: a snapshot may come from another host).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub id: String,
+    pub version: u32,
+    pub data: Vec<u8>,
+}
+
+impl Snapshot {
+    /// The snapshot of `state`, layout `version`, of component `id`.
+    pub fn new<T: Serialize>(id: &str, version: u32, state: &T) -> Result<Self, MigratableError> {
+        let data =
+            serde_json::to_vec(state).map_err(|e| MigratableError::Snapshot(id.into(), e))?;
+        Ok(Self {
+            id: id.into(),
+            version,
+            data,
+        })
+    }
+
+    /// The snapshot as bytes, to cross the network or sit in a file.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // A struct of a string, an integer and bytes always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A snapshot from [`Snapshot::to_bytes`]' output.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, MigratableError> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| MigratableError::Restore("snapshot".into(), Box::new(e)))
+    }
+
+    /// The state of component `id` in layout `version`: refuses another
+    /// component's snapshot or another version.
+    pub fn state<T: DeserializeOwned>(&self, id: &str, version: u32) -> Result<T, MigratableError> {
+        if self.id != id {
+            return Err(MigratableError::WrongId {
+                got: self.id.clone(),
+                want: id.into(),
+            });
+        }
+        if self.version != version {
+            return Err(MigratableError::Version {
+                id: id.into(),
+                got: self.version,
+                want: version,
+            });
+        }
+        serde_json::from_slice(&self.data)
+            .map_err(|e| MigratableError::Restore(id.into(), Box::new(e)))
+    }
+}
+
+/// A component whose state can be saved and put back (live migration,
+/// snapshots), as cloud-hypervisor's `Snapshottable`. The component must be
+/// quiesced (paused) around both calls.
+pub trait Snapshottable {
+    /// Stable name of the component in a VM's snapshot.
+    fn id(&self) -> String;
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError>;
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError>;
 }
 
 /// A component that can be stopped and restarted in place: vCPUs now,
@@ -21,5 +96,34 @@ pub trait Pausable {
     }
     fn resume(&mut self) -> Result<(), MigratableError> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_name_their_component_and_version() {
+        let s = Snapshot::new("dev", 3, &vec![1u32, 2]).unwrap();
+        assert_eq!(s.state::<Vec<u32>>("dev", 3).unwrap(), vec![1, 2]);
+        assert!(matches!(
+            s.state::<Vec<u32>>("dev", 4),
+            Err(MigratableError::Version {
+                got: 3,
+                want: 4,
+                ..
+            })
+        ));
+        assert!(matches!(
+            s.state::<Vec<u32>>("other", 3),
+            Err(MigratableError::WrongId { .. })
+        ));
+        assert!(matches!(
+            s.state::<String>("dev", 3),
+            Err(MigratableError::Restore(..))
+        ));
+        assert_eq!(Snapshot::from_bytes(&s.to_bytes()).unwrap(), s);
+        assert!(Snapshot::from_bytes(b"{").is_err());
     }
 }

@@ -9,6 +9,7 @@
 )]
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use device_worker::WorkerHandle;
@@ -22,6 +23,7 @@ use pvrdma_abi::regs::{
 };
 use pvrdma_abi::PAGE_SIZE;
 use vm_memory::GuestAddressSpace;
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::{LimitsError, PvrdmaConfig};
@@ -31,6 +33,7 @@ use crate::datapath::Clock;
 use crate::events::Interrupts;
 use crate::metrics::Metrics;
 use crate::regs;
+use crate::snapshot;
 use crate::state::{Env, Shared, State};
 use crate::uar::{self, Hub};
 use crate::worker::{SpawnError, Worker};
@@ -185,6 +188,8 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 clock: Clock::new(),
             },
             state: Mutex::new(State::new()),
+            paused: AtomicBool::new(false),
+            kick_all: AtomicBool::new(false),
         });
         let worker = Worker::new(mem.clone(), Arc::clone(&shared), link)?;
         let worker = WorkerHandle::spawn("pvrdma", worker).map_err(SpawnError::Start)?;
@@ -195,6 +200,43 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             _link_notifier: notifier,
             _worker: worker,
         })
+    }
+}
+
+impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
+    /// Quiesces the device: once this returns (the worker finished its
+    /// current run, taking the state lock), it takes no new work requests,
+    /// sends nothing and discards received frames; timers are frozen.
+    fn pause(&mut self) -> Result<(), MigratableError> {
+        let _state = self.shared.lock();
+        self.shared.paused.store(true, Ordering::Release);
+        self.shared.env.wire.inbox.set_discard(true);
+        Ok(())
+    }
+
+    /// Lets the device work again, starting with everything posted while
+    /// it was paused; lost frames come back by retransmission.
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        self.shared.paused.store(false, Ordering::Release);
+        self.shared.env.wire.inbox.set_discard(false);
+        self.shared.kick_all();
+        Ok(())
+    }
+}
+
+impl<M: GuestAddressSpace> Snapshottable for Pvrdma<M> {
+    fn id(&self) -> String {
+        snapshot::ID.into()
+    }
+
+    /// Every object with its IDs and transport state (see the `snapshot`
+    /// module); the PCI configuration and MSI-X table are the bus's to save.
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        snapshot::save(&self.shared)
+    }
+
+    fn restore(&mut self, s: &Snapshot) -> Result<(), MigratableError> {
+        snapshot::restore(&self.shared, s)
     }
 }
 

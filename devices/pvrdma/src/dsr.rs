@@ -45,7 +45,7 @@ pub(crate) enum DsrError {
 }
 
 /// What the device keeps from a loaded DSR.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LoadedDsr {
     /// The guest driver's `PVRDMA_VERSION`.
     pub(crate) driver_version: u32,

@@ -83,7 +83,7 @@ impl Interrupts {
 }
 
 /// The async event and CQ notification rings of one DSR.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct EventRings {
     async_ring: ProducerRing,
     cq_ring: ProducerRing,

@@ -56,6 +56,7 @@ mod pdir;
 mod port;
 mod regs;
 mod ring;
+mod snapshot;
 mod state;
 mod uar;
 mod worker;

@@ -18,6 +18,8 @@
 
 use std::sync::atomic::Ordering;
 
+use serde::{Deserialize, Serialize};
+
 use pvrdma_abi::ring::{RingGeometry, CONS_HEAD_OFFSET, PROD_TAIL_OFFSET};
 use pvrdma_abi::{PAGE_SHIFT, PAGE_SIZE};
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
@@ -39,8 +41,10 @@ enum Index {
     Cons,
 }
 
-/// The guest pages and arithmetic of one ring.
-#[derive(Debug)]
+/// The guest pages and arithmetic of one ring (restored state is checked
+/// like a new ring).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(try_from = "RingParts")]
 pub(crate) struct Ring {
     /// GPA of the `pvrdma_ring` index pair in the header page.
     indices: u64,
@@ -48,6 +52,39 @@ pub(crate) struct Ring {
     data: Vec<u64>,
     geometry: RingGeometry,
     stride: u32,
+}
+
+/// A [`Ring`] as saved, before its checks.
+#[derive(Deserialize)]
+struct RingParts {
+    indices: u64,
+    data: Vec<u64>,
+    geometry: RingGeometry,
+    stride: u32,
+}
+
+impl TryFrom<RingParts> for Ring {
+    type Error = String;
+
+    fn try_from(p: RingParts) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "ring of {} entries of {} bytes",
+                p.geometry.max_elems(),
+                p.stride
+            )
+        };
+        // The index pair lies somewhere in a page: `new` checks the same.
+        let header = p.indices & !(PAGE_SIZE - 1);
+        Ring::new(
+            header,
+            p.indices & (PAGE_SIZE - 1),
+            p.data.clone(),
+            p.geometry,
+            p.stride,
+        )
+        .ok_or_else(bad)
+    }
 }
 
 impl Ring {
@@ -132,7 +169,7 @@ impl Ring {
 }
 
 /// A ring the device fills and the guest drains.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ProducerRing {
     ring: Ring,
     prod: u32,
@@ -192,7 +229,7 @@ impl ProducerRing {
 }
 
 /// A ring the guest fills and the device drains.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ConsumerRing {
     ring: Ring,
     cons: u32,

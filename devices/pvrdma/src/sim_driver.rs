@@ -142,6 +142,7 @@ impl QpSpec {
 }
 
 pub struct SimDriver {
+    config: PvrdmaConfig,
     pub mem: Mem,
     pub port: Arc<Port>,
     pub wire: Arc<SimWire>,
@@ -240,7 +241,103 @@ impl FrameBackend for SimWire {
     }
 }
 
+/// A new device on a fresh bus: its BARs (placed the same way every time).
+fn plug(
+    config: &PvrdmaConfig,
+    port: &Arc<Port>,
+    wire: &Arc<SimWire>,
+    mem: &Mem,
+    hooks: DeviceHooks,
+) -> (Arc<Mutex<Pvrdma<Mem>>>, PciBus, [u64; 3]) {
+    let dev = Arc::new(Mutex::new(
+        Pvrdma::new(config, port.clone(), wire.clone(), mem.clone(), hooks).expect("device"),
+    ));
+    let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1_0000_0000));
+    let placed = bus
+        .add_device(SLOT, FUNCTION, dev.clone())
+        .expect("add device");
+    let mut bars = [0; 3];
+    for (bar, base) in placed {
+        if let Some(b) = bars.get_mut(bar) {
+            *b = base;
+        }
+    }
+    (dev, bus, bars)
+}
+
 impl SimDriver {
+    /// Live-migrates the device under the running driver: its snapshot
+    /// (through JSON, as it would cross the network) goes into a new
+    /// device on the same guest memory, port and wire, after the old one
+    /// is gone (its doorbells unregistered, its worker stopped). The PCI
+    /// side is replayed as the VMM's bus restore would: the same BARs,
+    /// memory decoding, MSI-X vectors.
+    pub fn migrate(self) -> Self {
+        use vm_migration::{Pausable, Snapshot, Snapshottable};
+        self.device().pause().expect("pause");
+        let bytes = self.device().snapshot().expect("snapshot").to_bytes();
+        let snapshot = Snapshot::from_bytes(&bytes).expect("decode");
+        let SimDriver {
+            config,
+            mem,
+            port,
+            wire,
+            msi,
+            ioevents,
+            bus,
+            dev,
+            bars,
+            driver_version,
+            version,
+            dsr,
+            cmd_slot,
+            resp_slot,
+            async_ring,
+            cq_notify_ring,
+            contexts,
+            pds,
+            next_page,
+            seq,
+        } = self;
+        // The old device goes first: its doorbells' addresses are reused.
+        drop((bus, dev, msi));
+        // The destination VMM's interrupt routes: GSIs from 0 again, as
+        // the driver's vectors are numbered here.
+        let msi = Arc::new(MockMsi::default());
+        let hooks = DeviceHooks {
+            msi: msi.clone(),
+            ioevents: ioevents.clone(),
+        };
+        let (dev, bus, new_bars) = plug(&config, &port, &wire, &mem, hooks);
+        assert_eq!(bars, new_bars, "the same BARs");
+        let mut sim = SimDriver {
+            config,
+            mem,
+            port,
+            wire,
+            msi,
+            ioevents,
+            bus,
+            dev,
+            bars,
+            driver_version,
+            version,
+            dsr,
+            cmd_slot,
+            resp_slot,
+            async_ring,
+            cq_notify_ring,
+            contexts,
+            pds,
+            next_page,
+            seq,
+        };
+        sim.cfg_write(1, 0x6);
+        sim.enable_msix();
+        sim.device().restore(&snapshot).expect("restore");
+        sim
+    }
+
     /// Joins the wires of two simulated devices, as one bridge would.
     pub fn connect(a: &SimDriver, b: &SimDriver) {
         *a.wire.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(&b.port));
@@ -272,20 +369,9 @@ impl SimDriver {
             ioevents: ioevents.clone(),
         };
         let wire = Arc::new(SimWire::unconnected());
-        let dev = Arc::new(Mutex::new(
-            Pvrdma::new(config, port.clone(), wire.clone(), mem.clone(), hooks).expect("device"),
-        ));
-        let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1_0000_0000));
-        let placed = bus
-            .add_device(SLOT, FUNCTION, dev.clone())
-            .expect("add device");
-        let mut bars = [0; 3];
-        for (bar, base) in placed {
-            if let Some(b) = bars.get_mut(bar) {
-                *b = base;
-            }
-        }
+        let (dev, bus, bars) = plug(config, &port, &wire, &mem, hooks);
         let mut sim = Self {
+            config: config.clone(),
             mem,
             port,
             wire,

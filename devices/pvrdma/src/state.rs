@@ -12,6 +12,7 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use net_port::Port;
@@ -60,11 +61,26 @@ impl Env {
 pub(crate) struct Shared {
     pub(crate) env: Env,
     pub(crate) state: Mutex<State>,
+    /// Quiesced for a snapshot or migration: the worker takes no work and
+    /// received frames are discarded until resume.
+    pub(crate) paused: AtomicBool,
+    /// Set on resume and restore: every QP is run once, for the work
+    /// posted while nothing ran.
+    pub(crate) kick_all: AtomicBool,
 }
 
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks the worker to run every QP once (after resume or restore).
+    pub(crate) fn kick_all(&self) {
+        self.kick_all
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Err(e) = self.env.hub.wake.write(1) {
+            log::error!("pvrdma: failed to wake the worker: {e}");
+        }
     }
 }
 

@@ -40,13 +40,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pci::IoEventRegistrar;
 use pvrdma_abi::regs::uar;
 use pvrdma_abi::{HANDLE_MASK, PAGE_SHIFT, PAGE_SIZE};
+use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::metrics::Metrics;
 use crate::objects::Objects;
 
 /// One doorbell of a UAR page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Doorbell {
     QpSend,
     QpRecv,
@@ -197,17 +198,24 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-/// The doorbells of one object.
-#[derive(Debug)]
+/// The doorbells of one object. Saved state keeps what they are (page,
+/// handle, kinds); the eventfds and registrations are made again by
+/// [`Doorbells::attach`] on restore.
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Doorbells {
-    hub: Arc<Hub>,
+    /// `None` until attached (a restored object).
+    #[serde(skip)]
+    hub: Option<Arc<Hub>>,
     page: u32,
     handle: u32,
     kinds: Vec<Doorbell>,
     /// Watched eventfds, one per class.
+    #[serde(skip)]
     fds: Vec<(Class, Arc<EventFd>)>,
     /// Where the ioeventfds are and which registrations succeeded.
+    #[serde(skip)]
     base: Option<u64>,
+    #[serde(skip)]
     registered: Vec<Doorbell>,
 }
 
@@ -223,32 +231,41 @@ impl Doorbells {
         kinds: &[Doorbell],
         base: Option<u64>,
     ) -> io::Result<Self> {
+        let mut doorbells = Self {
+            hub: None,
+            page,
+            handle,
+            kinds: kinds.to_vec(),
+            fds: Vec::new(),
+            base: None,
+            registered: Vec::new(),
+        };
+        doorbells.attach(hub, gen, base)?;
+        Ok(doorbells)
+    }
+
+    /// Makes the eventfds, has the worker watch them and registers them at
+    /// `base` (a no-op if attached already).
+    pub(crate) fn attach(&mut self, hub: &Arc<Hub>, gen: u64, base: Option<u64>) -> io::Result<()> {
+        if self.hub.is_some() {
+            return Ok(());
+        }
         let mut fds: Vec<(Class, Arc<EventFd>)> = Vec::new();
-        for class in kinds.iter().filter_map(|k| k.class()) {
+        for class in self.kinds.iter().filter_map(|k| k.class()) {
             if fds.iter().all(|(c, _)| *c != class) {
                 fds.push((class, Arc::new(EventFd::new(EFD_NONBLOCK)?)));
             }
         }
-        let ops: Vec<WatchOp> = fds
-            .iter()
-            .map(|(class, fd)| WatchOp::Add {
-                data: class.event_data(handle),
-                fd: Arc::clone(fd),
-                gen,
-            })
-            .collect();
-        let mut doorbells = Self {
-            hub: Arc::clone(hub),
-            page,
-            handle,
-            kinds: kinds.to_vec(),
-            fds,
-            base: None,
-            registered: Vec::new(),
-        };
-        hub.queue(ops);
-        doorbells.rebase(base);
-        Ok(doorbells)
+        let handle = self.handle;
+        hub.queue(fds.iter().map(|(class, fd)| WatchOp::Add {
+            data: class.event_data(handle),
+            fd: Arc::clone(fd),
+            gen,
+        }));
+        self.fds = fds;
+        self.hub = Some(Arc::clone(hub));
+        self.rebase(base);
+        Ok(())
     }
 
     pub(crate) fn page(&self) -> u32 {
@@ -257,7 +274,7 @@ impl Doorbells {
 
     fn fd(&self, kind: Doorbell) -> Option<&EventFd> {
         match kind.class() {
-            None => Some(&self.hub.poll),
+            None => self.hub.as_ref().map(|hub| &hub.poll),
             Some(class) => self
                 .fds
                 .iter()
@@ -282,15 +299,17 @@ impl Doorbells {
         }
         self.unregister();
         self.base = base;
-        let Some(base) = base else { return };
+        let (Some(base), Some(hub)) = (base, self.hub.clone()) else {
+            return;
+        };
         for &kind in &self.kinds {
             let (Some((addr, value)), Some(fd)) = (self.address(base, kind), self.fd(kind)) else {
                 continue;
             };
-            match self.hub.ioevents.register(fd, addr, Some(value)) {
+            match hub.ioevents.register(fd, addr, Some(value)) {
                 Ok(()) => self.registered.push(kind),
                 Err(e) => guest_warn!(
-                    self.hub.metrics.ioevent_failed,
+                    hub.metrics.ioevent_failed,
                     "no ioeventfd for doorbell {kind:?} of handle {}: {e}",
                     self.handle
                 ),
@@ -299,12 +318,14 @@ impl Doorbells {
     }
 
     fn unregister(&mut self) {
-        let Some(base) = self.base else { return };
+        let (Some(base), Some(hub)) = (self.base, self.hub.clone()) else {
+            return;
+        };
         for kind in std::mem::take(&mut self.registered) {
             let (Some((addr, value)), Some(fd)) = (self.address(base, kind), self.fd(kind)) else {
                 continue;
             };
-            if let Err(e) = self.hub.ioevents.unregister(fd, addr, Some(value)) {
+            if let Err(e) = hub.ioevents.unregister(fd, addr, Some(value)) {
                 log::warn!("pvrdma: failed to unregister doorbell {kind:?}: {e}");
             }
         }
@@ -331,10 +352,11 @@ impl Drop for Doorbells {
     fn drop(&mut self) {
         self.unregister();
         let handle = self.handle;
-        self.hub
-            .queue(self.fds.iter().map(|(class, _)| WatchOp::Remove {
+        if let Some(hub) = self.hub.as_ref() {
+            hub.queue(self.fds.iter().map(|(class, _)| WatchOp::Remove {
                 data: class.event_data(handle),
             }));
+        }
     }
 }
 

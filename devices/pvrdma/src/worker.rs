@@ -176,6 +176,9 @@ impl<M: GuestAddressSpace> Worker<M> {
         let mem = self.mem.memory();
         let shared = Arc::clone(&self.shared);
         let mut state = shared.lock();
+        if shared.paused.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let active = state.active;
         let Some(session) = state.session.as_mut().filter(|_| active || !active_only) else {
             return;
@@ -314,10 +317,35 @@ impl<M: GuestAddressSpace> Worker<M> {
         });
     }
 
+    /// Runs every QP that has an engine (resume, restore).
+    fn handle_kick_all(&mut self) {
+        let all: Vec<u32> = {
+            let state = self.shared.lock();
+            state
+                .session
+                .as_ref()
+                .map(|s| {
+                    s.objects
+                        .qps
+                        .iter()
+                        .filter(|(_, q)| q.engine.is_some())
+                        .map(|(&h, _)| h)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        self.busy.extend(all);
+        self.handle_timer_or_kick(true);
+    }
+
     /// Arms the timer for the earliest engine deadline, or disarms it.
     fn rearm_timer(&mut self) {
         let state = self.shared.lock();
-        let next = state.session.as_ref().and_then(|s| {
+        let paused = self
+            .shared
+            .paused
+            .load(std::sync::atomic::Ordering::Acquire);
+        let next = state.session.as_ref().filter(|_| !paused).and_then(|s| {
             s.objects
                 .qps
                 .values()
@@ -394,6 +422,13 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             WATCH_EVENT => {
                 let _ = self.wake.read();
                 self.apply_watch_ops(ops);
+                if self
+                    .shared
+                    .kick_all
+                    .swap(false, std::sync::atomic::Ordering::AcqRel)
+                {
+                    self.handle_kick_all();
+                }
             }
             LINK_EVENT => {
                 let _ = self.link.read();

@@ -48,6 +48,26 @@ macro_rules! wire_struct {
         // pattern is a valid value.
         unsafe impl ::vm_memory::ByteValued for $name {}
 
+        // Saved device state carries wire structs as their bytes.
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(<Self as ::vm_memory::ByteValued>::as_slice(self))
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let bytes: Vec<u8> = ::serde::Deserialize::deserialize(d)?;
+                let mut v = Self::default();
+                let dst = <Self as ::vm_memory::ByteValued>::as_mut_slice(&mut v);
+                if dst.len() != bytes.len() {
+                    return Err(::serde::de::Error::invalid_length(bytes.len(), &stringify!($name)));
+                }
+                dst.copy_from_slice(&bytes);
+                Ok(v)
+            }
+        }
+
         impl Default for $name {
             fn default() -> Self {
                 <Self as ::vm_memory::ByteValued>::zeroed()

@@ -41,10 +41,26 @@ pub const CONS_HEAD_OFFSET: u64 = 4;
 /// Largest `max_elems` for which `2N - 1` and the index period fit a `u32`.
 pub const MAX_ELEMS: u32 = 1 << 30;
 
-/// The index arithmetic of one ring of `max_elems` entries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The index arithmetic of one ring of `max_elems` entries. Saved as
+/// `max_elems`, checked again on restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
 pub struct RingGeometry {
     max_elems: u32,
+}
+
+impl TryFrom<u32> for RingGeometry {
+    type Error = String;
+
+    fn try_from(max_elems: u32) -> Result<Self, String> {
+        Self::new(max_elems).ok_or_else(|| format!("ring of {max_elems} entries"))
+    }
+}
+
+impl From<RingGeometry> for u32 {
+    fn from(g: RingGeometry) -> u32 {
+        g.max_elems
+    }
 }
 
 impl RingGeometry {

@@ -39,6 +39,9 @@ pub(crate) struct Inbox {
     /// The guest driver has activated the device: until then (and after
     /// RESET) RoCE frames go to the NIC like any other.
     open: AtomicBool,
+    /// The device is paused: RoCE frames are claimed and dropped (a
+    /// paused VM must not see them on its NIC either).
+    discard: AtomicBool,
     metrics: Arc<Metrics>,
 }
 
@@ -48,6 +51,7 @@ impl Inbox {
             frames: Mutex::new(VecDeque::new()),
             evt: EventFd::new(EFD_NONBLOCK)?,
             open: AtomicBool::new(false),
+            discard: AtomicBool::new(false),
             metrics,
         })
     }
@@ -68,8 +72,23 @@ impl Inbox {
         if !self.open.load(Ordering::Acquire) || parse_layers(frame).is_err() {
             return false;
         }
+        if self.discard.load(Ordering::Acquire) {
+            self.metrics.roce_rx_dropped.inc();
+            return true;
+        }
         self.push(frame.to_vec());
         true
+    }
+
+    /// Paused: frames are claimed and dropped (and those queued too).
+    pub(crate) fn set_discard(&self, discard: bool) {
+        self.discard.store(discard, Ordering::Release);
+        if discard {
+            self.frames
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
     }
 
     /// Queues a frame for the worker (also the loopback path).

@@ -29,7 +29,7 @@ use crate::uar::{Doorbell, Doorbells};
 const CQE_SIZE: u32 = size_of::<Cqe>() as u32;
 
 /// What the guest asked to be notified about (`ib_req_notify_cq`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Arm {
     None,
     /// ARM_SOL: solicited completions and errors.
@@ -38,7 +38,7 @@ pub(crate) enum Arm {
     Any,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Cq {
     pub(crate) gen: u64,
     pub(crate) ctx: u32,

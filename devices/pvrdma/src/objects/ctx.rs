@@ -19,7 +19,7 @@ use crate::cmd::CmdError;
 use crate::state::Ctx;
 
 /// A user context: one process's verbs context and its UAR page.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Context {
     /// Index of its page in BAR2 (never 0, the kernel's).
     pub(crate) uar_index: u32,
@@ -27,7 +27,7 @@ pub(crate) struct Context {
     pub(crate) refs: Refs,
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Pd {
     pub(crate) ctx: u32,
     /// Its MRs, QPs and SRQs.

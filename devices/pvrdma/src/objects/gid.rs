@@ -16,7 +16,7 @@ use crate::state::Ctx;
 /// VLAN ids are 12-bit; 0xFFF means "no VLAN".
 const MAX_VLAN: u32 = 0xfff;
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct GidTable {
     entries: Vec<Option<[u8; 16]>>,
 }

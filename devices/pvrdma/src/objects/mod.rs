@@ -31,6 +31,8 @@ pub(crate) mod srq;
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::cmd::CmdError;
 use crate::config::Limits;
 use crate::uar::{Doorbells, Owner};
@@ -39,7 +41,7 @@ use crate::uar::{Doorbells, Owner};
 pub(crate) const KERNEL_CTX: u32 = 0;
 
 /// Every object of a session.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Objects {
     pub(crate) ctxs: BTreeMap<u32, ctx::Context>,
     pub(crate) pds: BTreeMap<u32, ctx::Pd>,
@@ -119,6 +121,25 @@ impl Objects {
         }
     }
 
+    /// Makes the doorbells of restored objects (eventfds, the worker's
+    /// watch, ioeventfds at BAR2 `base`).
+    pub(crate) fn attach_doorbells(
+        &mut self,
+        hub: &std::sync::Arc<crate::uar::Hub>,
+        base: Option<u64>,
+    ) -> std::io::Result<()> {
+        for o in self.qps.values_mut() {
+            o.doorbells.attach(hub, o.gen, base)?;
+        }
+        for o in self.cqs.values_mut() {
+            o.doorbells.attach(hub, o.gen, base)?;
+        }
+        for o in self.srqs.values_mut() {
+            o.doorbells.attach(hub, o.gen, base)?;
+        }
+        Ok(())
+    }
+
     /// Moves every doorbell to BAR2 `base` (BAR moved, decoding toggled).
     pub(crate) fn rebase_doorbells(&mut self, base: Option<u64>) {
         let qps = self.qps.values_mut().map(|o| &mut o.doorbells);
@@ -149,7 +170,7 @@ pub(crate) fn get_mut<'a, T>(
 }
 
 /// A reference count: how many objects name this one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Refs(u32);
 
 impl Refs {

@@ -32,7 +32,7 @@ const MR_ACCESS: u32 = access::LOCAL_WRITE
 
 /// IOVAs `[iova, iova + len)` backed by guest pages: page `i` holds the
 /// IOVAs from `(iova & !0xfff) + i * 4096`, as snapshotted at registration.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Mapping {
     iova: u64,
     len: u64,
@@ -51,7 +51,7 @@ impl Mapping {
 }
 
 /// What an MR maps.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Region {
     /// All of guest memory, addressed by GPA; kernel PDs, local access only.
     Dma,
@@ -65,7 +65,7 @@ pub(crate) enum Region {
     User(Mapping),
 }
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Mr {
     pub(crate) pd: u32,
     /// Pages charged to the mapping budget.

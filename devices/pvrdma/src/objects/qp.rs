@@ -39,7 +39,31 @@ use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;
 
-#[derive(Debug)]
+/// Serde for the engine: its [`rdma_transport::qp::QpState`].
+mod engine_state {
+    use rdma_transport::qp::QpState;
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Engine;
+
+    pub(crate) fn serialize<S: Serializer>(
+        e: &Option<Box<Engine>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        e.as_ref().map(|e| e.save()).serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Box<Engine>>, D::Error> {
+        let state: Option<QpState> = Deserialize::deserialize(d)?;
+        state
+            .map(|s| Engine::restore(s).map(Box::new).map_err(D::Error::custom))
+            .transpose()
+    }
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Qp {
     pub(crate) gen: u64,
     /// The wire QPN (1 for the GSI QP).
@@ -62,7 +86,9 @@ pub(crate) struct Qp {
     pub(crate) events: u32,
     pub(crate) pages: u64,
     pub(crate) doorbells: Doorbells,
-    /// The transport engine, from RTR until RESET or destruction.
+    /// The transport engine, from RTR until RESET or destruction (saved
+    /// as its `QpState`, checked on restore).
+    #[serde(with = "engine_state")]
     pub(crate) engine: Option<Box<Engine>>,
 }
 

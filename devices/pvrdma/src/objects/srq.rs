@@ -26,7 +26,7 @@ use crate::ring::{ConsumerRing, Ring};
 use crate::state::{Ctx, Env};
 use crate::uar::{Doorbell, Doorbells};
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Srq {
     pub(crate) gen: u64,
     pub(crate) ctx: u32,
