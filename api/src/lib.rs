@@ -76,6 +76,9 @@ mod types;
 
 pub use http::MAX_BODY_BYTES;
 pub use request::{Method, Route, ROUTES};
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub use server::fuzz_request;
 pub use server::{start_server, start_server_with, ApiError, ApiServerHandle, ServerOptions};
 pub use types::{
     ActionError, ApiMessage, ApiRequest, ApiResponse, DiskSummary, ResponseBody, VmConfigSummary,

@@ -345,50 +345,78 @@ impl Read for Conn<'_> {
 impl Conn<'_> {
     /// Reads one request: head, checks, then a body of at most [`MAX_BODY_BYTES`].
     fn read_request(&mut self) -> Result<HttpRequest, HttpError> {
-        let (head, rest) = http::read_head(self)?;
-        let head = Head::parse(&head).map_err(HttpError::Malformed)?;
-        let mut parts = head.start.split(' ');
-        let (Some(method), Some(path), Some(version), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(HttpError::Malformed("bad request line"));
-        };
-        if !version.starts_with("HTTP/") {
-            return Err(HttpError::Malformed("bad request line"));
-        }
-        if version != "HTTP/1.1" && version != "HTTP/1.0" {
-            return Err(HttpError::Version(version.to_owned()));
-        }
-        if method.is_empty() || !path.starts_with('/') {
-            return Err(HttpError::Malformed("bad request line"));
-        }
-        if head.get("transfer-encoding").is_some() {
-            return Err(HttpError::TransferEncoding);
-        }
-        let length = head
-            .content_length()
-            .map_err(HttpError::Malformed)?
-            .unwrap_or(0);
-        let length = usize::try_from(length)
-            .ok()
-            .filter(|&l| l <= MAX_BODY_BYTES)
-            .ok_or(HttpError::BodyTooLarge)?;
-        let expects_continue = match head.get("expect") {
-            None => false,
-            Some(e) if e.eq_ignore_ascii_case("100-continue") => true,
-            Some(e) => return Err(HttpError::Expectation(e.to_owned())),
-        };
-        // curl waits for this before sending bodies over 1 KiB.
-        if expects_continue && rest.len() < length {
-            http::write_interim_continue(&mut self.stream).map_err(WireError::from)?;
-        }
-        let body = http::read_body(self, rest, length)?;
-        Ok(HttpRequest {
-            method: method.to_owned(),
-            path: path.to_owned(),
-            body,
-        })
+        read_request(self, |conn| http::write_interim_continue(&mut conn.stream))
     }
+}
+
+/// Reads one request from `r`: head, checks, then a body of at most [`MAX_BODY_BYTES`].
+/// `go_on` answers `Expect: 100-continue` before the body is read.
+fn read_request<R: Read>(
+    r: &mut R,
+    go_on: impl FnOnce(&mut R) -> io::Result<()>,
+) -> Result<HttpRequest, HttpError> {
+    let (head, rest) = http::read_head(r)?;
+    let head = Head::parse(&head).map_err(HttpError::Malformed)?;
+    let mut parts = head.start.split(' ');
+    let (Some(method), Some(path), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(HttpError::Malformed("bad request line"));
+    };
+    if !version.starts_with("HTTP/") {
+        return Err(HttpError::Malformed("bad request line"));
+    }
+    if version != "HTTP/1.1" && version != "HTTP/1.0" {
+        return Err(HttpError::Version(version.to_owned()));
+    }
+    if method.is_empty() || !path.starts_with('/') {
+        return Err(HttpError::Malformed("bad request line"));
+    }
+    if head.get("transfer-encoding").is_some() {
+        return Err(HttpError::TransferEncoding);
+    }
+    let length = head
+        .content_length()
+        .map_err(HttpError::Malformed)?
+        .unwrap_or(0);
+    let length = usize::try_from(length)
+        .ok()
+        .filter(|&l| l <= MAX_BODY_BYTES)
+        .ok_or(HttpError::BodyTooLarge)?;
+    let expects_continue = match head.get("expect") {
+        None => false,
+        Some(e) if e.eq_ignore_ascii_case("100-continue") => true,
+        Some(e) => return Err(HttpError::Expectation(e.to_owned())),
+    };
+    // curl waits for this before sending bodies over 1 KiB.
+    if expects_continue && rest.len() < length {
+        go_on(r).map_err(WireError::from)?;
+    }
+    let body = http::read_body(r, rest, length)?;
+    Ok(HttpRequest {
+        method: method.to_owned(),
+        path: path.to_owned(),
+        body,
+    })
+}
+
+/// Fuzzing entry (feature `fuzzing`, not API): reads `bytes` as one request off a connection
+/// and routes it exactly as the server does, formatting the error response it would send.
+/// Returns what the VMM would be handed, or the status the client would get.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_request(bytes: &[u8]) -> Result<crate::ApiRequest, u16> {
+    let mut r = io::Cursor::new(bytes);
+    let outcome = read_request(&mut r, |_| Ok(()))
+        .map(|request| parse_request(&request.method, &request.path, &request.body));
+    let (status, message) = match outcome {
+        Ok(Ok(request)) => return Ok(request),
+        Ok(Err(e)) => (e.status(), e.to_string()),
+        Err(e) => (e.status(), e.to_string()),
+    };
+    let reply = Reply::error(status, &message);
+    let mut out = Vec::new();
+    let _ = http::write_response(&mut out, reply.status, reply.allow, reply.body.as_deref());
+    Err(status)
 }
 
 /// State of the server thread.
