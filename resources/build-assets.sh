@@ -25,6 +25,11 @@ CACHE=${PVRDMA_VMM_CACHE:-$HOME/.cache/pvrdma-vmm}
 # Modules the guest loads at boot (their dependencies come from modules.dep, not from this list).
 # rdma_ucm: /dev/infiniband/rdma_cm for librdmacm (rping, perftest -R), with rdma_cm and ib_cm.
 GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma rdma_ucm"
+# Modules the guest image carries (with their dependencies) but does not load at boot: a test
+# loads them itself. rdma_rxe: Soft-RoCE, the baseline of bench-rdma (its guests run `rdma link add
+# rxe0 type rxe netdev eth0`); crc32_generic: rxe's ICRC needs a "crc32" crypto algorithm, which
+# the kernel would otherwise request through a /sbin/modprobe the guest does not have.
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
@@ -105,11 +110,11 @@ USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
   PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"
 
-key=$(stage_key guest "$KERNEL_DIR $USERSPACE_DIR $GUEST_MODULES $image_tools" recipes/guest.sh guest/init lib/common.sh)
+key=$(stage_key guest "$KERNEL_DIR $USERSPACE_DIR $GUEST_MODULES | $GUEST_EXTRA_MODULES $image_tools" recipes/guest.sh guest/init lib/common.sh)
 GUEST_DIR=$CACHE/guest-$key
 ROOTDISK_ID=pvrdma-rootdisk-$key
 build_stage guest "$GUEST_DIR" "$RES/recipes/guest.sh" KERNEL_DIR="$KERNEL_DIR" USERSPACE_DIR="$USERSPACE_DIR" \
-  GUEST_MODULES="$GUEST_MODULES" ROOTDISK_ID="$ROOTDISK_ID"
+  GUEST_MODULES="$GUEST_MODULES" GUEST_EXTRA_MODULES="$GUEST_EXTRA_MODULES" ROOTDISK_ID="$ROOTDISK_ID"
 
 key=$(stage_key l1 "$KERNEL_DIR $USERSPACE_DIR $image_tools" test-host/mk-l1-initramfs.sh test-host/l1-init lib/common.sh)
 L1_DIR=$CACHE/l1-$key

@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Stage "guest": the L2 guest's initramfs (busybox /init + kernel modules + the userspace tree) and
 # its raw ext4 root disk (userspace tree + an id file the guest prints to prove it read the disk).
-# Inputs (env): RES OUT KVER KERNEL_DIR USERSPACE_DIR GUEST_MODULES ROOTDISK_ID.
+# Inputs (env): RES OUT KVER KERNEL_DIR USERSPACE_DIR GUEST_MODULES GUEST_EXTRA_MODULES ROOTDISK_ID.
+# GUEST_MODULES are loaded at boot (guest/init loads everything in load-order); GUEST_EXTRA_MODULES
+# are only in the module tree (modules.dep covers them), for tests to load with modprobe/insmod.
 # Output: OUT/initramfs.cpio.gz, OUT/rootfs.ext4
 set -euo pipefail
 . "$RES/lib/common.sh"
@@ -14,7 +16,13 @@ trap 'rm -rf "$work"' EXIT
 initrd=$work/initramfs
 cp -a "$USERSPACE_DIR/root" "$initrd"
 mkdir -p "$initrd"/{proc,sys,dev,tmp,run,mnt/root}
-# shellcheck disable=SC2086 # GUEST_MODULES is a list of module names
+# shellcheck disable=SC2086 # GUEST_MODULES, GUEST_EXTRA_MODULES: lists of module names
+# First every module the image carries, then the boot set alone: the second call rewrites
+# load-order with the boot set's closure only, and its depmod indexes every .ko in the tree.
+if [[ -n ${GUEST_EXTRA_MODULES:-} ]]; then
+  copy_module_closure "$KERNEL_DIR" "$KVER" "$initrd" $GUEST_MODULES $GUEST_EXTRA_MODULES
+fi
+# shellcheck disable=SC2086
 copy_module_closure "$KERNEL_DIR" "$KVER" "$initrd" $GUEST_MODULES
 # shellcheck disable=SC2086
 printf '%s\n' $GUEST_MODULES > "$initrd/lib/modules/$KVER/required"

@@ -1,0 +1,146 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=sh
+# shellcheck disable=SC2153 # ROLE, MY_IP...: prepended by the scenario
+# Guest side of tests/scenarios/bench-rdma.sh (issue 5 benchmark): timed RDMA programs between two
+# L2 guests A and B (busybox sh, `pvtest=run`) on one bridge of the test host, through either our
+# PVRDMA device (vmw_pvrdma0) or Linux Soft-RoCE over the guest's own vmxnet3 (rxe0, which this
+# script creates). The scenario prepends:
+#   ROLE            a (runs the servers) | b (runs the clients, whose figures are reported)
+#   KIND            pvrdma | rxe
+#   MY_IP PEER_IP HOST_IP   eth0's address, the other guest's and the bridge's (/24)
+#   ROUNDS          rounds; each runs ibv_rc_pingpong then ib_write_bw once
+#   PP_ITERS PP_SIZE  ibv_rc_pingpong -n and -s
+#   BW_ITERS BW_SIZE  ib_write_bw -n and -s
+#   PORT_BASE       TCP ports PORT_BASE+1.. (one per program run, so that a late client never
+#                   meets the previous run's server)
+#   LIMIT           seconds any one program may run (killed then: `timeout`)
+#   READY_WAIT      seconds the first server waits for B (B may boot later) and a client tries
+#                   again while it cannot connect (its server is not listening yet)
+#
+# Programs write straight to the console (a tty: line-buffered, so nothing is lost if `timeout`
+# kills one); the scenario reads the figures out of the sections:
+#   BENCH-RDMA-GID dev=D idx=N gid=G
+#   BENCH-RDMA-RXE ok modules=... | BENCH-RDMA-FAIL why   (rxe: rdma_rxe loaded, rxe0 on eth0)
+#   BENCH-RDMA-BEGIN prog=P round=R side=S ... BENCH-RDMA-END prog=P round=R side=S rc=N attempts=K
+#     P: pp (ibv_rc_pingpong: "N iters in T seconds = U usec/iter") | bw (ib_write_bw: BW average)
+#   BENCH-RDMA-DONE role=R
+# A failed program is a result (its rc), not the end of the script; a set-up failure prints
+# BENCH-RDMA-FAIL and ends the script with status 1.
+
+say() { echo "BENCH-RDMA-$*"; }
+fail() {
+  say "FAIL role=$ROLE kind=$KIND $*"
+  dmesg | grep -E 'rxe|vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20
+  exit 1
+}
+now() { cut -d. -f1 /proc/uptime; }
+
+# retry SECS CMD...: runs CMD until it succeeds, for at most SECS seconds.
+retry() {
+  _end=$(($(now) + $1))
+  shift
+  until "$@" > /dev/null 2>&1; do
+    [ "$(now)" -lt "$_end" ] || return 1
+    sleep 0.2
+  done
+}
+
+carrier_up() { [ "$(cat /sys/class/net/eth0/carrier 2> /dev/null)" = 1 ]; }
+port_active() { grep -q ACTIVE "/sys/class/infiniband/$DEV/ports/1/state" 2> /dev/null; }
+
+# ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs.
+ipv4_mapped_gid() {
+  echo "$1" | awk -F. '{ printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n", $1, $2, $3, $4 }'
+}
+
+# find_gid: GIDX := the index of the RoCE v2 GID of MY_IP in DEV's port 1.
+find_gid() {
+  _want=$(ipv4_mapped_gid "$MY_IP")
+  _port=/sys/class/infiniband/$DEV/ports/1
+  for _f in "$_port"/gids/*; do
+    _i=${_f##*/}
+    [ "$(cat "$_f" 2> /dev/null)" = "$_want" ] || continue
+    [ "$(cat "$_port/gid_attrs/types/$_i" 2> /dev/null)" = "RoCE v2" ] || continue
+    GIDX=$_i
+    return 0
+  done
+  return 1
+}
+
+# setup_rxe: Soft-RoCE on eth0. The image carries rdma_rxe and crc32_generic without loading them
+# (resources/build-assets.sh, GUEST_EXTRA_MODULES); crc32_generic first: rxe's ICRC needs the
+# "crc32" algorithm and this guest has no /sbin/modprobe for the kernel to ask for it.
+setup_rxe() {
+  for _m in crc32_generic rdma_rxe; do
+    modprobe "$_m" || fail "modprobe $_m"
+  done
+  [ -d /sys/module/rdma_rxe ] || fail "rdma_rxe is not loaded after modprobe"
+  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0"
+  say "RXE ok modules=$(for _m in crc32_generic udp_tunnel ip6_udp_tunnel rdma_rxe; do [ -d "/sys/module/$_m" ] && printf '%s,' "$_m"; done) link=$(rdma link show rxe0/1 2> /dev/null | tr -s ' ' | cut -c1-80)"
+}
+
+# run PROG ROUND PORT FIRST CMD...: one program run. A serves (bounded by LIMIT, plus READY_WAIT
+# for the first, whose client may still be booting); B connects, again while its server is not
+# listening yet (for READY_WAIT at most).
+run() {
+  _prog=$1 _round=$2 _port=$3 _first=$4
+  shift 4
+  set -- "$@" -p "$_port"
+  _attempts=1
+  if [ "$ROLE" = a ]; then
+    _limit=$LIMIT
+    [ "$_first" = 1 ] && _limit=$((LIMIT + READY_WAIT))
+    say "BEGIN prog=$_prog round=$_round side=server"
+    timeout "$_limit" "$@"
+    _rc=$?
+    say "END prog=$_prog round=$_round side=server rc=$_rc attempts=1"
+    return 0
+  fi
+  _err=/tmp/client.err
+  _end=$(($(now) + READY_WAIT))
+  say "BEGIN prog=$_prog round=$_round side=client"
+  while :; do
+    timeout "$LIMIT" "$@" "$PEER_IP" 2> "$_err"
+    _rc=$?
+    cat "$_err"
+    if [ $_rc -eq 0 ] || ! grep -q "Couldn't connect to" "$_err" || [ "$(now)" -ge "$_end" ]; then
+      break
+    fi
+    _attempts=$((_attempts + 1))
+    sleep 1
+  done
+  say "END prog=$_prog round=$_round side=client rc=$_rc attempts=$_attempts"
+}
+
+ip link set lo up
+ip link set eth0 up || fail "ip link set eth0 up"
+ip addr add "$MY_IP/24" dev eth0 || fail "ip addr add $MY_IP"
+retry 30 carrier_up || fail "eth0 has no carrier after 30 s"
+retry 120 ping -c 1 -W 1 "$HOST_IP" || fail "no ping answer from the test host $HOST_IP"
+
+case $KIND in
+  pvrdma) DEV=vmw_pvrdma0 ;;
+  rxe)
+    DEV=rxe0
+    setup_rxe
+    ;;
+  *) fail "unknown KIND $KIND" ;;
+esac
+[ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV"
+retry 60 port_active || fail "$DEV port 1 not ACTIVE after 60 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
+retry 60 find_gid || fail "no RoCE v2 GID of $MY_IP on $DEV after 60 s"
+find_gid
+say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
+# Both guests up before the first round (B's client tries again anyway; this keeps the first
+# server's wait short when B is the one that booted first).
+retry "$READY_WAIT" ping -c 1 -W 1 "$PEER_IP" || fail "no ping answer from the peer $PEER_IP"
+
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+  first=0
+  [ "$r" = 1 ] && first=1
+  run pp "$r" $((PORT_BASE + 2 * r - 1)) "$first" ibv_rc_pingpong -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE"
+  run bw "$r" $((PORT_BASE + 2 * r)) 0 ib_write_bw -d "$DEV" -x "$GIDX" -F -n "$BW_ITERS" -s "$BW_SIZE"
+  r=$((r + 1))
+done
+say "DONE role=$ROLE"
