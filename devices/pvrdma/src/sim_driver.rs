@@ -272,70 +272,29 @@ impl SimDriver {
     /// is gone (its doorbells unregistered, its worker stopped). The PCI
     /// side is replayed as the VMM's bus restore would: the same BARs,
     /// memory decoding, MSI-X vectors.
-    pub fn migrate(self) -> Self {
+    pub fn migrate(mut self) -> Self {
         use vm_migration::{Pausable, Snapshot, Snapshottable};
         self.device().pause().expect("pause");
         let bytes = self.device().snapshot().expect("snapshot").to_bytes();
         let snapshot = Snapshot::from_bytes(&bytes).expect("decode");
-        let SimDriver {
-            config,
-            mem,
-            port,
-            wire,
-            msi,
-            ioevents,
-            bus,
-            dev,
-            bars,
-            driver_version,
-            version,
-            dsr,
-            cmd_slot,
-            resp_slot,
-            async_ring,
-            cq_notify_ring,
-            contexts,
-            pds,
-            next_page,
-            seq,
-        } = self;
-        // The old device goes first: its doorbells' addresses are reused.
-        drop((bus, dev, msi));
         // The destination VMM's interrupt routes: GSIs from 0 again, as
         // the driver's vectors are numbered here.
-        let msi = Arc::new(MockMsi::default());
+        self.msi = Arc::new(MockMsi::default());
         let hooks = DeviceHooks {
-            msi: msi.clone(),
-            ioevents: ioevents.clone(),
+            msi: self.msi.clone(),
+            ioevents: self.ioevents.clone(),
         };
-        let (dev, bus, new_bars) = plug(&config, &port, &wire, &mem, hooks);
-        assert_eq!(bars, new_bars, "the same BARs");
-        let mut sim = SimDriver {
-            config,
-            mem,
-            port,
-            wire,
-            msi,
-            ioevents,
-            bus,
-            dev,
-            bars,
-            driver_version,
-            version,
-            dsr,
-            cmd_slot,
-            resp_slot,
-            async_ring,
-            cq_notify_ring,
-            contexts,
-            pds,
-            next_page,
-            seq,
-        };
-        sim.cfg_write(1, 0x6);
-        sim.enable_msix();
-        sim.device().restore(&snapshot).expect("restore");
-        sim
+        // The new device registers no doorbell before its restore, so the
+        // old one (paused) may go only when it is replaced; a same-host
+        // channel would need the old one gone first (not used here).
+        let (dev, bus, bars) = plug(&self.config, &self.port, &self.wire, &self.mem, hooks);
+        assert_eq!(self.bars, bars, "the same BARs");
+        self.bus = bus;
+        self.dev = dev;
+        self.cfg_write(1, 0x6);
+        self.enable_msix();
+        self.device().restore(&snapshot).expect("restore");
+        self
     }
 
     /// Joins the wires of two simulated devices, as one bridge would.
