@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use pvrdma::sim_driver::endpoint::{
     connect, rc_pair, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B, MR_LEN,
 };
-use pvrdma::sim_driver::{QpSpec, SimDriver};
+use pvrdma::sim_driver::{QpSpec, SimDriver, SimQp, SimSrq};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::verbs::{qp_state, qp_type};
 use pvrdma_abi::wqe::{send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, SqWqeHdr};
@@ -256,8 +256,8 @@ fn ud_send_carries_the_grh_area_and_source_qpn() {
     let _ = (&mut a.pd, &mut b.pd);
 }
 
-#[test]
-fn srq_receives_complete_with_the_qp_handle() {
+/// A connected to a QP of B that receives from an SRQ (16 WQEs, 1 SGE).
+fn srq_pair() -> (Side, Side, SimSrq, SimQp) {
     let mut b = Side::new(GID_B, QpSpec::rc);
     let srq = b.sim.create_srq(b.pd, 16, 1).expect("srq");
     let spec = QpSpec {
@@ -273,6 +273,12 @@ fn srq_receives_complete_with_the_qp_handle() {
     b.sim
         .connect_rc(qp.handle, 0, (GID_A, MAC_A), a.qp.qpn, (2, 1))
         .expect("B");
+    (a, b, srq, qp)
+}
+
+#[test]
+fn srq_receives_complete_with_the_qp_handle() {
+    let (a, b, srq, qp) = srq_pair();
     b.sim.post_srq_recv_sges(&srq, 41, &[b.sge(0, 64)]);
     b.sim.post_srq_recv_sges(&srq, 42, &[b.sge(64, 64)]);
     a.write(0, b"first second");
@@ -553,23 +559,7 @@ fn srq_limit_event_when_receives_run_low() {
     use pvrdma_abi::verbs::SrqAttr;
     use pvrdma_abi::wqe::event;
 
-    let mut b = Side::new(GID_B, QpSpec::rc);
-    let srq = b.sim.create_srq(b.pd, 16, 1).expect("srq");
-    let qp = b
-        .sim
-        .create_qp(QpSpec {
-            srq: Some(srq.handle),
-            ..QpSpec::rc(b.pd, b.cq.handle)
-        })
-        .expect("qp");
-    let mut a = Side::new(GID_A, QpSpec::rc);
-    SimDriver::connect(&a.sim, &b.sim);
-    a.sim
-        .connect_rc(a.qp.handle, 0, (GID_B, MAC_B), qp.qpn, (1, 2))
-        .expect("A");
-    b.sim
-        .connect_rc(qp.handle, 0, (GID_A, MAC_A), a.qp.qpn, (2, 1))
-        .expect("B");
+    let (a, mut b, srq, _) = srq_pair();
     for i in 0..3 {
         b.sim.post_srq_recv_sges(&srq, i, &[b.sge(i * 64, 64)]);
     }
@@ -610,7 +600,6 @@ fn srq_limit_event_when_receives_run_low() {
         .async_events()
         .iter()
         .all(|e| e.event_type != event::SRQ_LIMIT_REACHED));
-    let _ = &mut a.pd;
 }
 
 /// B's device is live-migrated (snapshot through bytes, a new device on
