@@ -216,7 +216,7 @@ fn hostile_snapshots_are_refused_or_harmless() {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         default_hook(info);
     }));
-    let mut rng = Rng(0x5eed_0f_5a5e_0001);
+    let mut rng = Rng(0x005e_ed0f_5a5e_0001);
     let (mut restored, mut refused) = (0, 0);
     for i in 0..150u64 {
         let mut v = value.clone();
