@@ -42,6 +42,8 @@ const MAX_GSI: u32 = 4096;
 pub struct Vm {
     fd: Arc<VmFd>,
     supported_cpuid: CpuId,
+    /// The MSRs KVM saves and restores for a vCPU (KVM_GET_MSR_INDEX_LIST).
+    msr_list: Vec<u32>,
     max_vcpus: usize,
     routes: Arc<GsiRoutes>,
 }
@@ -90,6 +92,11 @@ impl Vm {
         let supported_cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| KvmError::Setup("supported CPUID", e))?;
+        let msr_list = kvm
+            .get_msr_index_list()
+            .map_err(|e| KvmError::Setup("MSR index list", e))?
+            .as_slice()
+            .to_vec();
         let fd = Arc::new(fd);
         let routes = Arc::new(GsiRoutes::new(fd.clone()));
         routes.commit().map_err(|e| {
@@ -101,6 +108,7 @@ impl Vm {
         Ok(Self {
             fd,
             supported_cpuid,
+            msr_list,
             max_vcpus: kvm.get_max_vcpus(),
             routes,
         })
@@ -112,6 +120,11 @@ impl Vm {
 
     pub fn supported_cpuid(&self) -> &CpuId {
         &self.supported_cpuid
+    }
+
+    /// The MSRs a vCPU's saved state includes.
+    pub fn msr_list(&self) -> &[u32] {
+        &self.msr_list
     }
 
     pub fn check_vcpu_count(&self, requested: u8) -> Result<(), KvmError> {

@@ -503,3 +503,62 @@ fn irqfd_msi_delivery() {
     drop(vcpu);
     router.release(&vector).expect("release MSI vector");
 }
+
+/// A vCPU's state saved in the middle of a program and restored into a
+/// vCPU of another VM (its memory a copy) continues the program where it
+/// was, with its registers: the vCPU half of live migration.
+#[test]
+fn vcpu_state_moves_to_another_vm() {
+    use vmm::arch::state;
+
+    let program = |mem: &GuestMemory| {
+        let mut code = vec![0x48, 0xbb]; //        mov rbx, imm64
+        code.extend(0x1122_3344_5566_7788u64.to_le_bytes());
+        code.extend(lm_print(b"A"));
+        code.extend(lm_print(b"B"));
+        code.extend([
+            0xb9, 0x00, 0x00, 0x00, 0xd0, //        mov ecx, 0xd0000000
+            0x48, 0x89, 0x19, //                    mov [rcx], rbx
+        ]);
+        code.extend(HALT_LOOP);
+        write_code(mem, LONG_MODE_ENTRY, &code);
+    };
+    let (mem, vm) = new_vm();
+    program(&mem);
+    let mut fd = long_mode_vcpu(&vm, &mem, LONG_MODE_ENTRY);
+    assert_eq!(run_once(&mut fd), out(SERIAL_PORT, b'A'));
+    state::complete_io(&mut fd);
+    let saved = state::save(&fd, vm.msr_list()).expect("save");
+    let json = serde_json::to_vec(&saved).expect("encode");
+    drop((fd, vm));
+
+    let (mem2, vm2) = new_vm();
+    program(&mem2);
+    // The page tables the program runs on, as the source had them.
+    cpu::write_boot_tables(&mem2).expect("write_boot_tables");
+    mem2.write_obj(
+        MMIO_PD_START | 0x03,
+        GuestAddress(layout::PDPTE_START + 3 * 8),
+    )
+    .unwrap();
+    for i in 0..512u64 {
+        let pde = (layout::MMIO_HOLE_START + (i << 21)) | 0x83;
+        mem2.write_obj(pde, GuestAddress(MMIO_PD_START + i * 8))
+            .unwrap();
+    }
+    let mut fd2 = vm2.fd().create_vcpu(0).expect("create_vcpu");
+    cpu::set_cpuid(&fd2, vm2.supported_cpuid(), 0, 1).expect("set_cpuid");
+    let restored: state::VcpuState = serde_json::from_slice(&json).expect("decode");
+    assert_eq!(restored.rip(), saved.rip());
+    state::restore(&fd2, &restored).expect("restore");
+    assert_eq!(
+        run_once(&mut fd2),
+        out(SERIAL_PORT, b'B'),
+        "continues after A, not again"
+    );
+    assert_eq!(
+        run_once(&mut fd2),
+        Exit::MmioWrite(MMIO_ADDR, 0x1122_3344_5566_7788u64.to_le_bytes().to_vec()),
+        "with its registers"
+    );
+}

@@ -5,3 +5,4 @@ pub mod acpi;
 pub mod boot;
 pub mod cpu;
 pub mod layout;
+pub mod state;
