@@ -562,3 +562,44 @@ fn vcpu_state_moves_to_another_vm() {
         "with its registers"
     );
 }
+
+/// The VM-wide KVM state (PICs, IOAPIC, PIT, clock) of one VM, put into
+/// another, reads back the same there (the clock goes on from the saved
+/// time).
+#[test]
+fn vm_state_moves_to_another_vm() {
+    use vmm::arch::state;
+
+    let (_mem, vm) = new_vm();
+    // Something non-default to carry: an IOAPIC redirection entry.
+    let mut chip = kvm_bindings::kvm_irqchip {
+        chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC,
+        ..Default::default()
+    };
+    vm.fd().get_irqchip(&mut chip).unwrap();
+    // SAFETY: reading and writing the IOAPIC variant of the union, which
+    // KVM filled for chip_id IOAPIC.
+    unsafe {
+        chip.chip.ioapic.redirtbl[4].bits = 0x0001_0000_0000_0034;
+    }
+    vm.fd().set_irqchip(&chip).unwrap();
+    let saved = state::save_vm(vm.fd()).expect("save");
+    let json = serde_json::to_vec(&saved).expect("encode");
+    let (_mem2, vm2) = new_vm();
+    let restored: state::VmState = serde_json::from_slice(&json).expect("decode");
+    state::restore_vm(vm2.fd(), &restored).expect("restore");
+    let mut back = kvm_bindings::kvm_irqchip {
+        chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC,
+        ..Default::default()
+    };
+    vm2.fd().get_irqchip(&mut back).unwrap();
+    // SAFETY: as above.
+    let bits = unsafe { back.chip.ioapic.redirtbl[4].bits };
+    assert_eq!(bits, 0x0001_0000_0000_0034);
+    let clock = vm2.fd().get_clock().unwrap().clock;
+    let was = vm.fd().get_clock().unwrap().clock;
+    assert!(
+        clock + 1_000_000_000 > was,
+        "clock carried over ({clock} vs {was})"
+    );
+}

@@ -1,18 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A vCPU's architectural state, for live migration and snapshots: what
-//! KVM holds for it (registers, special registers, FPU/XSAVE, XCRs, LAPIC,
-//! MSRs, MP state, pending events), saved with kvm-bindings' serde support
-//! and put back in the order KVM needs.
+//! What KVM holds of a VM, for live migration and snapshots: each vCPU's
+//! architectural state (registers, special registers, FPU/XSAVE, XCRs,
+//! LAPIC, MSRs, MP state, pending events) and the VM's in-kernel devices
+//! (PICs, IOAPIC, PIT, clock), saved with kvm-bindings' serde support and
+//! put back in the order KVM needs.
 //!
 //! Save only a vCPU that is out of KVM_RUN with no I/O half done: after an
 //! I/O exit KVM completes the instruction on the next entry, so the vCPU
 //! thread re-enters once with `immediate_exit` set first ([`complete_io`]).
 
 use kvm_bindings::{
-    kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events,
-    kvm_xcrs, kvm_xsave, Msrs,
+    kvm_clock_data, kvm_fpu, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
+    kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
-use kvm_ioctls::VcpuFd;
+use kvm_ioctls::{VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -165,5 +167,55 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     }
     fd.set_vcpu_events(&s.events)
         .map_err(|e| StateError::Set("events", e))?;
+    Ok(())
+}
+
+/// What KVM keeps of the VM besides its vCPUs: the in-kernel PICs and
+/// IOAPIC, the PIT and the clock.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmState {
+    pic_master: kvm_irqchip,
+    pic_slave: kvm_irqchip,
+    ioapic: kvm_irqchip,
+    pit: kvm_pit_state2,
+    clock: kvm_clock_data,
+}
+
+fn irqchip(fd: &VmFd, chip_id: u32) -> Result<kvm_irqchip, StateError> {
+    let mut chip = kvm_irqchip {
+        chip_id,
+        ..Default::default()
+    };
+    fd.get_irqchip(&mut chip)
+        .map_err(|e| StateError::Get("irqchip", e))?;
+    Ok(chip)
+}
+
+/// Saves the VM-wide state of `fd` (its vCPUs paused).
+pub fn save_vm(fd: &VmFd) -> Result<VmState, StateError> {
+    Ok(VmState {
+        pic_master: irqchip(fd, KVM_IRQCHIP_PIC_MASTER)?,
+        pic_slave: irqchip(fd, KVM_IRQCHIP_PIC_SLAVE)?,
+        ioapic: irqchip(fd, KVM_IRQCHIP_IOAPIC)?,
+        pit: fd.get_pit2().map_err(|e| StateError::Get("PIT", e))?,
+        clock: fd.get_clock().map_err(|e| StateError::Get("clock", e))?,
+    })
+}
+
+/// Puts `s` into VM `fd` (created with its irqchip and PIT, no vCPU run).
+pub fn restore_vm(fd: &VmFd, s: &VmState) -> Result<(), StateError> {
+    for chip in [&s.pic_master, &s.pic_slave, &s.ioapic] {
+        fd.set_irqchip(chip)
+            .map_err(|e| StateError::Set("irqchip", e))?;
+    }
+    fd.set_pit2(&s.pit).map_err(|e| StateError::Set("PIT", e))?;
+    // The clock goes on from where the source stopped it; a stable-TSC
+    // flag from the source is not a promise this host can make.
+    let clock = kvm_clock_data {
+        clock: s.clock.clock,
+        ..Default::default()
+    };
+    fd.set_clock(&clock)
+        .map_err(|e| StateError::Set("clock", e))?;
     Ok(())
 }
