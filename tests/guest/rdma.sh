@@ -14,6 +14,7 @@
 #   GATE_WAIT       seconds a server waits for its client to reach the step, and a step for the
 #                   test host's go-ahead (loss steps: netem is on)
 #   PP_ITERS PERF_ITERS PING_COUNT  iteration counts (pingpongs, perftest, rping)
+#   LOSS_PP_ITERS   iterations of the pingpong under loss (enough frames for netem to hit)
 #
 # The steps run in the order of the table at the end; each has a server party, a client party
 # (a, b, c, or l for L1) and a TCP port (or rdma_cm port) of its own. A party not in a step skips it.
@@ -295,7 +296,7 @@ PERF="-d $DEV -x $GIDX -F"
   step rxe-write-bw-guest-server a l - tcp 18704 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18704
   # Loss: the test host drops RoCE frames towards C (netem on C's TAP; C's VMM has no same-host
   # channel) while these run; C receives the data of the second one.
-  step loss-rc a c netem-on tcp 18801 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18801
+  step loss-rc a c netem-on tcp 18801 ibv_rc_pingpong $PP -c -n "$LOSS_PP_ITERS" -s 4096 -p 18801
   step loss-write-bw c a loss-rc-counted tcp 18802 ib_write_bw $PERF -n "$PERF_ITERS" -s 16384 -p 18802
 }
 

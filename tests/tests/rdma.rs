@@ -33,6 +33,10 @@ const HOST_IP: &str = "10.12.0.254";
 
 /// Iterations of the pingpongs, of perftest's programs and of rping (passed to the scenario).
 const PP_ITERS: u64 = 50;
+/// Iterations of the loss pingpong: enough RoCE frames (about 1000) that
+/// 3% loss drops some in practically every run (0.97^1000 ~ 6e-14), where
+/// PP_ITERS' ~260 frames left a zero-drop run at about 1 in 2500.
+const LOSS_PP_ITERS: u64 = 200;
 const PERF_ITERS: u64 = 100;
 const PING_COUNT: u64 = 10;
 
@@ -141,6 +145,7 @@ fn suite() -> &'static Suite {
             "rdma",
             &[
                 ("PP_ITERS", PP_ITERS.to_string()),
+                ("LOSS_PP_ITERS", LOSS_PP_ITERS.to_string()),
                 ("PERF_ITERS", PERF_ITERS.to_string()),
                 ("PING_COUNT", PING_COUNT.to_string()),
             ],
@@ -645,7 +650,7 @@ fn ibv_rc_pingpong_recovers_from_frame_loss() {
              nothing (see netem-loss-rc.txt)"
         )
     });
-    s.pingpong("loss-rc", Party::A, Party::C, PP_ITERS, RC_SIZE, 1);
+    s.pingpong("loss-rc", Party::A, Party::C, LOSS_PP_ITERS, RC_SIZE, 1);
     e2e::announce(&format!(
         "rdma: ibv_rc_pingpong A<->C with {dropped} of {} RoCE frames to C dropped",
         sent + dropped
