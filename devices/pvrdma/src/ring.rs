@@ -67,23 +67,17 @@ impl TryFrom<RingParts> for Ring {
     type Error = String;
 
     fn try_from(p: RingParts) -> Result<Self, String> {
-        let bad = || {
-            format!(
-                "ring of {} entries of {} bytes",
-                p.geometry.max_elems(),
-                p.stride
-            )
-        };
+        let (entries, stride) = (p.geometry.max_elems(), p.stride);
         // The index pair lies somewhere in a page: `new` checks the same.
         let header = p.indices & !(PAGE_SIZE - 1);
         Ring::new(
             header,
             p.indices & (PAGE_SIZE - 1),
-            p.data.clone(),
+            p.data,
             p.geometry,
             p.stride,
         )
-        .ok_or_else(bad)
+        .ok_or_else(|| format!("ring of {entries} entries of {stride} bytes"))
     }
 }
 

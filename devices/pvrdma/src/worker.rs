@@ -276,7 +276,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         };
         for frame in local.recv(RX_BATCH) {
             env.metrics.roce_local_rx.inc();
-            if !env.wire.inbox.offer(&frame) {
+            if !env.wire.inbox.offer_owned(frame) {
                 env.metrics.roce_rx_bad.inc();
             }
         }

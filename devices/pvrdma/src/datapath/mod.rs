@@ -29,7 +29,7 @@ use rdma_transport::net::Mac;
 use rdma_transport::packet::Packet;
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
-use rdma_transport::verbs::{CompletionSink, ImmOrInv, WorkCompletion};
+use rdma_transport::verbs::{CompletionSink, ImmOrInv, WcOpcode, WorkCompletion};
 use vm_memory::GuestMemory;
 
 use self::mem::GuestMrs;
@@ -218,13 +218,8 @@ fn fetch_sends<M: GuestMemory>(
                 });
                 if ud && ah.is_none() {
                     guest_warn!(env.metrics.wqe_invalid, "qp={handle}: bad address vector");
-                    fail_send(
-                        engine,
-                        cq,
-                        d.entry.wqe.wr_id,
-                        d.entry.wqe.opcode.wc_opcode() as u32,
-                        handle,
-                    );
+                    let wqe = &d.entry.wqe;
+                    fail_send(engine, cq, wqe.wr_id, wqe.opcode.wc_opcode(), handle);
                     continue;
                 }
                 let mut e = d.entry;
@@ -233,13 +228,7 @@ fn fetch_sends<M: GuestMemory>(
             }
             Err(bad) => {
                 guest_warn!(env.metrics.wqe_invalid, "qp={handle}: {}", bad.error);
-                fail_send(
-                    engine,
-                    cq,
-                    bad.wr_id,
-                    crate::objects::qp::wc_opcode(bad.opcode),
-                    handle,
-                );
+                fail_send(engine, cq, bad.wr_id, bad.wc_opcode(), handle);
                 continue;
             }
         };
@@ -264,13 +253,13 @@ fn fetch_sends<M: GuestMemory>(
 
 /// Completes a WQE that never reached the engine with a local QP
 /// operation error and fails the QP.
-fn fail_send(engine: &mut Engine, cq: &mut Completions, wr_id: u64, opcode: u32, handle: u32) {
+fn fail_send(engine: &mut Engine, cq: &mut Completions, wr_id: u64, opcode: WcOpcode, handle: u32) {
     engine.set_error();
     cq.0.push((
         WorkCompletion {
             wr_id,
             status: rdma_transport::verbs::WcStatus::LocQpOpErr,
-            opcode: wc_opcode_of(opcode),
+            opcode,
             byte_len: 0,
             imm_or_inv: None,
             qpn: handle,
@@ -279,20 +268,6 @@ fn fail_send(engine: &mut Engine, cq: &mut Completions, wr_id: u64, opcode: u32,
         },
         true,
     ));
-}
-
-fn wc_opcode_of(opcode: u32) -> rdma_transport::verbs::WcOpcode {
-    use pvrdma_abi::wqe::wc_opcode as W;
-    use rdma_transport::verbs::WcOpcode as O;
-    match opcode {
-        W::RDMA_WRITE => O::RdmaWrite,
-        W::RDMA_READ => O::RdmaRead,
-        W::COMP_SWAP => O::CompSwap,
-        W::FETCH_ADD => O::FetchAdd,
-        W::LOCAL_INV => O::LocalInv,
-        W::REG_MR => O::RegMr,
-        _ => O::Send,
-    }
 }
 
 /// Posts collected completions to the QP's CQs.

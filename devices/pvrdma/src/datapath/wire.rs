@@ -66,18 +66,36 @@ impl Inbox {
         }
     }
 
-    /// Takes `frame` if it is RoCE v2 and the device is active; true if
-    /// taken (queued, or dropped for lack of room).
-    pub(crate) fn offer(&self, frame: &[u8]) -> bool {
+    /// Whether the device claims `frame` (RoCE v2, device active), and if
+    /// so whether it keeps it (`Some(false)`: paused, dropped and counted).
+    fn claims(&self, frame: &[u8]) -> Option<bool> {
         if !self.open.load(Ordering::Acquire) || parse_layers(frame).is_err() {
-            return false;
+            return None;
         }
         if self.discard.load(Ordering::Acquire) {
             self.metrics.roce_rx_dropped.inc();
-            return true;
+            return Some(false);
         }
-        self.push(frame.to_vec());
-        true
+        Some(true)
+    }
+
+    /// Takes a copy of `frame` (the NIC's receive buffer) if it is RoCE v2
+    /// and the device is active; true if taken (queued, or dropped).
+    pub(crate) fn offer(&self, frame: &[u8]) -> bool {
+        let claimed = self.claims(frame);
+        if claimed == Some(true) {
+            self.push(frame.to_vec());
+        }
+        claimed.is_some()
+    }
+
+    /// [`Inbox::offer`] of a frame the caller owns (no copy).
+    pub(crate) fn offer_owned(&self, frame: Vec<u8>) -> bool {
+        let claimed = self.claims(&frame);
+        if claimed == Some(true) {
+            self.push(frame);
+        }
+        claimed.is_some()
     }
 
     /// Paused: frames are claimed and dropped (and those queued too).

@@ -19,7 +19,7 @@ use rdma_transport::qp::SendEntry;
 use rdma_transport::req::{Remote, SendWqe};
 use rdma_transport::resp::{RecvQueue, RecvWqe};
 use rdma_transport::sgl::{sge_total, MAX_SGE};
-use rdma_transport::verbs::{FastReg, Sge, WrOpcode};
+use rdma_transport::verbs::{FastReg, Sge, WcOpcode, WrOpcode};
 use vm_memory::{ByteValued, GuestMemory};
 
 use crate::ring::{ConsumerRing, RingError};
@@ -139,6 +139,14 @@ pub(crate) struct BadSend {
     pub(crate) wr_id: u64,
     pub(crate) opcode: u32,
     pub(crate) error: WqeError,
+}
+
+impl BadSend {
+    /// The completion opcode of what the guest meant to post (SEND for an
+    /// opcode that is no opcode).
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        wr_opcode(self.opcode).map_or(WcOpcode::Send, WrOpcode::wc_opcode)
+    }
 }
 
 /// Decodes the send WQE at the ring's consumer index (not consumed).

@@ -383,7 +383,7 @@ pub(crate) fn handle_destroy_qp<M>(
 }
 
 /// The completion opcode of a send WQE's opcode.
-pub(crate) fn wc_opcode(opcode: u32) -> u32 {
+fn wc_opcode(opcode: u32) -> u32 {
     match opcode {
         send_opcode::RDMA_WRITE | send_opcode::RDMA_WRITE_WITH_IMM => wc_opcode::RDMA_WRITE,
         send_opcode::RDMA_READ => wc_opcode::RDMA_READ,
