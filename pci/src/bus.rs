@@ -21,6 +21,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use serde::{Deserialize, Serialize};
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
+
+use crate::configuration::PciConfigurationState;
 use crate::{BarKind, PciConfiguration, PciDevice, PciHeader};
 
 /// The address register; only dword writes hit it.
@@ -58,6 +62,25 @@ pub enum PciBusError {
     CapabilitySpaceFull(usize),
     #[error("Capability writable mask is longer than the capability")]
     CapabilityMaskTooLong,
+    #[error("Saved configuration space does not fit this function: {0}")]
+    InvalidState(&'static str),
+}
+
+/// The bus in a VM snapshot.
+const BUS_ID: &str = "pci";
+const BUS_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct SavedBus {
+    config_address: u32,
+    functions: Vec<SavedFunction>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedFunction {
+    devfn: u8,
+    config: PciConfigurationState,
+    device: Snapshot,
 }
 
 /// Where one BAR of a function is decoded.
@@ -105,6 +128,20 @@ impl Window {
 /// The host bridge at 00.0: an identity for the guest, nothing to decode.
 struct HostBridge {
     config: PciConfiguration,
+}
+
+impl Pausable for HostBridge {}
+
+impl Snapshottable for HostBridge {
+    fn id(&self) -> String {
+        "host-bridge".into()
+    }
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        Snapshot::new(&self.id(), 1, &())
+    }
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        snapshot.state::<()>(&self.id(), 1)
+    }
 }
 
 impl PciDevice for HostBridge {
@@ -238,6 +275,83 @@ impl PciBus {
         let placed = bars.iter().map(|range| (range.bar, range.base)).collect();
         self.functions.insert(devfn, Function { dev, bars });
         Ok(placed)
+    }
+
+    /// Stops every function's own threads (see [`Pausable`]); on error the
+    /// ones already paused are resumed, leaving the bus as it was.
+    pub fn pause(&self) -> Result<(), MigratableError> {
+        let mut done = Vec::new();
+        for func in self.functions.values() {
+            if let Err(e) = lock(&func.dev).pause() {
+                for func in done {
+                    let _ = lock(func).resume();
+                }
+                return Err(e);
+            }
+            done.push(&func.dev);
+        }
+        Ok(())
+    }
+
+    pub fn resume(&self) -> Result<(), MigratableError> {
+        self.functions
+            .values()
+            .try_for_each(|func| lock(&func.dev).resume())
+    }
+
+    /// Every function's configuration space and device state (the bus
+    /// must be paused).
+    pub fn snapshot(&self) -> Result<Snapshot, MigratableError> {
+        let functions = self
+            .functions
+            .iter()
+            .map(|(&devfn, func)| {
+                let mut dev = lock(&func.dev);
+                Ok(SavedFunction {
+                    devfn,
+                    config: dev.config().state(),
+                    device: dev.snapshot()?,
+                })
+            })
+            .collect::<Result<Vec<_>, MigratableError>>()?;
+        let saved = SavedBus {
+            config_address: self.config_address,
+            functions,
+        };
+        Snapshot::new(BUS_ID, BUS_VERSION, &saved)
+    }
+
+    /// Puts a [`Self::snapshot`] back onto a bus built with the same
+    /// functions: configuration space first (BARs decode where the guest
+    /// left them), then each device, which re-derives its doorbells and
+    /// interrupt routes from both.
+    pub fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        let saved: SavedBus = snapshot.state(BUS_ID, BUS_VERSION)?;
+        let ours: Vec<u8> = self.functions.keys().copied().collect();
+        let theirs: Vec<u8> = saved.functions.iter().map(|f| f.devfn).collect();
+        if ours != theirs {
+            return Err(MigratableError::Restore(
+                BUS_ID.into(),
+                format!("functions differ: here {ours:?}, saved {theirs:?}").into(),
+            ));
+        }
+        for f in &saved.functions {
+            let Some(func) = self.functions.get_mut(&f.devfn) else {
+                continue;
+            };
+            let mut dev = lock(&func.dev);
+            dev.config_mut()
+                .set_state(&f.config)
+                .map_err(|e| MigratableError::Restore(BUS_ID.into(), Box::new(e)))?;
+            for range in &mut func.bars {
+                if let Some(base) = dev.config().bar_address(range.bar) {
+                    range.base = base;
+                }
+            }
+            dev.restore(&f.device)?;
+        }
+        self.config_address = saved.config_address;
+        Ok(())
     }
 
     /// The first free slot number (for devices that take a whole slot).
@@ -399,6 +513,21 @@ mod tests {
         moves: Vec<(usize, u64, u64)>,
         written: Vec<usize>,
         accesses: Vec<(usize, u64, Vec<u8>)>,
+    }
+
+    impl Pausable for TestDevice {}
+
+    impl Snapshottable for TestDevice {
+        fn id(&self) -> String {
+            "test".into()
+        }
+        fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+            Snapshot::new("test", 1, &self.moves)
+        }
+        fn restore(&mut self, s: &Snapshot) -> Result<(), MigratableError> {
+            self.moves = s.state("test", 1)?;
+            Ok(())
+        }
     }
 
     impl PciDevice for TestDevice {
@@ -764,6 +893,63 @@ mod tests {
             dev.lock().unwrap().config.bar_address(2),
             Some(0x2_8000_0000)
         );
+    }
+
+    #[test]
+    fn snapshot_carries_config_space_and_bar_placement() {
+        let bars = [(0, 0x1000, BarKind::Mmio32), (2, 0x4000, BarKind::Mmio64)];
+        let mut bus = PciBus::new(MMIO32, MMIO64);
+        let dev = device(false, &bars);
+        bus.add_device(1, 0, dev.clone()).unwrap();
+        cfg_write(&mut bus, 1, 0, 1, 0x2);
+        cfg_write(&mut bus, 1, 0, 4, 0xd000_0000);
+        cfg_write(&mut bus, 1, 0, 15, 0x0b);
+        let saved = bus.snapshot().unwrap();
+
+        let mut fresh = PciBus::new(MMIO32, MMIO64);
+        let copy = device(false, &bars);
+        fresh.add_device(1, 0, copy.clone()).unwrap();
+        assert_eq!(mmio_read32(&fresh, 0xd000_0004), None);
+        fresh.restore(&saved).unwrap();
+        assert_eq!(mmio_read32(&fresh, 0xd000_0004), Some(0xb0b0_b0b0));
+        assert_eq!(cfg_read(&mut fresh, 1, 0, 15) & 0xff, 0x0b);
+        // The device's own state travelled beside its configuration space.
+        assert_eq!(copy.lock().unwrap().moves, dev.lock().unwrap().moves);
+
+        // Another set of functions is refused, leaving the bus as it was.
+        let mut other = PciBus::new(MMIO32, MMIO64);
+        other.add_device(2, 0, device(false, &bars)).unwrap();
+        assert!(other.restore(&saved).is_err());
+        assert_eq!(mmio_read32(&other, 0xd000_0004), None);
+    }
+
+    #[test]
+    fn restored_config_keeps_read_only_bits() {
+        let mut config = PciConfiguration::new(PciHeader {
+            vendor_id: 0x15ad,
+            ..PciHeader::default()
+        });
+        config
+            .add_bar(BarSpec {
+                index: 0,
+                size: 0x1000,
+                kind: BarKind::Mmio32,
+                prefetchable: false,
+            })
+            .unwrap();
+        let mut state = config.state();
+        state.regs[0] = 0xdead_beef;
+        state.regs[1] = 0xffff_ffff;
+        config.set_state(&state).unwrap();
+        assert_eq!(config.read_reg(0) & 0xffff, 0x15ad);
+        assert_eq!(config.read_reg(1) & 0xffff, 0x0547);
+        state.bar_addrs[0] = Some(0x800);
+        assert!(config.set_state(&state).is_err());
+        state.bar_addrs[0] = None;
+        state.bar_addrs[1] = Some(0x1000);
+        assert!(config.set_state(&state).is_err());
+        state.regs.pop();
+        assert!(config.set_state(&state).is_err());
     }
 
     #[test]

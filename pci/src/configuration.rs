@@ -37,6 +37,8 @@
     clippy::arithmetic_side_effects
 )]
 
+use serde::{Deserialize, Serialize};
+
 use crate::PciBusError;
 
 /// Dwords in the 256-byte type-0 configuration space.
@@ -121,6 +123,18 @@ struct Bar {
     spec: BarSpec,
     /// The address the bus decodes, as last placed or reported moved.
     addr: Option<u64>,
+}
+
+/// The guest-visible part of a configuration space, for migration and
+/// snapshots. Identity, capabilities and BAR sizes come from the device
+/// that is created on the destination, so only the guest's writes travel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciConfigurationState {
+    pub(crate) regs: Vec<u32>,
+    /// Decoded address of each BAR slot (`None`: undeclared, high half or
+    /// never placed).
+    pub(crate) bar_addrs: Vec<Option<u64>>,
+    pub(crate) sizing: Vec<bool>,
 }
 
 #[derive(Debug)]
@@ -319,6 +333,47 @@ impl PciConfiguration {
             *sizing = all_ones;
         }
         self.check_bar_move(bar, half)
+    }
+
+    /// What the guest programmed, to be put back with [`Self::set_state`].
+    pub fn state(&self) -> PciConfigurationState {
+        PciConfigurationState {
+            regs: self.regs.to_vec(),
+            bar_addrs: self.bars.iter().map(|b| b.and_then(|b| b.addr)).collect(),
+            sizing: self.sizing.to_vec(),
+        }
+    }
+
+    /// Restores a saved state onto this (freshly created) configuration.
+    /// Only guest-writable bits are taken, so a state from a hostile stream
+    /// cannot change the function's identity or capabilities; BAR addresses
+    /// must be naturally aligned for their size. Nothing changes on error.
+    pub fn set_state(&mut self, state: &PciConfigurationState) -> Result<(), PciBusError> {
+        if state.regs.len() != NUM_REGS
+            || state.bar_addrs.len() != NUM_BARS
+            || state.sizing.len() != NUM_BARS
+        {
+            return Err(PciBusError::InvalidState("register counts differ"));
+        }
+        for (bar, addr) in self.bars.iter().zip(&state.bar_addrs) {
+            match (bar, addr) {
+                (Some(bar), Some(addr)) if !addr.is_multiple_of(bar.spec.size) => {
+                    return Err(PciBusError::InvalidState("misaligned BAR address"))
+                }
+                (None, Some(_)) => return Err(PciBusError::InvalidState("address of no BAR")),
+                _ => {}
+            }
+        }
+        for ((reg, &saved), &mask) in self.regs.iter_mut().zip(&state.regs).zip(&self.writable) {
+            *reg = (*reg & !mask) | (saved & mask);
+        }
+        for (bar, addr) in self.bars.iter_mut().zip(&state.bar_addrs) {
+            if let Some(bar) = bar {
+                bar.addr = *addr;
+            }
+        }
+        self.sizing.copy_from_slice(&state.sizing);
+        Ok(())
     }
 
     /// Whether the command register enables memory decoding.

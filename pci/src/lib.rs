@@ -12,10 +12,11 @@
 use std::io;
 use std::sync::Arc;
 
+use vm_migration::{Pausable, Snapshottable};
 use vmm_sys_util::eventfd::EventFd;
 
 /// One MSI message as the guest programs it into an MSI-X table entry.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MsiMessage {
     pub addr_lo: u32,
     pub addr_hi: u32,
@@ -72,14 +73,22 @@ mod msix;
 pub mod test_utils;
 
 pub use bus::{PciBus, PciBusError};
-pub use configuration::{BarKind, BarSpec, PciConfiguration, PciHeader};
+pub use configuration::{BarKind, BarSpec, PciConfiguration, PciConfigurationState, PciHeader};
 pub use doorbells::{DoorbellAddress, IoEventDoorbells};
-pub use msix::{msix_pba_size, msix_table_size, Msix, MsixError, MAX_MSIX_VECTORS, MSIX_CAP_ID};
+pub use msix::{
+    msix_pba_size, msix_table_size, Msix, MsixError, MsixState, MAX_MSIX_VECTORS, MSIX_CAP_ID,
+};
 
 /// A PCI function on the bus. Generic config-space behaviour (read-only
 /// fields, BAR sizing, the capability list, MSI-X control bits) lives in
 /// [`PciConfiguration`]; a device only adds its registers behind BARs.
-pub trait PciDevice: Send {
+///
+/// For migration every function is [`Pausable`] (its own threads stop
+/// touching guest memory and the network) and [`Snapshottable`] (the bus
+/// saves the configuration space; the device saves the rest, its MSI-X
+/// table included, and on restore re-derives doorbells and routes from the
+/// configuration space already put back).
+pub trait PciDevice: Send + Pausable + Snapshottable {
     fn config(&self) -> &PciConfiguration;
     fn config_mut(&mut self) -> &mut PciConfiguration;
     /// A guest read of `data.len()` bytes at `offset` inside BAR `bar`.

@@ -24,6 +24,8 @@
 use std::io;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{MsiMessage, MsiRouter, MsiVector, PciBusError, PciConfiguration};
 
 /// MSI-X capability ID.
@@ -51,6 +53,8 @@ pub enum MsixError {
     AllocateVector(#[source] io::Error),
     #[error("Failed to add the MSI-X capability")]
     AddCapability(#[source] PciBusError),
+    #[error("Saved MSI-X table has {saved} vectors, this function {here}")]
+    StateVectors { saved: usize, here: usize },
 }
 
 /// Size in bytes of the MSI-X table for `vectors` entries, for laying out
@@ -63,6 +67,15 @@ pub const fn msix_table_size(vectors: u16) -> u64 {
 /// qwords, as the spec lays it out).
 pub const fn msix_pba_size(vectors: u16) -> u64 {
     (vectors as u64).div_ceil(64).wrapping_mul(8)
+}
+
+/// What the guest programmed into an MSI-X table, for migration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsixState {
+    enabled: bool,
+    function_masked: bool,
+    /// Per vector: message, masked, pending.
+    vectors: Vec<(MsiMessage, bool, bool)>,
 }
 
 #[derive(Debug)]
@@ -229,6 +242,42 @@ impl Msix {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// The table, PBA and control bits, to be put back with
+    /// [`Self::set_state`].
+    pub fn state(&self) -> MsixState {
+        MsixState {
+            enabled: self.enabled,
+            function_masked: self.function_masked,
+            vectors: self
+                .vectors
+                .iter()
+                .map(|v| (v.msg, v.masked, v.pending))
+                .collect(),
+        }
+    }
+
+    /// Restores a saved table onto this one (same vector count), installs
+    /// the routes of deliverable vectors and delivers what was pending.
+    pub fn set_state(&mut self, state: &MsixState) -> Result<(), MsixError> {
+        if state.vectors.len() != self.vectors.len() {
+            return Err(MsixError::StateVectors {
+                saved: state.vectors.len(),
+                here: self.vectors.len(),
+            });
+        }
+        self.enabled = state.enabled;
+        self.function_masked = state.function_masked;
+        for (v, &(msg, masked, pending)) in self.vectors.iter_mut().zip(&state.vectors) {
+            v.msg = msg;
+            v.masked = masked;
+            v.pending = pending;
+        }
+        for index in 0..self.vectors.len() {
+            self.sync(index);
+        }
+        Ok(())
     }
 
     /// Table size; vector numbers at or above it are invalid (virtio-pci
@@ -520,6 +569,33 @@ mod tests {
         assert_eq!(read32(&msix, 12), 0);
         write32(&mut msix, 12, 0xffff_ffff);
         assert_eq!(read32(&msix, 12), 1);
+    }
+
+    #[test]
+    fn state_moves_routes_and_pending_vectors() {
+        let (mut config, _router, mut msix) = setup(3);
+        set_control(&mut config, &mut msix, true, false);
+        program(&mut msix, 0, true);
+        program(&mut msix, 1, false);
+        msix.trigger(1);
+        let state = msix.state();
+
+        // A fresh function on another "host" gets the routes installed and
+        // the vector still pending, not delivered, while it stays masked.
+        let (_config, router, mut copy) = setup(3);
+        copy.set_state(&state).unwrap();
+        assert_eq!(router.route(0), Some(message(0)));
+        assert!(!router.routed(1));
+        assert_eq!(pba(&copy), 0b10);
+        write32(&mut copy, 16 + 12, 0);
+        assert_eq!(router.fired(1), 1);
+        assert_eq!(copy.state().vectors.len(), 3);
+
+        let (_config, _router, mut small) = setup(2);
+        assert!(matches!(
+            small.set_state(&state),
+            Err(MsixError::StateVectors { saved: 3, here: 2 })
+        ));
     }
 
     #[test]
