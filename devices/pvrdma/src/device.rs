@@ -235,7 +235,10 @@ impl<M: GuestAddressSpace> Snapshottable for Pvrdma<M> {
         snapshot::save(&self.shared)
     }
 
+    /// Runs after the bus put the configuration space back, so the
+    /// doorbells go where the guest's BAR 2 is now.
     fn restore(&mut self, s: &Snapshot) -> Result<(), MigratableError> {
+        self.sync_uar();
         snapshot::restore(&self.shared, s)
     }
 }

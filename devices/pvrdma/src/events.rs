@@ -76,6 +76,15 @@ impl Interrupts {
         self.imr.store(value, Ordering::Release);
     }
 
+    /// Causes not yet read, for a snapshot (reading would clear them).
+    pub(crate) fn icr(&self) -> u32 {
+        self.icr.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_icr(&self, value: u32) {
+        self.icr.store(value, Ordering::Release);
+    }
+
     /// Forgets causes (device RESET).
     pub(crate) fn clear(&self) {
         self.icr.store(0, Ordering::Release);

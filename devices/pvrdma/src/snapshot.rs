@@ -15,6 +15,7 @@
     clippy::arithmetic_side_effects
 )]
 
+use pci::MsixState;
 use serde::{Deserialize, Serialize};
 use vm_migration::{MigratableError, Snapshot};
 
@@ -26,7 +27,7 @@ use crate::state::{Session, Shared};
 /// The component name in a VM snapshot.
 pub(crate) const ID: &str = "pvrdma";
 /// Layout of [`Saved`]; bump on any change.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 
 /// What is saved; `D` and `O` are references when saving, owned when
 /// restoring.
@@ -36,6 +37,8 @@ struct Saved<D, O> {
     dsr_low: u32,
     active: bool,
     imr: u32,
+    icr: u32,
+    msix: MsixState,
     session: Option<SavedSession<D, O>>,
 }
 
@@ -54,6 +57,8 @@ pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
         dsr_low: state.dsr_low,
         active: state.active,
         imr: shared.env.irq.imr(),
+        icr: shared.env.irq.icr(),
+        msix: shared.env.irq.msix().state(),
         session: state.session.as_ref().map(|s| SavedSession {
             dsr: &s.dsr,
             ns: s.ns.save(),
@@ -85,6 +90,10 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
         }
         None => None,
     };
+    env.irq
+        .msix()
+        .set_state(&saved.msix)
+        .map_err(restore_error)?;
     let mut state = shared.lock();
     let base = state.uar_base;
     state.session = session;
@@ -97,6 +106,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     state.dsr_low = saved.dsr_low;
     state.active = saved.active;
     env.irq.set_imr(saved.imr);
+    env.irq.set_icr(saved.icr);
     env.wire.inbox.set_open(saved.active);
     drop(state);
     shared.kick_all();
