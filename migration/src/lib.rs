@@ -1,8 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Live migration for pvrdma-vmm, modelled on cloud-hypervisor's
-//! vm-migration: small traits with default bodies that every stateful
-//! component implements. The protocol, versioned state and dirty tracking
-//! land here as live migration is built.
+//! vm-migration: small traits that every stateful component implements
+//! ([`Pausable`], [`Snapshottable`]), the versioned [`Snapshot`] they
+//! exchange, the wire [`protocol`] between two VMMs and its
+//! [`transport`]s.
+//!
+//! State is serde-encoded behind [`Snapshot::new`] / [`Snapshot::state`]:
+//! device code never sees the encoding. The architecture named versionize
+//! for this; it is unmaintained and kvm-bindings dropped its Versionize
+//! support, so we keep serde and version each component's layout
+//! explicitly instead (a mismatch is refused, never misread).
+
+pub mod protocol;
+pub mod transport;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
