@@ -111,7 +111,7 @@ mod tests {
                     &PvrdmaConfig {
                         gid_type,
                         limits,
-                        local_dir: None,
+                        ..Default::default()
                     },
                     [2; 6],
                 );

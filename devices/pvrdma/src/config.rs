@@ -15,7 +15,7 @@ use pvrdma_abi::wqe::{rq_stride, sq_stride};
 use pvrdma_abi::{HANDLE_MASK, PAGE_SIZE, PDIR_MAX_PAGES};
 
 /// The RoCE flavour the port's GIDs use (`caps.gid_types`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum GidType {
     /// RoCE v1: Ethertype 0x8915.
     RoceV1,
@@ -205,6 +205,9 @@ pub struct PvrdmaConfig {
     /// Directory of the same-host channel (`None`: frames always take the
     /// port's backend).
     pub local_dir: Option<std::path::PathBuf>,
+    /// Replace a live same-host socket of our MAC instead of failing: the
+    /// VM is migrating here from a VMM of this host that still holds it.
+    pub local_takeover: bool,
 }
 
 #[cfg(test)]

@@ -161,7 +161,7 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
         let inbox = Arc::new(Inbox::new(Arc::clone(&metrics)).map_err(PvrdmaError::EventFd)?);
         let local = config.local_dir.as_ref().and_then(|dir| {
             let mac = port.state().mac;
-            LocalChannel::bind(dir, mac)
+            LocalChannel::bind(dir, mac, config.local_takeover)
                 .inspect(|_| log::info!("pvrdma: same-host channel in {}", dir.display()))
                 .inspect_err(|e| {
                     log::warn!(

@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -86,13 +86,18 @@ pub(crate) struct LocalChannel {
     inbound: Mutex<HashMap<[u8; 6], ShmRing>>,
     dir: PathBuf,
     own: PathBuf,
+    /// Of our socket file: a VMM the VM migrated to may have replaced it,
+    /// and its file is not ours to remove.
+    inode: u64,
 }
 
 impl LocalChannel {
     /// Binds the control socket of `mac` in `dir` (created 0700 if
     /// missing). A socket file left by a VMM that is gone is replaced; one
-    /// that answers belongs to a running VMM with the same MAC, an error.
-    pub(crate) fn bind(dir: &Path, mac: [u8; 6]) -> io::Result<Self> {
+    /// that answers belongs to a running VMM with the same MAC, an error —
+    /// unless `take_over`: the VM is migrating here from that VMM, whose
+    /// peers find us once it is gone.
+    pub(crate) fn bind(dir: &Path, mac: [u8; 6], take_over: bool) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -100,7 +105,7 @@ impl LocalChannel {
         let own = dir.join(sock_name(mac));
         if own.exists() {
             let probe = UnixDatagram::unbound()?;
-            if probe.connect(&own).is_ok() {
+            if !take_over && probe.connect(&own).is_ok() {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!("{} belongs to a running VMM (same MAC?)", own.display()),
@@ -110,6 +115,7 @@ impl LocalChannel {
         }
         let sock = UnixDatagram::bind(&own)?;
         std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o600))?;
+        let inode = std::fs::metadata(&own)?.ino();
         sock.set_nonblocking(true)?;
         Ok(Self {
             sock,
@@ -119,6 +125,7 @@ impl LocalChannel {
             inbound: Mutex::new(HashMap::new()),
             dir: dir.to_path_buf(),
             own,
+            inode,
         })
     }
 
@@ -163,7 +170,21 @@ impl LocalChannel {
             return Sent::NotLocal;
         };
         match peer.ring.push(frame) {
-            None => Sent::Dropped,
+            // A full ring may belong to a peer that is gone (migrated away
+            // without ever sleeping): a kick tells, and then the frame
+            // takes the wire and the next one finds the MAC's new owner.
+            None => match peer.sock.send(KICK) {
+                Err(e)
+                    if !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    peers.remove(&dst_mac);
+                    Sent::NotLocal
+                }
+                _ => Sent::Dropped,
+            },
             Some(false) => Sent::Local,
             Some(true) => match peer.sock.send(KICK) {
                 Ok(_) => Sent::Local,
@@ -262,7 +283,9 @@ impl LocalChannel {
 
 impl Drop for LocalChannel {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.own);
+        if std::fs::metadata(&self.own).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.own);
+        }
     }
 }
 
@@ -274,8 +297,8 @@ mod tests {
     #[test]
     fn frames_reach_the_owner_of_the_mac_and_nobody_else() {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-{}", std::process::id()));
-        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 1]).unwrap();
-        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2]).unwrap();
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 1], false).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
         assert_eq!(b.recv(8), vec![b"hello".to_vec(), b"again".to_vec()]);
@@ -290,7 +313,7 @@ mod tests {
             "not to itself"
         );
         // A second VMM with the same MAC is refused while the first lives.
-        assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2]).is_err());
+        assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).is_err());
         // B went to sleep after draining: the next frame kicks it.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
         let mut readable = [libc::pollfd {
@@ -306,7 +329,7 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
         // A stale socket file (its VMM died without cleaning up) is replaced.
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
-        let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4]).unwrap();
+        let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
         assert_eq!(c.recv(8), vec![b"again".to_vec()]);
         drop((a, c));
@@ -314,10 +337,33 @@ mod tests {
     }
 
     #[test]
+    fn a_migrated_vm_takes_over_its_mac() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-m-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], false).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"first"), Sent::Local);
+        assert_eq!(old.recv(8).len(), 1);
+        // Frames keep coming while the old VMM never sleeps, then the
+        // destination takes the socket over and the source goes away.
+        let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
+        let frame = [7u8; 1000];
+        while a.send([2, 0, 0, 0, 2, 2], &frame) == Sent::Local {}
+        drop(old);
+        assert!(dir.join(sock_name([2, 0, 0, 0, 2, 2])).exists(), "the new owner's file stays");
+        // The full ring of the dead peer is noticed, and the MAC's new
+        // owner gets the frames after that.
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
+        assert_eq!(new.recv(8), vec![b"after".to_vec()]);
+        drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn batches_are_bounded_and_the_worker_comes_back() {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-b-{}", std::process::id()));
-        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 1]).unwrap();
-        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 2]).unwrap();
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 1], false).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 2], false).unwrap();
         for i in 0..10u8 {
             assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
         }
