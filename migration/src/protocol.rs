@@ -112,7 +112,7 @@ fn header(word: u32, length: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-fn read_header<R: Read>(r: &mut R) -> Result<(u32, u64), ProtocolError> {
+fn read_header<R: Read + ?Sized>(r: &mut R) -> Result<(u32, u64), ProtocolError> {
     let mut h = [0u8; HEADER_LEN];
     r.read_exact(&mut h)?;
     let (magic, rest) = h.split_first_chunk::<8>().ok_or(ProtocolError::Magic)?;
@@ -126,7 +126,7 @@ fn read_header<R: Read>(r: &mut R) -> Result<(u32, u64), ProtocolError> {
 }
 
 /// Reads exactly `length` bytes, growing the buffer as they arrive.
-fn read_payload<R: Read>(r: &mut R, length: u64) -> Result<Vec<u8>, ProtocolError> {
+fn read_payload<R: Read + ?Sized>(r: &mut R, length: u64) -> Result<Vec<u8>, ProtocolError> {
     let mut buf = Vec::new();
     r.take(length).read_to_end(&mut buf)?;
     if buf.len() as u64 != length {
@@ -136,7 +136,11 @@ fn read_payload<R: Read>(r: &mut R, length: u64) -> Result<Vec<u8>, ProtocolErro
 }
 
 /// Sends a request with a payload held in memory.
-pub fn send_request<W: Write>(w: &mut W, command: Command, payload: &[u8]) -> io::Result<()> {
+pub fn send_request<W: Write + ?Sized>(
+    w: &mut W,
+    command: Command,
+    payload: &[u8],
+) -> io::Result<()> {
     w.write_all(&header(command as u32, payload.len() as u64))?;
     w.write_all(payload)?;
     w.flush()
@@ -144,7 +148,11 @@ pub fn send_request<W: Write>(w: &mut W, command: Command, payload: &[u8]) -> io
 
 /// Sends only the header of a request whose `length` payload bytes the
 /// caller writes next (memory, streamed from guest RAM).
-pub fn send_request_header<W: Write>(w: &mut W, command: Command, length: u64) -> io::Result<()> {
+pub fn send_request_header<W: Write + ?Sized>(
+    w: &mut W,
+    command: Command,
+    length: u64,
+) -> io::Result<()> {
     w.write_all(&header(command as u32, length))
 }
 
@@ -157,7 +165,7 @@ pub struct RequestHeader {
     pub length: u64,
 }
 
-pub fn read_request_header<R: Read>(
+pub fn read_request_header<R: Read + ?Sized>(
     r: &mut R,
     guest_bytes: u64,
 ) -> Result<RequestHeader, ProtocolError> {
@@ -176,7 +184,7 @@ pub fn read_request_header<R: Read>(
 
 impl RequestHeader {
     /// The whole payload (commands other than `Memory`).
-    pub fn payload<R: Read>(&self, r: &mut R) -> Result<Vec<u8>, ProtocolError> {
+    pub fn payload<R: Read + ?Sized>(&self, r: &mut R) -> Result<Vec<u8>, ProtocolError> {
         read_payload(r, self.length)
     }
 
@@ -210,7 +218,7 @@ const STATUS_OK: u32 = 0;
 const STATUS_ERROR: u32 = 1;
 
 /// The destination's answer: done, or why not.
-pub fn send_response<W: Write>(w: &mut W, result: Result<(), &str>) -> io::Result<()> {
+pub fn send_response<W: Write + ?Sized>(w: &mut W, result: Result<(), &str>) -> io::Result<()> {
     match result {
         Ok(()) => w.write_all(&header(STATUS_OK, 0))?,
         Err(msg) => {
@@ -222,7 +230,7 @@ pub fn send_response<W: Write>(w: &mut W, result: Result<(), &str>) -> io::Resul
 }
 
 /// Waits for the destination's answer to the last request.
-pub fn read_response<R: Read>(r: &mut R) -> Result<(), ProtocolError> {
+pub fn read_response<R: Read + ?Sized>(r: &mut R) -> Result<(), ProtocolError> {
     let (status, length) = read_header(r)?;
     let message = read_payload(r, length.min(MAX_MESSAGE_BYTES))?;
     match status {
@@ -333,7 +341,7 @@ impl MemoryRangeTable {
 
     /// Reads a table from the start of a `Memory` payload of `length`
     /// bytes; the ranges' bytes must fill the rest exactly.
-    pub fn read<R: Read>(r: &mut R, length: u64) -> Result<Self, ProtocolError> {
+    pub fn read<R: Read + ?Sized>(r: &mut R, length: u64) -> Result<Self, ProtocolError> {
         let mut count = [0u8; 4];
         r.read_exact(&mut count)?;
         let count = u32::from_le_bytes(count);

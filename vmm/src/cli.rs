@@ -14,15 +14,26 @@ Exit codes:
   0  the guest powered off or rebooted, or the VM was shut down through the API
   1  the VMM failed while running the guest (KVM error, unrecoverable device error)
   2  invalid command line or configuration, or the VM could not be created
-  3  the guest crashed (triple fault)";
+  3  the guest crashed (triple fault)
+
+Live migration: start the destination with only --api-socket (plus --serial, --log-level),
+then `pvrdma-remote --api-socket DST receive-migration unix:/path` there and
+`pvrdma-remote --api-socket SRC send-migration unix:/path` on the source. The source exits 0
+once the VM runs on the destination.";
 
 /// A KVM virtual machine monitor with a paravirtual RDMA device.
 #[derive(Debug, Parser)]
 #[command(name = "pvrdma-vmm", version, after_help = EXIT_CODES)]
 pub struct Cli {
-    /// Guest kernel: a bzImage or an ELF vmlinux (64-bit boot protocol).
+    /// Guest kernel: a bzImage or an ELF vmlinux (64-bit boot protocol). Without it (and
+    /// without --restore) the VMM serves --api-socket and waits for vm.receive-migration.
     #[arg(long, value_name = "PATH")]
-    pub kernel: PathBuf,
+    pub kernel: Option<PathBuf>,
+
+    /// Start from a snapshot taken with vm.snapshot instead of booting:
+    /// source_url=file:///DIR. The VM's configuration comes from the snapshot.
+    #[arg(long, value_name = "source_url=file:///DIR", conflicts_with_all = ["kernel", "initramfs", "disk", "net", "pvrdma"])]
+    pub restore: Option<String>,
 
     /// Initramfs (cpio archive, optionally compressed) loaded for the kernel.
     #[arg(long, value_name = "PATH")]
@@ -72,14 +83,51 @@ pub struct Cli {
     pub log_level: log::LevelFilter,
 }
 
+/// What the command line asks the VMM to do.
+#[derive(Debug)]
+pub enum Mode {
+    /// Boot a kernel.
+    Boot(Box<VmConfig>),
+    /// Serve the API and wait for an incoming migration.
+    Receive,
+    /// Start from the snapshot in this directory.
+    Restore(PathBuf),
+}
+
 impl Cli {
+    /// Boot, restore or receive, from which options are present.
+    pub fn mode(&self) -> Result<Mode, ConfigError> {
+        if let Some(restore) = &self.restore {
+            let dir = restore
+                .strip_prefix("source_url=")
+                .and_then(|url| vm_migration::transport::parse_file_url(url).ok())
+                .ok_or_else(|| ConfigError::BadValue {
+                    key: "--restore",
+                    value: restore.clone(),
+                    expected: "source_url=file:///absolute/dir",
+                })?;
+            return Ok(Mode::Restore(dir));
+        }
+        if self.kernel.is_none() {
+            let vm_options = self.initramfs.is_some()
+                || !self.disk.is_empty()
+                || !self.net.is_empty()
+                || !self.pvrdma.is_empty();
+            if self.api_socket.is_none() || vm_options {
+                return Err(ConfigError::MissingKernel);
+            }
+            return Ok(Mode::Receive);
+        }
+        self.vm_config().map(|c| Mode::Boot(Box::new(c)))
+    }
+
     /// The VM configuration, with the checks that span several options.
     pub fn vm_config(&self) -> Result<VmConfig, ConfigError> {
         if self.pvrdma.len() > 1 {
             return Err(ConfigError::TooManyPvrdma);
         }
         let cfg = VmConfig {
-            kernel: self.kernel.clone(),
+            kernel: self.kernel.clone().ok_or(ConfigError::MissingKernel)?,
             initramfs: self.initramfs.clone(),
             cmdline: self.cmdline.clone(),
             cpus: self.cpus,

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+
 pub use pvrdma::GidType;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -46,6 +48,8 @@ pub enum ConfigError {
     DuplicateTap(String),
     #[error("only one --pvrdma device per VM is supported")]
     TooManyPvrdma,
+    #[error("--kernel is required to boot (or --restore a snapshot, or give only --api-socket to receive a migration)")]
+    MissingKernel,
 }
 
 /// `K`/`M`/`G`-suffixed byte counts (powers of 1024); bare numbers are MiB,
@@ -135,7 +139,7 @@ fn parse_on_off(key: &'static str, v: &str) -> Result<bool, ConfigError> {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskConfig {
     pub path: PathBuf,
     pub readonly: bool,
@@ -166,7 +170,7 @@ impl FromStr for DiskConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SerialConfig {
     Tty,
     File(PathBuf),
@@ -189,7 +193,7 @@ impl FromStr for SerialConfig {
 }
 
 /// A unicast MAC address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MacAddr(pub [u8; 6]);
 
 impl FromStr for MacAddr {
@@ -212,6 +216,13 @@ impl FromStr for MacAddr {
 }
 
 /// IFNAMSIZ - 1: the longest interface name Linux accepts.
+impl std::fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
 const MAX_TAP_NAME: usize = 15;
 
 fn parse_tap_name(v: &str) -> Result<String, ConfigError> {
@@ -231,7 +242,7 @@ pub const MIN_MTU: u16 = 68;
 pub const MAX_MTU: u16 = 9000;
 
 /// A vmxnet3 NIC on a TAP device: `--net tap=NAME,mac=MAC[,mtu=N]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetConfig {
     pub tap: String,
     pub mac: MacAddr,
@@ -245,7 +256,7 @@ pub const DEFAULT_LOCAL_DIR: &str = "/run/pvrdma-vmm";
 /// The PVRDMA slot: vmxnet3 at function 0 on `net`'s TAP, PVRDMA at
 /// function 1. `--pvrdma tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1]
 /// [,local=on|off|DIR]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PvrdmaConfig {
     pub net: NetConfig,
     pub gid: GidType,
@@ -340,7 +351,7 @@ impl FromStr for PvrdmaConfig {
 }
 
 /// Everything needed to build and boot a VM.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VmConfig {
     pub kernel: PathBuf,
     pub initramfs: Option<PathBuf>,
@@ -354,8 +365,25 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// Checks what single options cannot: every NIC has its own TAP.
+    /// Checks what single options cannot (every NIC has its own TAP), and
+    /// again what they do, for a configuration that arrived in a migration
+    /// stream or a snapshot rather than on the command line.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_cpus(&self.cpus.to_string())?;
+        let mib = self.memory >> 20;
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
+            return Err(ConfigError::MemoryRange {
+                min: MIN_MEMORY_MIB,
+                max: MAX_MEMORY_MIB,
+                got: mib,
+            });
+        }
+        if !self.memory.is_multiple_of(2 << 20) {
+            return Err(ConfigError::MemoryAlignment);
+        }
+        for net in self.nets.iter().chain(self.pvrdma.iter().map(|p| &p.net)) {
+            parse_tap_name(&net.tap)?;
+        }
         let mut taps: Vec<&str> = self.nets.iter().map(|n| n.tap.as_str()).collect();
         taps.extend(self.pvrdma.iter().map(|p| p.net.tap.as_str()));
         taps.sort_unstable();

@@ -15,10 +15,12 @@ use legacy_devices::{
 use net_port::{Port, Tap};
 use pci::{DeviceHooks, PciBus};
 use pvrdma::Pvrdma;
+use serde::{Deserialize, Serialize};
 use virtio_devices::{Block, BlockConfig};
 use vm_device::bus::{PioAddress, PioAddressOffset, PioRange};
 use vm_device::device_manager::{IoManager, PioManager};
 use vm_device::DevicePio;
+use vm_migration::{MigratableError, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmxnet3::{Vmxnet3, Vmxnet3Config};
 
@@ -106,6 +108,13 @@ impl DevicePio for PciConfigIo {
     }
 }
 
+/// The devices' part of a VM snapshot.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DevicesSnapshot {
+    pci: Snapshot,
+    serial: Snapshot,
+}
+
 pub struct DeviceManager {
     bus: Arc<IoBus>,
     serial: Arc<Mutex<Serial>>,
@@ -152,6 +161,7 @@ impl DeviceManager {
         mem: &Arc<GuestMemory>,
         vm: &Vm,
         exit: Arc<ExitSignal>,
+        incoming: bool,
     ) -> Result<Self, DeviceError> {
         let mut pio = IoManager::new();
         let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(DeviceError::EventFd)?;
@@ -237,6 +247,9 @@ impl DeviceManager {
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
                 local_dir: rdma.local.clone(),
+                // The source VMM still holds the same-host socket of the
+                // MAC while it migrates the VM here.
+                local_takeover: incoming,
                 ..Default::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
@@ -260,10 +273,38 @@ impl DeviceManager {
     /// Console input for the guest (from the VMM's stdin in tty mode);
     /// returns how many bytes the receive FIFO took.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
-        self.serial
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .enqueue_input(bytes)
+        self.serial().enqueue_input(bytes)
+    }
+
+    /// Stops every device's own threads from touching guest memory or the
+    /// network (vCPUs must be paused first: they are the other writers).
+    pub fn pause(&self) -> Result<(), MigratableError> {
+        self.bus.pci().pause()
+    }
+
+    pub fn resume(&self) -> Result<(), MigratableError> {
+        self.bus.pci().resume()
+    }
+
+    /// Every device's state: the PCI bus (configuration spaces and each
+    /// function) and the serial port. The legacy i8042 and ACPI PM ports
+    /// keep no state between accesses.
+    pub fn snapshot(&self) -> Result<DevicesSnapshot, MigratableError> {
+        Ok(DevicesSnapshot {
+            pci: self.bus.pci().snapshot()?,
+            serial: self.serial().snapshot()?,
+        })
+    }
+
+    /// Puts a [`Self::snapshot`] back onto devices built from the same
+    /// configuration.
+    pub fn restore(&self, s: &DevicesSnapshot) -> Result<(), MigratableError> {
+        self.serial().restore(&s.serial)?;
+        self.bus.pci().restore(&s.pci)
+    }
+
+    fn serial(&self) -> std::sync::MutexGuard<'_, Serial> {
+        self.serial.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Readable when the guest has emptied the serial receive FIFO.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use kvm_bindings::{
     kvm_irq_routing_entry, kvm_pit_config, kvm_userspace_memory_region, CpuId, KvmIrqRouting,
     KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP,
-    KVM_IRQ_ROUTING_MSI, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
+    KVM_IRQ_ROUTING_MSI, KVM_MAX_CPUID_ENTRIES, KVM_MEM_LOG_DIRTY_PAGES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VmFd};
 use pci::{IoEventRegistrar, MsiMessage, MsiRouter, MsiVector};
@@ -73,22 +73,7 @@ impl Vm {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(|e| KvmError::Setup("PIT", e))?;
-        for (slot, region) in mem.iter().enumerate() {
-            let host = mem.get_host_address(region.start_addr()).map_err(|_| {
-                KvmError::Setup("guest memory", kvm_ioctls::Error::new(libc::EFAULT))
-            })?;
-            let slot_region = kvm_userspace_memory_region {
-                slot: slot as u32,
-                guest_phys_addr: region.start_addr().raw_value(),
-                memory_size: region.len(),
-                userspace_addr: host as u64,
-                flags: 0,
-            };
-            // SAFETY: the mapping behind `host` is owned by `mem`, which the
-            // VMM keeps alive for the VM's whole lifetime, and is exactly
-            // `region.len()` bytes long.
-            unsafe { fd.set_user_memory_region(slot_region) }.map_err(KvmError::MemorySlot)?;
-        }
+        register_memory(&fd, mem, 0)?;
         let supported_cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| KvmError::Setup("supported CPUID", e))?;
@@ -112,6 +97,29 @@ impl Vm {
             max_vcpus: kvm.get_max_vcpus(),
             routes,
         })
+    }
+
+    /// Turns KVM's dirty page logging on or off for every RAM slot (on:
+    /// from now, every page a vCPU writes is reported once by
+    /// [`Self::dirty_log`]).
+    pub fn set_dirty_logging(&self, mem: &GuestMemory, on: bool) -> Result<(), KvmError> {
+        register_memory(&self.fd, mem, if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 })
+    }
+
+    /// Per RAM region (in `mem.iter()` order), the pages vCPUs wrote since
+    /// the last call, one bit per 4 KiB page; reading clears them.
+    pub fn dirty_log(&self, mem: &GuestMemory) -> Result<Vec<Vec<u64>>, KvmError> {
+        mem.iter()
+            .enumerate()
+            .map(|(slot, region)| {
+                let len = usize::try_from(region.len()).map_err(|_| {
+                    KvmError::Setup("dirty log", kvm_ioctls::Error::new(libc::EINVAL))
+                })?;
+                self.fd
+                    .get_dirty_log(slot as u32, len)
+                    .map_err(|e| KvmError::Setup("dirty log", e))
+            })
+            .collect()
     }
 
     pub fn fd(&self) -> &Arc<VmFd> {
@@ -290,4 +298,26 @@ impl IoEventRegistrar for IoEvents {
         }
         .map_err(io::Error::from)
     }
+}
+
+/// Registers every RAM region of `mem` as KVM memory slot `index` with
+/// `flags`; registering an existing slot again changes its flags.
+fn register_memory(fd: &VmFd, mem: &GuestMemory, flags: u32) -> Result<(), KvmError> {
+    for (slot, region) in mem.iter().enumerate() {
+        let host = mem
+            .get_host_address(region.start_addr())
+            .map_err(|_| KvmError::Setup("guest memory", kvm_ioctls::Error::new(libc::EFAULT)))?;
+        let slot_region = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+            flags,
+        };
+        // SAFETY: the mapping behind `host` is owned by `mem`, which the
+        // VMM keeps alive for the VM's whole lifetime, and is exactly
+        // `region.len()` bytes long.
+        unsafe { fd.set_user_memory_region(slot_region) }.map_err(KvmError::MemorySlot)?;
+    }
+    Ok(())
 }

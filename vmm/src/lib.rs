@@ -7,6 +7,7 @@ pub mod config;
 pub mod device_manager;
 pub mod kvm;
 pub mod memory;
+pub mod migration;
 pub mod vcpu;
 pub mod vmm;
 

@@ -3,8 +3,8 @@
 //! that says how it ended (see `--help`).
 
 use clap::Parser;
-use vmm::cli::Cli;
-use vmm::vmm::{Vmm, EXIT_ERROR, EXIT_USAGE};
+use vmm::cli::{Cli, Mode};
+use vmm::vmm::{Vmm, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
 
 fn main() {
     let cli = Cli::parse();
@@ -13,21 +13,32 @@ fn main() {
         .format_target(false)
         .init();
     vmm::raise_fd_limit();
-    let config = match cli.vm_config() {
-        Ok(c) => c,
+    let mode = match cli.mode() {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("error: {e}");
             std::process::exit(EXIT_USAGE);
         }
     };
-    let code = match Vmm::boot(config, cli.api_socket.as_deref()) {
-        Ok(vmm) => match vmm.run() {
+    let api = cli.api_socket.as_deref();
+    let vmm = match mode {
+        Mode::Boot(config) => Vmm::boot(*config, api).map(Some),
+        Mode::Restore(dir) => Vmm::restore(&dir, cli.serial.clone(), api).map(Some),
+        // `Mode::Receive` is only chosen with an API socket.
+        Mode::Receive => match api {
+            Some(path) => Vmm::receive(path, &cli.serial),
+            None => Ok(None),
+        },
+    };
+    let code = match vmm {
+        Ok(Some(vmm)) => match vmm.run() {
             Ok(outcome) => outcome.exit_code(),
             Err(e) => {
                 eprintln!("pvrdma-vmm: {}", vmm::error_chain(&e));
                 EXIT_ERROR
             }
         },
+        Ok(None) => EXIT_OK,
         Err(e) => {
             eprintln!("pvrdma-vmm: {}", vmm::error_chain(&e));
             EXIT_USAGE

@@ -10,6 +10,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
+use crate::arch::{self, state::VcpuState};
 use crate::device_manager::IoBus;
 
 /// Why a vCPU thread stopped the VM, for the event loop to turn into the
@@ -30,6 +31,10 @@ pub enum VcpuError {
     Spawn(#[source] std::io::Error),
     #[error("vCPU {0} did not stop within {1:?}")]
     PauseTimeout(u8, Duration),
+    #[error("vCPU {0} must be paused to save its state")]
+    NotPaused(u8),
+    #[error("Failed to save the state of vCPU {0}: {1}")]
+    Save(u8, String),
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +42,10 @@ struct RunState {
     pause_requested: bool,
     paused: bool,
     exit_requested: bool,
+    /// The paused thread is asked to save its KVM state into `saved`
+    /// (only the thread that owns the vCPU fd can).
+    save_requested: bool,
+    saved: Option<Result<VcpuState, String>>,
 }
 
 /// What the VMM and one vCPU thread share.
@@ -100,17 +109,20 @@ const KICK_INTERVAL: Duration = Duration::from_millis(10);
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl VcpuHandle {
+    /// Starts vCPU `id` (its state already set up or restored); `msrs`
+    /// are the MSRs a saved state includes.
     pub fn spawn(
         id: u8,
         fd: VcpuFd,
         bus: Arc<IoBus>,
         exits: Arc<ExitReporter>,
+        msrs: Arc<[u32]>,
     ) -> Result<Self, VcpuError> {
         let control = Arc::new(Control::default());
         let thread_control = control.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
-            .spawn(move || run(id, fd, &bus, &exits, &thread_control))
+            .spawn(move || run(id, fd, &bus, &exits, &thread_control, &msrs))
             .map_err(VcpuError::Spawn)?;
         Ok(Self {
             id,
@@ -149,6 +161,36 @@ impl VcpuHandle {
         Ok(())
     }
 
+    /// The KVM state of a paused vCPU (for migration and snapshots).
+    pub fn save(&self) -> Result<VcpuState, VcpuError> {
+        let mut state = self.control.lock();
+        if !state.paused {
+            return Err(VcpuError::NotPaused(self.id));
+        }
+        state.saved = None;
+        state.save_requested = true;
+        self.control.changed.notify_all();
+        let deadline = Instant::now() + PAUSE_TIMEOUT;
+        loop {
+            if let Some(result) = state.saved.take() {
+                return result.map_err(|e| VcpuError::Save(self.id, e));
+            }
+            if Instant::now() > deadline || self.finished() {
+                state.save_requested = false;
+                return Err(VcpuError::Save(
+                    self.id,
+                    "the vCPU thread did not answer".into(),
+                ));
+            }
+            state = self
+                .control
+                .changed
+                .wait_timeout(state, KICK_INTERVAL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
     pub fn resume(&self) {
         let mut state = self.control.lock();
         state.pause_requested = false;
@@ -180,13 +222,21 @@ impl Drop for VcpuHandle {
     }
 }
 
-/// Parks while a pause is requested. Returns false when the thread must end.
-fn wait_while_paused(control: &Control) -> bool {
+/// Parks while a pause is requested, saving the vCPU's state when asked.
+/// Returns false when the thread must end.
+fn wait_while_paused(control: &Control, fd: &mut VcpuFd, msrs: &[u32]) -> bool {
     let mut state = control.lock();
     while state.pause_requested && !state.exit_requested {
         if !state.paused {
             state.paused = true;
             control.changed.notify_all();
+        }
+        if state.save_requested {
+            state.save_requested = false;
+            arch::state::complete_io(fd);
+            state.saved = Some(arch::state::save(fd, msrs).map_err(|e| crate::error_chain(&e)));
+            control.changed.notify_all();
+            continue;
         }
         state = control
             .changed
@@ -197,8 +247,8 @@ fn wait_while_paused(control: &Control) -> bool {
     !state.exit_requested
 }
 
-fn run(id: u8, mut fd: VcpuFd, bus: &IoBus, exits: &ExitReporter, control: &Control) {
-    while wait_while_paused(control) {
+fn run(id: u8, mut fd: VcpuFd, bus: &IoBus, exits: &ExitReporter, control: &Control, msrs: &[u32]) {
+    while wait_while_paused(control, &mut fd, msrs) {
         match fd.run() {
             Ok(VcpuExit::IoIn(port, data)) => bus.pio_read(port, data),
             Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
