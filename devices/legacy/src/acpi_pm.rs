@@ -26,6 +26,7 @@ const SLP_TYP_SHIFT: u8 = 2;
 const SLP_TYP_MASK: u8 = 0b111;
 const SLP_EN: u8 = 1 << 5;
 
+/// Stateless (reads return 0, writes act at once): nothing to migrate.
 #[derive(Debug)]
 pub struct AcpiPm {
     exit: Arc<ExitSignal>,

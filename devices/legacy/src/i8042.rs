@@ -16,6 +16,8 @@ pub const I8042_PORT_LEN: u16 = 5;
 const COMMAND_OFFSET: u64 = 4;
 const CMD_RESET_CPU: u8 = 0xfe;
 
+/// Stateless (status reads 0, only the reset command acts): nothing to
+/// migrate.
 #[derive(Debug)]
 pub struct I8042 {
     exit: Arc<ExitSignal>,

@@ -1,12 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 //! COM1: vm-superio's 16550 model on port 0x3f8, IRQ 4, its interrupt
 //! delivered through an irqfd so the VMM never injects by hand.
+//!
+//! For live migration the registers and the receive FIFO travel as
+//! [`SavedSerial`], a serde mirror of vm-superio's `SerialState` (which has
+//! no serde support); the output and the eventfds stay the destination's.
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 
 use std::io::{self, Write};
 
+use serde::{Deserialize, Serialize};
 use vm_device::bus::{PioAddress, PioAddressOffset};
 use vm_device::MutDevicePio;
-use vm_superio::serial::SerialEvents;
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
+use vm_superio::serial::{SerialEvents, SerialState};
 use vm_superio::{Serial as Uart, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -14,6 +26,99 @@ pub const SERIAL_PORT: u16 = 0x3f8;
 pub const SERIAL_PORT_LEN: u16 = 8;
 /// ISA IRQ (and IOAPIC pin) of COM1.
 pub const SERIAL_IRQ: u32 = 4;
+
+/// The serial port's name in a VM snapshot.
+const SNAPSHOT_ID: &str = "serial";
+/// Layout of [`SavedSerial`]; bump on any change.
+const SNAPSHOT_VERSION: u32 = 1;
+
+/// vm-superio's receive FIFO size (its `FIFO_SIZE`, which is private).
+const FIFO_SIZE: usize = 64;
+/// Bits vm-superio keeps in each register it alone sets (interrupt enable
+/// as masked on write; identification, line and modem status as it
+/// produces them). Anything else cannot come from a real source.
+const IER_BITS: u8 = 0x0f;
+const IIR_BITS: u8 = 0x07;
+const LSR_BITS: u8 = 0x61;
+const MSR_BITS: u8 = 0xf0;
+
+/// Why a saved serial state was refused.
+#[derive(Debug, thiserror::Error)]
+enum SerialStateError {
+    #[error("Receive FIFO holds {0} bytes, more than {FIFO_SIZE}")]
+    FifoTooLong(usize),
+    #[error("Register {name} has bits {value:#x} the UART never sets")]
+    Register { name: &'static str, value: u8 },
+    #[error("Failed to duplicate the serial eventfds")]
+    EventFd(#[source] io::Error),
+    #[error("Failed to raise the restored interrupt")]
+    Interrupt(#[source] vm_superio::serial::Error<io::Error>),
+}
+
+/// The 16550's registers and receive FIFO, for snapshots. Untrusted on
+/// restore.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct SavedSerial {
+    baud_divisor_low: u8,
+    baud_divisor_high: u8,
+    interrupt_enable: u8,
+    interrupt_identification: u8,
+    line_control: u8,
+    line_status: u8,
+    modem_control: u8,
+    modem_status: u8,
+    scratch: u8,
+    in_buffer: Vec<u8>,
+}
+
+impl From<SerialState> for SavedSerial {
+    fn from(s: SerialState) -> Self {
+        Self {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+}
+
+impl SavedSerial {
+    /// vm-superio's state, if every register holds what the UART could.
+    /// The guest writes the divisor, LCR, MCR and scratch freely.
+    fn to_state(&self) -> Result<SerialState, SerialStateError> {
+        if self.in_buffer.len() > FIFO_SIZE {
+            return Err(SerialStateError::FifoTooLong(self.in_buffer.len()));
+        }
+        for (name, value, bits) in [
+            ("IER", self.interrupt_enable, IER_BITS),
+            ("IIR", self.interrupt_identification, IIR_BITS),
+            ("LSR", self.line_status, LSR_BITS),
+            ("MSR", self.modem_status, MSR_BITS),
+        ] {
+            if value & !bits != 0 {
+                return Err(SerialStateError::Register { name, value });
+            }
+        }
+        Ok(SerialState {
+            baud_divisor_low: self.baud_divisor_low,
+            baud_divisor_high: self.baud_divisor_high,
+            interrupt_enable: self.interrupt_enable,
+            interrupt_identification: self.interrupt_identification,
+            line_control: self.line_control,
+            line_status: self.line_status,
+            modem_control: self.modem_control,
+            modem_status: self.modem_status,
+            scratch: self.scratch,
+            in_buffer: self.in_buffer.clone(),
+        })
+    }
+}
 
 /// The serial interrupt line: an eventfd the VMM registers as irqfd on
 /// GSI [`SERIAL_IRQ`].
@@ -80,6 +185,49 @@ impl Serial {
             }
         }
     }
+
+    /// Replaces the UART's registers and FIFO with `saved`; nothing changes
+    /// on error. The new UART gets duplicates of the current eventfds (the
+    /// same kernel objects, so the VMM's irqfd and input wiring still hold)
+    /// and the current output. It raises the interrupt at once if one is
+    /// enabled and pending, as the guest's driver expects.
+    fn set_state(&mut self, saved: &SavedSerial) -> Result<(), SerialStateError> {
+        let state = saved.to_state()?;
+        let dup = |fd: &EventFd| fd.try_clone().map_err(SerialStateError::EventFd);
+        let irq = SerialIrq(dup(&self.uart.interrupt_evt().0)?);
+        let room = InputRoom(dup(&self.uart.events().0)?);
+        // A placeholder output until the swap below.
+        let sink: Box<dyn Write + Send> = Box::new(io::sink());
+        let mut uart =
+            Uart::from_state(&state, irq, room, sink).map_err(SerialStateError::Interrupt)?;
+        std::mem::swap(uart.writer_mut(), self.uart.writer_mut());
+        self.uart = uart;
+        Ok(())
+    }
+}
+
+/// No thread of its own: it only moves when a vCPU or the VMM's input
+/// loop calls it.
+impl Pausable for Serial {}
+
+impl Snapshottable for Serial {
+    fn id(&self) -> String {
+        SNAPSHOT_ID.into()
+    }
+
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        Snapshot::new(
+            SNAPSHOT_ID,
+            SNAPSHOT_VERSION,
+            &SavedSerial::from(self.uart.state()),
+        )
+    }
+
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        let saved: SavedSerial = snapshot.state(SNAPSHOT_ID, SNAPSHOT_VERSION)?;
+        self.set_state(&saved)
+            .map_err(|e| MigratableError::Restore(SNAPSHOT_ID.into(), Box::new(e)))
+    }
 }
 
 impl MutDevicePio for Serial {
@@ -101,6 +249,12 @@ impl MutDevicePio for Serial {
 
 #[cfg(test)]
 mod tests {
+    #![allow(
+        clippy::unwrap_used,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )]
+
     use std::sync::{Arc, Mutex};
 
     use vmm_sys_util::eventfd::EFD_NONBLOCK;
@@ -170,5 +324,107 @@ mod tests {
         }
         assert!(room.read().unwrap() >= 1, "emptying the FIFO signals room");
         assert!(serial.enqueue_input(&big) > 0);
+    }
+
+    /// A UART writing to a capture, with its irq and room eventfds.
+    fn serial() -> (Serial, Capture, EventFd, EventFd) {
+        let out = Capture::default();
+        let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+        let room = EventFd::new(EFD_NONBLOCK).unwrap();
+        let serial = Serial::new(
+            SerialIrq(irq.try_clone().unwrap()),
+            InputRoom(room.try_clone().unwrap()),
+            Box::new(out.clone()),
+        );
+        (serial, out, irq, room)
+    }
+
+    fn read(serial: &mut Serial, reg: u16) -> u8 {
+        let mut byte = [0u8];
+        serial.pio_read(PioAddress(SERIAL_PORT), reg, &mut byte);
+        byte[0]
+    }
+
+    fn write(serial: &mut Serial, reg: u16, value: u8) {
+        serial.pio_write(PioAddress(SERIAL_PORT), reg, &[value]);
+    }
+
+    #[test]
+    fn snapshot_round_trip_keeps_registers_and_fifo() {
+        let (mut src, ..) = serial();
+        // Divisor 0x0201 behind DLAB, then 7N2 with break, RX interrupt on.
+        write(&mut src, 3, 0x80);
+        write(&mut src, 0, 0x01);
+        write(&mut src, 1, 0x02);
+        write(&mut src, 3, 0x47);
+        write(&mut src, 1, 0x01);
+        write(&mut src, 4, 0x0b);
+        write(&mut src, 7, 0x5a);
+        assert_eq!(src.enqueue_input(b"hello"), 5);
+        let saved = Snapshot::from_bytes(&src.snapshot().unwrap().to_bytes()).unwrap();
+
+        let (mut dst, out, irq, room) = serial();
+        dst.restore(&saved).unwrap();
+        // Data pending with the RX interrupt enabled: raised on restore.
+        assert!(irq.read().unwrap() >= 1);
+        assert_eq!(
+            [1, 3, 4, 7].map(|reg| read(&mut dst, reg)),
+            [0x01, 0x47, 0x0b, 0x5a]
+        );
+        assert_eq!(read(&mut dst, 5) & 0x01, 0x01, "LSR data ready");
+        write(&mut dst, 3, 0xc7);
+        assert_eq!([read(&mut dst, 0), read(&mut dst, 1)], [0x01, 0x02]);
+        write(&mut dst, 3, 0x47);
+        let fifo: Vec<u8> = (0..5).map(|_| read(&mut dst, 0)).collect();
+        assert_eq!(fifo, b"hello");
+        // The destination's own room eventfd, output and irq still serve.
+        assert!(room.read().unwrap() >= 1);
+        write(&mut dst, 1, 0x02);
+        write(&mut dst, 0, b'!');
+        assert_eq!(out.0.lock().unwrap().as_slice(), b"!");
+        assert!(irq.read().unwrap() >= 1);
+    }
+
+    #[test]
+    fn hostile_serial_states_are_refused() {
+        let (mut dst, ..) = serial();
+        assert_eq!(
+            dst.uart.fifo_capacity(),
+            FIFO_SIZE,
+            "vm-superio's FIFO size"
+        );
+        write(&mut dst, 7, 0x33);
+        let good = SavedSerial::from(SerialState::default());
+        let mutations: [fn(&mut SavedSerial); 5] = [
+            |s| s.interrupt_enable = 0x10,
+            |s| s.interrupt_identification = 0x08,
+            |s| s.line_status |= 0x02,
+            |s| s.modem_status |= 0x01,
+            |s| s.in_buffer = vec![b'x'; FIFO_SIZE + 1],
+        ];
+        for mutate in mutations {
+            let mut bad = good.clone();
+            mutate(&mut bad);
+            let snapshot = Snapshot::new(SNAPSHOT_ID, SNAPSHOT_VERSION, &bad).unwrap();
+            assert!(
+                matches!(dst.restore(&snapshot), Err(MigratableError::Restore(..))),
+                "{bad:?}"
+            );
+        }
+        let noise = Snapshot {
+            id: SNAPSHOT_ID.into(),
+            version: SNAPSHOT_VERSION,
+            data: b"{\"scratch\": 300}".to_vec(),
+        };
+        assert!(dst.restore(&noise).is_err());
+        assert_eq!(read(&mut dst, 7), 0x33, "nothing changed");
+
+        let full = SavedSerial {
+            in_buffer: vec![b'y'; FIFO_SIZE],
+            ..good
+        };
+        let snapshot = Snapshot::new(SNAPSHOT_ID, SNAPSHOT_VERSION, &full).unwrap();
+        dst.restore(&snapshot).unwrap();
+        assert_eq!(dst.enqueue_input(b"z"), 0, "restored FIFO is full");
     }
 }

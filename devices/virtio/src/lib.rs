@@ -20,6 +20,15 @@
 //! allocated from `hooks.msi` (config, queue 0); the doorbell at BAR 0 +
 //! 0x3000 is registered with `hooks.ioevents` (no datamatch; the guest
 //! writes 2 bytes) whenever memory decoding is on. There is no INTx.
+//!
+//! # Migration
+//!
+//! `Block` is `Pausable` (once `pause` returns, every request the worker
+//! took is complete and the image is flushed; notifications wait for
+//! `resume`) and `Snapshottable` (id `virtio-blk`). Restore onto a `Block`
+//! created with the same `BlockConfig`, after guest memory and (by the
+//! bus) the configuration space are back: an active device starts serving
+//! its rings at once, from the saved queue positions.
 
 #[macro_use]
 mod ratelimit;

@@ -3,8 +3,8 @@
 //! function.
 //!
 //! [`Block`] is what the VMM puts on the PCI bus. Inside, the transport
-//! drives a [`BlockDevice`] (features, config space, activate/reset), whose
-//! [`worker`] thread serves the single request queue.
+//! drives a [`BlockDevice`] (features, config space, activate/reset,
+//! pause/resume), whose [`worker`] thread serves the single request queue.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -18,9 +18,10 @@ mod request;
 mod test_utils;
 mod worker;
 
+use std::io;
 use std::mem::offset_of;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 pub use device_worker::SpawnError;
 use device_worker::WorkerHandle;
@@ -33,15 +34,19 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddressSpace;
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use self::disk::Disk;
 pub use self::disk::DiskError;
-use self::worker::{ActiveQueue, BlockWorker, SharedQueue};
+use self::worker::{lock, ActiveQueue, Backend, BlockWorker, SharedBackend};
 use crate::transport::common_cfg::feature_bit;
 use crate::transport::interrupt::Interrupt;
 use crate::transport::pci::{TransportError, VirtioPciDevice};
-use crate::transport::{ActivateError, VirtioDevice};
+use crate::transport::{ActivateError, QueuePosition, VirtioDevice};
+
+/// The device's name in a VM snapshot, and its worker thread's.
+const ID: &str = "virtio-blk";
 
 /// Size of the one request queue. Linux uses the size offered; 256 lets
 /// 254-segment requests (`seg_max`) in flight without indirect descriptors.
@@ -115,7 +120,7 @@ pub(crate) struct BlockDevice<M> {
     config: [u8; CONFIG_LEN],
     queue_evts: [EventFd; 1],
     queue_max_sizes: [u16; 1],
-    active: SharedQueue,
+    backend: SharedBackend,
     mem: M,
     /// Stops and joins the worker thread when the device is dropped.
     _worker: WorkerHandle,
@@ -138,7 +143,6 @@ where
         let queue_evt = EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?;
         let kill_evt = EventFd::new(EFD_NONBLOCK).map_err(BlockError::EventFd)?;
         let worker_evt = queue_evt.try_clone().map_err(BlockError::EventFd)?;
-        let active: SharedQueue = Arc::new(Mutex::new(None));
         log::info!(
             "virtio-blk: {} ({} sectors{}, id {:?})",
             config.path.display(),
@@ -146,16 +150,23 @@ where
             if disk.readonly() { ", read-only" } else { "" },
             config.id
         );
-        let worker = BlockWorker::new(mem.clone(), disk, worker_evt, kill_evt, active.clone());
+        let backend = Arc::new(Mutex::new(Backend::new(disk)));
+        let worker = BlockWorker::new(mem.clone(), worker_evt, kill_evt, backend.clone());
         Ok(Self {
             features,
             config: cfg,
             queue_evts: [queue_evt],
             queue_max_sizes: [QUEUE_SIZE],
-            active,
+            backend,
             mem,
-            _worker: WorkerHandle::spawn("virtio-blk", worker)?,
+            _worker: WorkerHandle::spawn(ID, worker)?,
         })
+    }
+
+    /// Makes the worker look at the queue.
+    fn kick(&self) -> io::Result<()> {
+        let [queue_evt] = &self.queue_evts;
+        queue_evt.write(1)
     }
 }
 
@@ -163,6 +174,10 @@ impl<M> VirtioDevice for BlockDevice<M>
 where
     M: GuestAddressSpace + Send + 'static,
 {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
     fn device_type(&self) -> u16 {
         // VIRTIO_ID_BLOCK is 2.
         u16::try_from(VIRTIO_ID_BLOCK).unwrap_or(0)
@@ -196,11 +211,10 @@ where
         if !queue.is_valid(&*self.mem.memory()) {
             return Err(ActivateError::QueueOutsideMemory(0));
         }
-        *self.active.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(ActiveQueue { queue, interrupt });
-        // Serve anything the driver queued before DRIVER_OK.
-        let [queue_evt] = &self.queue_evts;
-        if let Err(e) = queue_evt.write(1) {
+        lock(&self.backend).active = Some(ActiveQueue { queue, interrupt });
+        // Serve anything the driver queued before DRIVER_OK (or, restored,
+        // before the snapshot).
+        if let Err(e) = self.kick() {
             log::error!("virtio-blk: failed to kick the worker: {e}");
         }
         Ok(())
@@ -208,7 +222,37 @@ where
 
     fn reset(&mut self) {
         // Waits for the batch in progress: after this the worker is idle.
-        *self.active.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        lock(&self.backend).active = None;
+    }
+
+    fn queue_positions(&self) -> Option<Vec<QueuePosition>> {
+        lock(&self.backend)
+            .active
+            .as_ref()
+            .map(|active| vec![QueuePosition::of(&active.queue)])
+    }
+}
+
+impl<M> Pausable for BlockDevice<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    /// Waits out the batch in progress (every request the worker took is
+    /// then in the used ring, its interrupt sent or pending in MSI-X),
+    /// stops further ones, and makes completed writes durable so that a
+    /// VMM opening the image after the switch-over reads them.
+    fn pause(&mut self) -> Result<(), MigratableError> {
+        let mut backend = lock(&self.backend);
+        backend.disk.flush().map_err(MigratableError::Pause)?;
+        backend.paused = true;
+        Ok(())
+    }
+
+    /// Serves whatever the driver queued while paused: the notifications
+    /// the worker set aside come down to this one kick.
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        lock(&self.backend).paused = false;
+        self.kick().map_err(MigratableError::Resume)
     }
 }
 
@@ -229,6 +273,38 @@ where
         let pci =
             VirtioPciDevice::new(device, PCI_CLASS_STORAGE, PCI_SUBCLASS_STORAGE_OTHER, hooks)?;
         Ok(Self { pci })
+    }
+}
+
+/// Migration is the transport's: it saves the driver's settings, the
+/// MSI-X table and the queue position; the disk itself travels apart.
+impl<M> Pausable for Block<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    fn pause(&mut self) -> Result<(), MigratableError> {
+        self.pci.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        self.pci.resume()
+    }
+}
+
+impl<M> Snapshottable for Block<M>
+where
+    M: GuestAddressSpace + Send + 'static,
+{
+    fn id(&self) -> String {
+        self.pci.id()
+    }
+
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        self.pci.snapshot()
+    }
+
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        self.pci.restore(snapshot)
     }
 }
 
@@ -273,10 +349,12 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
+    use std::sync::Weak;
     use std::time::{Duration, Instant};
 
     use pci::test_utils::{MockIoEvents, MockMsi};
     use pci::PciBus;
+    use serde_json::json;
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
     use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
     use vm_memory::bitmap::{AtomicBitmap, Bitmap};
@@ -328,6 +406,8 @@ mod tests {
 
     struct Harness {
         bus: PciBus,
+        /// The function on the bus, which holds the only strong reference.
+        dev: Weak<Mutex<Block<TestMem>>>,
         mem: TestMem,
         router: Arc<MockMsi>,
         ioevents: Arc<MockIoEvents>,
@@ -337,29 +417,43 @@ mod tests {
         avail_idx: u16,
     }
 
+    /// A block function of its own (not on a bus), with its mock hooks.
+    fn block(
+        file: &TempFile,
+        mem: TestMem,
+        readonly: bool,
+    ) -> (Block<TestMem>, Arc<MockMsi>, Arc<MockIoEvents>) {
+        let router = Arc::new(MockMsi::default());
+        let ioevents = Arc::new(MockIoEvents::strict());
+        let hooks = DeviceHooks {
+            msi: router.clone(),
+            ioevents: ioevents.clone(),
+        };
+        let config = BlockConfig {
+            path: file.as_path().to_owned(),
+            readonly,
+            id: "disk0".into(),
+        };
+        (Block::new(&config, mem, hooks).unwrap(), router, ioevents)
+    }
+
     impl Harness {
         fn new(readonly: bool) -> Self {
-            let file = image(64);
-            let mem: TestMem = Arc::new(guest_memory());
-            let router = Arc::new(MockMsi::default());
-            let ioevents = Arc::new(MockIoEvents::strict());
-            let hooks = DeviceHooks {
-                msi: router.clone(),
-                ioevents: ioevents.clone(),
-            };
-            let config = BlockConfig {
-                path: file.as_path().to_owned(),
-                readonly,
-                id: "disk0".into(),
-            };
-            let block = Block::new(&config, mem.clone(), hooks).unwrap();
+            Self::with(image(64), Arc::new(guest_memory()), readonly)
+        }
+
+        /// A freshly created function over `file` and `mem`, as on the
+        /// destination of a migration.
+        fn with(file: TempFile, mem: TestMem, readonly: bool) -> Self {
+            let (block, router, ioevents) = block(&file, mem.clone(), readonly);
+            let block = Arc::new(Mutex::new(block));
+            let dev = Arc::downgrade(&block);
             let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), MMIO64);
-            let bars = bus
-                .add_device(SLOT as u8, 0, Arc::new(Mutex::new(block)))
-                .unwrap();
+            let bars = bus.add_device(SLOT as u8, 0, block).unwrap();
             assert_eq!(bars, vec![(0, MMIO64.0)]);
             let mut h = Self {
                 bus,
+                dev,
                 mem,
                 router,
                 ioevents,
@@ -492,26 +586,35 @@ mod tests {
 
         /// Makes a 512-byte request (descriptors 0-2) available.
         fn submit(&mut self, request_type: u32, sector: u64) {
+            self.submit_at(0, request_type, sector);
+        }
+
+        /// Makes a 512-byte request available in request slot `slot`:
+        /// descriptors 3 * slot.., its own header, data and status buffers.
+        fn submit_at(&mut self, slot: u16, request_type: u32, sector: u64) {
             let m = &*self.mem;
-            write_header(m, HDR, request_type, sector);
+            let (hdr, data, status) = slot_buffers(slot);
+            write_header(m, hdr, request_type, sector);
             let data_flags = if request_type == VIRTIO_BLK_T_IN {
                 W
             } else {
                 0
             };
+            let head = 3 * slot;
             for (i, d) in [
-                desc(HDR, 16, NEXT, 1),
-                desc(DATA, 512, data_flags | NEXT, 2),
-                desc(STATUS, 1, W, 0),
+                desc(hdr, 16, NEXT, head + 1),
+                desc(data, 512, data_flags | NEXT, head + 2),
+                desc(status, 1, W, 0),
             ]
             .into_iter()
             .enumerate()
             {
-                m.write_obj(d, GuestAddress(DESC_TABLE + 16 * i as u64))
+                let index = u64::from(head) + i as u64;
+                m.write_obj(d, GuestAddress(DESC_TABLE + 16 * index))
                     .unwrap();
             }
-            let slot = u64::from(self.avail_idx % QSIZE);
-            m.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * slot))
+            let entry = u64::from(self.avail_idx % QSIZE);
+            m.write_obj(head, GuestAddress(AVAIL + 4 + 2 * entry))
                 .unwrap();
             self.avail_idx = self.avail_idx.wrapping_add(1);
             m.write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
@@ -522,8 +625,34 @@ mod tests {
             self.mem.read_obj(GuestAddress(USED + 2)).unwrap()
         }
 
+        /// (id, len) of used ring entry `i`.
+        fn used(&self, i: u64) -> (u32, u32) {
+            let at = USED + 4 + 8 * i;
+            (
+                self.mem.read_obj(GuestAddress(at)).unwrap(),
+                self.mem.read_obj(GuestAddress(at + 4)).unwrap(),
+            )
+        }
+
         fn request_status(&self) -> u8 {
             self.mem.read_obj(GuestAddress(STATUS)).unwrap()
+        }
+
+        /// Moves BAR 0 to `base` as Linux does (decoding off, low dword,
+        /// high dword, decoding on).
+        fn move_bar(&mut self, base: u64) {
+            self.cfg_write(1, 0, &[0x00, 0x00]);
+            self.cfg_write(4, 0, &(base as u32 | 0x4).to_le_bytes());
+            self.cfg_write(5, 0, &((base >> 32) as u32).to_le_bytes());
+            self.cfg_write(1, 0, &[0x06, 0x00]);
+            self.bar = base;
+        }
+
+        /// The function's own snapshot, as the bus would take it.
+        fn device_snapshot(&self) -> Snapshot {
+            let dev = self.dev.upgrade().unwrap();
+            let mut dev = dev.lock().unwrap();
+            dev.snapshot().unwrap()
         }
 
         /// The queue's registered ioeventfd, as (address, eventfd).
@@ -532,6 +661,12 @@ mod tests {
             assert!(registered.len() <= 1);
             registered.pop()
         }
+    }
+
+    /// Header, data and status addresses of request slot `slot`.
+    fn slot_buffers(slot: u16) -> (u64, u64, u64) {
+        let slot = u64::from(slot);
+        (HDR + 16 * slot, DATA + 512 * slot, STATUS + slot)
     }
 
     /// Polls `cond` until it holds; panics after 5 s.
@@ -759,12 +894,8 @@ mod tests {
         // Decoding off: the doorbell must not catch writes any more.
         h.cfg_write(1, 0, &[0x00, 0x00]);
         assert!(h.ioevent().is_none());
-        // Move the BAR as Linux does (low dword, then high), decoding back on.
         let new_base = MMIO64.0 + 0x10_0000;
-        h.cfg_write(4, 0, &(new_base as u32 | 0x4).to_le_bytes());
-        h.cfg_write(5, 0, &((new_base >> 32) as u32).to_le_bytes());
-        h.cfg_write(1, 0, &[0x06, 0x00]);
-        h.bar = new_base;
+        h.move_bar(new_base);
         assert_eq!(h.ioevent().unwrap().0, new_base + NOTIFY);
         h.submit(VIRTIO_BLK_T_IN, 0);
         h.ioevent().unwrap().1.write(1).unwrap();
@@ -791,5 +922,271 @@ mod tests {
         // join the worker (a hang fails the test) and remove the doorbell.
         drop(h);
         assert_eq!(ioevents.count(), 0);
+    }
+
+    /// `used_event` in the driver's avail ring (EVENT_IDX).
+    const USED_EVENT: u64 = AVAIL + 4 + 2 * QSIZE as u64;
+
+    /// Bounded wait for something that must not happen.
+    fn settle() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    /// Fills request slot `slot`'s data buffer with `byte`.
+    fn fill(h: &Harness, slot: u16, byte: u8) {
+        let (_, data, _) = slot_buffers(slot);
+        h.mem.write_slice(&[byte; 512], GuestAddress(data)).unwrap();
+    }
+
+    #[test]
+    fn paused_device_serves_notifications_after_resume() {
+        for readonly in [false, true] {
+            let mut h = Harness::new(readonly);
+            h.start(VERSION_1, DESC_TABLE);
+            // Flushes even a read-only image.
+            h.bus.pause().unwrap();
+            h.submit(VIRTIO_BLK_T_IN, 0);
+            h.ioevent().unwrap().1.write(1).unwrap();
+            h.write(NOTIFY, 2, 0);
+            settle();
+            assert_eq!(h.used_idx(), 0, "no request taken while paused");
+            assert_eq!(h.router.fired(1), 0);
+            h.bus.resume().unwrap();
+            wait_until("MSI-X vector 1", || h.router.fired(1) > 0);
+            assert_eq!(h.used_idx(), 1);
+            assert_eq!(h.request_status(), 0);
+        }
+    }
+
+    /// A migration in the middle of a stream of writes: request 0
+    /// completes before the pause, 1 is posted without a notification,
+    /// 2 is notified while paused. The destination serves 1 and 2 when
+    /// restored, then 3, and nothing twice.
+    #[test]
+    fn block_migrates_mid_stream() {
+        let mut src = Harness::new(false);
+        // Where the guest moved the BAR, not where a fresh bus puts it.
+        let moved = MMIO64.0 + 0x10_0000;
+        src.move_bar(moved);
+        src.start(VERSION_1 | EVENT_IDX, DESC_TABLE);
+        fill(&src, 0, 0xa0);
+        src.submit_at(0, VIRTIO_BLK_T_OUT, 1);
+        src.write(NOTIFY, 2, 0);
+        wait_until("request 0", || src.used_idx() == 1);
+        // The driver reuses request 0's buffers: serving it again would
+        // write 0xee to sector 1 and clear the status sentinel.
+        fill(&src, 0, 0xee);
+        src.mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        // The driver saw completion 1 and wants to hear of the next.
+        src.mem.write_obj(1u16, GuestAddress(USED_EVENT)).unwrap();
+        fill(&src, 1, 0xa1);
+        src.submit_at(1, VIRTIO_BLK_T_OUT, 2);
+
+        src.bus.pause().unwrap();
+        // Request 0 is durable for a VMM opening the image now.
+        let image = std::fs::read(src.file.as_path()).unwrap();
+        assert!(image[512..1024].iter().all(|&b| b == 0xa0));
+        fill(&src, 2, 0xa2);
+        src.submit_at(2, VIRTIO_BLK_T_OUT, 3);
+        src.ioevent().unwrap().1.write(1).unwrap();
+        settle();
+        assert_eq!(src.used_idx(), 1, "paused: nothing more taken");
+        // Through bytes, as over the network.
+        let saved = Snapshot::from_bytes(&src.bus.snapshot().unwrap().to_bytes()).unwrap();
+        // Switch-over: the source goes away; guest RAM and the image stay.
+        let Harness {
+            bus,
+            mem,
+            file,
+            avail_idx,
+            ..
+        } = src;
+        drop(bus);
+
+        let mut dst = Harness::with(file, mem, false);
+        dst.avail_idx = avail_idx;
+        dst.bus.restore(&saved).unwrap();
+        dst.bar = moved;
+        // Activation serves what was pending at the source.
+        wait_until("requests 1 and 2", || dst.used_idx() == 3);
+        wait_until("MSI-X vector 1", || dst.router.fired(1) > 0);
+        assert_eq!(dst.ioevent().unwrap().0, moved + NOTIFY);
+        assert_eq!(dst.status(), ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        assert_eq!(dst.read(QUEUE_SIZE, 2), u64::from(QSIZE));
+        assert_eq!(dst.read(QUEUE_DESC, 8), DESC_TABLE);
+        assert_eq!(dst.read(QUEUE_DEVICE, 8), USED);
+        assert_eq!(dst.read(QUEUE_ENABLE, 2), 1);
+        assert_eq!(dst.read(QUEUE_MSIX_VECTOR, 2), 1);
+        assert_eq!(dst.read(CONFIG_MSIX_VECTOR, 2), 0);
+        dst.write(DRIVER_FEATURE_SELECT, 4, 0);
+        assert_eq!(dst.read(DRIVER_FEATURE, 4), EVENT_IDX);
+
+        // Read request 1's sector back, through the restored doorbell.
+        dst.mem.write_obj(3u16, GuestAddress(USED_EVENT)).unwrap();
+        dst.submit_at(3, VIRTIO_BLK_T_IN, 2);
+        dst.ioevent().unwrap().1.write(1).unwrap();
+        wait_until("request 3", || dst.used_idx() == 4);
+        wait_until("MSI-X vector 1 again", || dst.router.fired(1) > 0);
+        settle();
+        assert_eq!(dst.used_idx(), 4, "no request served twice");
+        let used: Vec<_> = (0..4).map(|i| dst.used(i)).collect();
+        assert_eq!(used, vec![(0, 1), (3, 1), (6, 1), (9, 513)]);
+        for slot in 0..4 {
+            let (_, data, status) = slot_buffers(slot);
+            let want = if slot == 0 { 0xff } else { 0 };
+            assert_eq!(dst.mem.read_obj::<u8>(GuestAddress(status)).unwrap(), want);
+            if slot == 3 {
+                let mut back = [0u8; 512];
+                dst.mem.read_slice(&mut back, GuestAddress(data)).unwrap();
+                assert!(back.iter().all(|&b| b == 0xa1));
+            }
+        }
+        let image = std::fs::read(dst.file.as_path()).unwrap();
+        assert_eq!(image[..512], (0..512).map(pattern).collect::<Vec<_>>());
+        for (sector, byte) in [(1, 0xa0), (2, 0xa1), (3, 0xa2)] {
+            let at = sector * 512;
+            assert!(
+                image[at..at + 512].iter().all(|&b| b == byte),
+                "sector {sector}"
+            );
+        }
+    }
+
+    /// A function the driver never started, and one whose start failed,
+    /// come back as they were, not serving.
+    #[test]
+    fn inactive_and_failed_functions_restore_as_they_were() {
+        for failed in [false, true] {
+            let mut src = Harness::new(false);
+            if failed {
+                src.start(VERSION_1, MEM_SIZE + 0x1000);
+            }
+            let status = src.status();
+            src.bus.pause().unwrap();
+            let saved = src.bus.snapshot().unwrap();
+            let Harness { bus, mem, file, .. } = src;
+            drop(bus);
+
+            let mut dst = Harness::with(file, mem, false);
+            dst.bus.restore(&saved).unwrap();
+            assert_eq!(dst.status(), status);
+            assert_eq!(dst.read(ISR, 1), if failed { 2 } else { 0 });
+            dst.setup_queue(DESC_TABLE);
+            dst.submit(VIRTIO_BLK_T_IN, 0);
+            dst.write(NOTIFY, 2, 0);
+            settle();
+            assert_eq!(dst.used_idx(), 0);
+        }
+    }
+
+    /// Snapshots from a broken or hostile source: each out-of-range field
+    /// is refused and leaves the function reset; random damage never
+    /// panics.
+    #[test]
+    fn hostile_snapshots_are_refused() {
+        let mut src = Harness::new(false);
+        src.start(VERSION_1 | EVENT_IDX, DESC_TABLE);
+        src.bus.pause().unwrap();
+        let good = src.device_snapshot();
+        let file = image(64);
+        let (mut target, _router, _ioevents) = block(&file, Arc::new(guest_memory()), false);
+        let status = |target: &mut Block<TestMem>| {
+            let mut byte = [0u8];
+            target.read_bar(0, DEVICE_STATUS, &mut byte);
+            byte[0]
+        };
+        let running = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
+        target.restore(&good).unwrap();
+        assert_eq!(status(&mut target), running);
+
+        let json: serde_json::Value = serde_json::from_slice(&good.data).unwrap();
+        let position = json!({"next_avail": 0, "next_used": 0});
+        let cases = [
+            ("/common/device_features", json!(VERSION_1)),
+            (
+                "/common/driver_features",
+                json!(VERSION_1 | 1 << VIRTIO_BLK_F_RO),
+            ),
+            ("/common/driver_features", json!(EVENT_IDX)),
+            ("/common/status", json!(ACKNOWLEDGE | DRIVER | DRIVER_OK)),
+            ("/common/status", json!(running | NEEDS_RESET)),
+            ("/common/status", json!(256)),
+            ("/common/isr", json!(0x80)),
+            ("/common/config_vector", json!(2)),
+            ("/common/queue_vectors", json!([1, 1])),
+            ("/common/queue_vectors/0", json!(0x8000)),
+            ("/common/queues", json!([])),
+            ("/common/queues/0/size", json!(0)),
+            ("/common/queues/0/size", json!(24)),
+            ("/common/queues/0/size", json!(512)),
+            ("/common/queues/0/size", json!(-1)),
+            ("/common/queues/0/desc", json!(DESC_TABLE + 1)),
+            ("/common/queues/0/device", json!(MEM_SIZE)),
+            ("/common/queues/0/enabled", json!(false)),
+            ("/common/needs_reset", json!(true)),
+            ("/queues", json!(null)),
+            ("/queues", json!([position, position])),
+            ("/device_config/0", json!(65)),
+            ("/device_config", json!([])),
+            ("/msix/vectors", json!([])),
+        ];
+        for (pointer, value) in cases {
+            let mut bad = json.clone();
+            *bad.pointer_mut(pointer).unwrap() = value.clone();
+            let result = target.restore(&Snapshot::new(ID, 1, &bad).unwrap());
+            assert!(
+                matches!(result, Err(MigratableError::Restore(..))),
+                "{pointer} = {value}: {result:?}"
+            );
+            assert_eq!(status(&mut target), 0, "{pointer} = {value}: left reset");
+        }
+        target.restore(&good).unwrap();
+        assert_eq!(status(&mut target), running);
+
+        let other = Snapshot {
+            id: "serial".into(),
+            ..good.clone()
+        };
+        assert!(matches!(
+            target.restore(&other),
+            Err(MigratableError::WrongId { .. })
+        ));
+        let newer = Snapshot {
+            version: 2,
+            ..good.clone()
+        };
+        assert!(matches!(
+            target.restore(&newer),
+            Err(MigratableError::Version { .. })
+        ));
+
+        // xorshift64: damage a few bytes at a time, then pure noise.
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..300 {
+            let mut data = good.data.clone();
+            for _ in 0..=next() % 4 {
+                let at = (next() % data.len() as u64) as usize;
+                data[at] = next() as u8;
+            }
+            let _ = target.restore(&Snapshot {
+                data,
+                ..good.clone()
+            });
+        }
+        for len in [0, 1, 100, 4096] {
+            let data = (0..len).map(|_| next() as u8).collect();
+            assert!(target
+                .restore(&Snapshot {
+                    data,
+                    ..good.clone()
+                })
+                .is_err());
+        }
     }
 }

@@ -6,10 +6,12 @@
 //! ioeventfd, or by the transport on an MMIO notify) and by a kill eventfd
 //! that [`device_worker::WorkerHandle`]'s `Drop` uses to stop it.
 //!
-//! The queue itself sits in a mutex shared with the device: activation puts
-//! it there and reset takes it away. The worker holds the lock for a whole
-//! batch, interrupt included, so once reset has the lock the worker can no
-//! longer touch guest memory or raise an interrupt (§2.4.1).
+//! The queue and the disk sit in a mutex shared with the device
+//! ([`Backend`]): activation puts the queue there and reset takes it away.
+//! The worker holds the lock for a whole batch, interrupt included, so once
+//! reset has the lock the worker can no longer touch guest memory or raise
+//! an interrupt (§2.4.1), and once pause has it every request taken is
+//! complete.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -19,7 +21,7 @@
 
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use device_worker::Stoppable;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
@@ -43,9 +45,35 @@ pub(crate) struct ActiveQueue {
     pub(crate) interrupt: Interrupt,
 }
 
-/// The hand-over point between the device (activate/reset on a vCPU
-/// thread) and the worker.
-pub(crate) type SharedQueue = Arc<Mutex<Option<ActiveQueue>>>;
+/// What the device (activate/reset on a vCPU thread, pause/resume and
+/// snapshots on the VMM's) shares with the worker.
+pub(crate) struct Backend {
+    pub(crate) disk: Disk,
+    /// The queue being served: `None` before DRIVER_OK, after a reset, or
+    /// once the ring turned out corrupt.
+    pub(crate) active: Option<ActiveQueue>,
+    /// Set while the VM is paused: notifications are left for `resume`,
+    /// which kicks the worker once (a pass drains the whole ring).
+    pub(crate) paused: bool,
+}
+
+impl Backend {
+    pub(crate) fn new(disk: Disk) -> Self {
+        Self {
+            disk,
+            active: None,
+            paused: false,
+        }
+    }
+}
+
+pub(crate) type SharedBackend = Arc<Mutex<Backend>>;
+
+/// Locks `backend`; a worker that panicked mid-batch left it consistent
+/// enough to stop or reset.
+pub(crate) fn lock(backend: &SharedBackend) -> MutexGuard<'_, Backend> {
+    backend.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The ring itself is corrupt: the driver claims more new buffers than the
 /// queue holds. Nothing sensible can be served until a reset.
@@ -122,50 +150,51 @@ fn check_avail_index<M: GuestMemory>(queue: &Queue, mem: &M) -> Result<(), Queue
     Ok(())
 }
 
-/// The event subscriber that owns the disk.
+/// The event subscriber that serves the queue.
 pub(crate) struct BlockWorker<M> {
     mem: M,
-    disk: Disk,
     queue_evt: EventFd,
     kill_evt: EventFd,
-    active: SharedQueue,
+    backend: SharedBackend,
     stopped: bool,
 }
 
 impl<M: GuestAddressSpace> BlockWorker<M> {
     pub(crate) fn new(
         mem: M,
-        disk: Disk,
         queue_evt: EventFd,
         kill_evt: EventFd,
-        active: SharedQueue,
+        backend: SharedBackend,
     ) -> Self {
         Self {
             mem,
-            disk,
             queue_evt,
             kill_evt,
-            active,
+            backend,
             stopped: false,
         }
     }
 
     fn serve(&mut self) {
-        let mut guard = self.active.lock().unwrap_or_else(PoisonError::into_inner);
-        // Not activated yet, or reset: the notification is stale.
-        let Some(active) = guard.as_mut() else {
+        let mut guard = lock(&self.backend);
+        let Backend {
+            disk,
+            active,
+            paused,
+        } = &mut *guard;
+        // Paused: resume comes back here. Not activated yet, or reset: the
+        // notification is stale.
+        let Some(queue) = active.as_mut().filter(|_| !*paused) else {
             return;
         };
         let mem = self.mem.memory();
-        let interrupt = &active.interrupt;
-        let result = process_queue(&mut active.queue, &mut self.disk, &*mem, || {
-            interrupt.signal_queue(0)
-        });
+        let interrupt = &queue.interrupt;
+        let result = process_queue(&mut queue.queue, disk, &*mem, || interrupt.signal_queue(0));
         if let Err(e) = result {
             guest_warn!("virtio-blk: queue broken, device needs reset: {e}");
-            active.interrupt.report_failure();
+            queue.interrupt.report_failure();
             // Serve nothing more until the driver resets the device.
-            *guard = None;
+            *active = None;
         }
     }
 }

@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_DRIVER_OK, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
     VIRTIO_F_VERSION_1,
@@ -23,8 +24,8 @@ use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestAddress;
 
-use super::interrupt::InterruptState;
-use super::{read_le, write_le, ActivateError, VIRTIO_MSI_NO_VECTOR};
+use super::interrupt::{InterruptState, ISR_CONFIG, ISR_QUEUE};
+use super::{read_le, write_le, ActivateError, StateError, VIRTIO_MSI_NO_VECTOR};
 
 // Register offsets inside `struct virtio_pci_common_cfg`.
 const DEVICE_FEATURE_SELECT: u64 = 0x00;
@@ -66,8 +67,10 @@ pub(crate) enum StatusAction {
 }
 
 /// One queue as the driver programmed it.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct QueueConfig {
+    /// The device's, not the driver's: never taken from a saved state.
+    #[serde(skip)]
     max_size: u16,
     size: u16,
     enabled: bool,
@@ -93,6 +96,27 @@ impl QueueConfig {
             _ => None,
         }
     }
+}
+
+/// What the driver programmed into the common configuration, for live
+/// migration and snapshots, plus the interrupt state behind it (ISR,
+/// NEEDS_RESET, vectors). Untrusted on restore: see
+/// [`CommonConfig::set_state`].
+#[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SavedCommon {
+    /// What the saved device offered; must be what this one offers.
+    device_features: u64,
+    driver_features: u64,
+    device_feature_select: u32,
+    driver_feature_select: u32,
+    /// The driver's status bits; the device's NEEDS_RESET is `needs_reset`.
+    status: u8,
+    needs_reset: bool,
+    isr: u8,
+    queue_select: u16,
+    config_vector: u16,
+    queue_vectors: Vec<u16>,
+    queues: Vec<QueueConfig>,
 }
 
 /// Transport state of one virtio-pci function.
@@ -137,6 +161,12 @@ impl CommonConfig {
     /// Features the driver acknowledged (final once FEATURES_OK is set).
     pub(crate) fn driver_features(&self) -> u64 {
         self.driver_features
+    }
+
+    /// Whether the device serves its queues: DRIVER_OK was accepted and
+    /// the device has not failed since.
+    pub(crate) fn active(&self) -> bool {
+        self.status & STATUS_DRIVER_OK != 0 && !self.irq.needs_reset()
     }
 
     /// The driver's status bits plus the device's NEEDS_RESET.
@@ -290,8 +320,7 @@ impl CommonConfig {
         let Some(q) = self.selected_configurable() else {
             return;
         };
-        // Split virtqueues need a power-of-two size (virtio-queue enforces it).
-        if size.is_power_of_two() && size <= q.max_size {
+        if size_fits(size, q.max_size) {
             q.size = size;
         } else {
             guest_warn!("virtio-pci: rejected queue size {size}");
@@ -327,7 +356,9 @@ impl CommonConfig {
             return StatusAction::None;
         }
         let added = new & !old;
-        if added & STATUS_FEATURES_OK != 0 && !self.features_acceptable() {
+        if added & STATUS_FEATURES_OK != 0
+            && !features_acceptable(self.driver_features, self.device_features)
+        {
             // §3.1.1: the driver re-reads status and sees FEATURES_OK unset.
             guest_warn!(
                 "virtio-pci: refused features {:#x} (offered {:#x})",
@@ -349,11 +380,98 @@ impl CommonConfig {
         action
     }
 
-    /// A subset of what was offered, and the modern interface (VERSION_1),
-    /// the only one this transport speaks.
-    fn features_acceptable(&self) -> bool {
-        self.driver_features & !self.device_features == 0
-            && self.driver_features & feature_bit(VIRTIO_F_VERSION_1) != 0
+    /// The driver's settings and the interrupt state, for a snapshot.
+    pub(crate) fn state(&self) -> SavedCommon {
+        SavedCommon {
+            device_features: self.device_features,
+            driver_features: self.driver_features,
+            device_feature_select: self.device_feature_select,
+            driver_feature_select: self.driver_feature_select,
+            status: self.status,
+            needs_reset: self.irq.needs_reset(),
+            isr: self.irq.isr(),
+            queue_select: self.queue_select,
+            config_vector: self.irq.config_vector(),
+            queue_vectors: (0..self.queues.len())
+                .map(|q| self.irq.queue_vector(q).unwrap_or(VIRTIO_MSI_NO_VECTOR))
+                .collect(),
+            queues: self.queues.clone(),
+        }
+    }
+
+    /// Puts back a saved state, accepting only what a driver could have
+    /// programmed here: the same offered features and queue count, queue
+    /// sizes the guest could write, acked features that were offered, a
+    /// status the state machine can reach, existing vectors and ISR bits.
+    /// Nothing changes on error. Queue addresses are checked when the
+    /// queues are built, as at DRIVER_OK.
+    pub(crate) fn set_state(&mut self, saved: &SavedCommon) -> Result<(), StateError> {
+        self.check_state(saved)?;
+        self.driver_features = saved.driver_features;
+        self.device_feature_select = saved.device_feature_select;
+        self.driver_feature_select = saved.driver_feature_select;
+        self.status = saved.status;
+        self.queue_select = saved.queue_select;
+        for (q, s) in self.queues.iter_mut().zip(&saved.queues) {
+            *q = QueueConfig {
+                max_size: q.max_size,
+                ..s.clone()
+            };
+        }
+        self.irq.restore(saved.isr, saved.needs_reset);
+        self.irq.set_config_vector(saved.config_vector);
+        for (index, &vector) in saved.queue_vectors.iter().enumerate() {
+            self.irq.set_queue_vector(index, vector);
+        }
+        Ok(())
+    }
+
+    fn check_state(&self, saved: &SavedCommon) -> Result<(), StateError> {
+        if saved.device_features != self.device_features {
+            return Err(StateError::DeviceFeatures {
+                saved: saved.device_features,
+                here: self.device_features,
+            });
+        }
+        for count in [saved.queues.len(), saved.queue_vectors.len()] {
+            if count != self.queues.len() {
+                return Err(StateError::QueueCount {
+                    saved: count,
+                    here: self.queues.len(),
+                });
+            }
+        }
+        for (index, (s, q)) in saved.queues.iter().zip(&self.queues).enumerate() {
+            if !size_fits(s.size, q.max_size) {
+                return Err(StateError::QueueSize {
+                    index,
+                    size: s.size,
+                    max: q.max_size,
+                });
+            }
+        }
+        let unoffered = saved.driver_features & !self.device_features;
+        if unoffered != 0 {
+            return Err(StateError::UnofferedFeatures(unoffered));
+        }
+        let status = saved.status;
+        let reachable = status & STATUS_NEEDS_RESET == 0
+            && (status & STATUS_FEATURES_OK == 0
+                || features_acceptable(saved.driver_features, self.device_features))
+            && (status & STATUS_DRIVER_OK == 0 || status & STATUS_FEATURES_OK != 0);
+        if !reachable {
+            return Err(StateError::Status(status));
+        }
+        if saved.isr & !(ISR_QUEUE | ISR_CONFIG) != 0 {
+            return Err(StateError::Isr(saved.isr));
+        }
+        let bad_vector = std::iter::once(&saved.config_vector)
+            .chain(&saved.queue_vectors)
+            .find(|&&v| v != VIRTIO_MSI_NO_VECTOR && v >= self.msix_vectors);
+        match bad_vector {
+            Some(&v) => Err(StateError::Vector(v)),
+            None => Ok(()),
+        }
     }
 
     /// Device reset (VIRTIO 1.2 §4.1.4.3.1): back to power-on values.
@@ -404,6 +522,18 @@ impl CommonConfig {
 /// The 64-bit mask of feature bit `bit` (a bindings constant, always < 64).
 pub(crate) const fn feature_bit(bit: u32) -> u64 {
     1u64 << bit
+}
+
+/// A size the driver may select: split virtqueues need a power of two
+/// (virtio-queue enforces it) no larger than the device's maximum.
+fn size_fits(size: u16, max_size: u16) -> bool {
+    size.is_power_of_two() && size <= max_size
+}
+
+/// A subset of what was offered, and the modern interface (VERSION_1),
+/// the only one this transport speaks.
+fn features_acceptable(driver: u64, device: u64) -> bool {
+    driver & !device == 0 && driver & feature_bit(VIRTIO_F_VERSION_1) != 0
 }
 
 /// Word `select` of a 64-bit feature set; words above 1 are all zero.
@@ -651,5 +781,51 @@ mod tests {
             rd(&c, QUEUE_MSIX_VECTOR, 2),
             u64::from(VIRTIO_MSI_NO_VECTOR)
         );
+    }
+
+    #[test]
+    fn state_round_trip() {
+        let mut c = cfg();
+        wr(&mut c, DEVICE_STATUS, 1, ACK_DRIVER.into());
+        ack_features(&mut c, VERSION_1 | EVENT_IDX);
+        wr(
+            &mut c,
+            DEVICE_STATUS,
+            1,
+            (ACK_DRIVER | STATUS_FEATURES_OK).into(),
+        );
+        wr(&mut c, DEVICE_FEATURE_SELECT, 4, 1);
+        wr(&mut c, CONFIG_MSIX_VECTOR, 2, 0);
+        wr(&mut c, QUEUE_SELECT, 2, 1);
+        wr(&mut c, QUEUE_SIZE, 2, 16);
+        wr(&mut c, QUEUE_DESC, 8, 0x1000);
+        wr(&mut c, QUEUE_MSIX_VECTOR, 2, 2);
+        wr(&mut c, QUEUE_ENABLE, 2, 1);
+        c.irq.set_needs_reset();
+        let saved = c.state();
+
+        let mut fresh = cfg();
+        fresh.set_state(&saved).unwrap();
+        assert_eq!(fresh.state(), saved);
+        assert_eq!(rd(&fresh, DEVICE_FEATURE, 4), OFFERED >> 32);
+        assert_eq!(rd(&fresh, QUEUE_SIZE, 2), 16);
+        assert_eq!(rd(&fresh, QUEUE_MSIX_VECTOR, 2), 2);
+        assert_eq!(
+            fresh.status(),
+            ACK_DRIVER | STATUS_FEATURES_OK | STATUS_NEEDS_RESET
+        );
+        // The queue's maximum stays the device's.
+        wr(&mut fresh, QUEUE_SELECT, 2, 0);
+        wr(&mut fresh, QUEUE_SIZE, 2, 256);
+        assert_eq!(rd(&fresh, QUEUE_SIZE, 2), 256);
+
+        // A device offering other features refuses it, unchanged.
+        let mut other =
+            CommonConfig::new(VERSION_1, &[256, 64], 3, Arc::new(InterruptState::new(2)));
+        assert!(matches!(
+            other.set_state(&saved),
+            Err(StateError::DeviceFeatures { .. })
+        ));
+        assert_eq!(other.status(), 0);
     }
 }

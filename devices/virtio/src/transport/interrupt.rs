@@ -68,6 +68,11 @@ impl InterruptState {
         self.isr.swap(0, Ordering::AcqRel)
     }
 
+    /// The ISR status without clearing it, for a snapshot.
+    pub(crate) fn isr(&self) -> u8 {
+        self.isr.load(Ordering::Acquire)
+    }
+
     fn raise_isr(&self, bits: u8) {
         self.isr.fetch_or(bits, Ordering::AcqRel);
     }
@@ -79,6 +84,12 @@ impl InterruptState {
 
     pub(crate) fn set_needs_reset(&self) {
         self.needs_reset.store(true, Ordering::Release);
+    }
+
+    /// Puts back a saved ISR status and NEEDS_RESET flag.
+    pub(crate) fn restore(&self, isr: u8, needs_reset: bool) {
+        self.isr.store(isr, Ordering::Release);
+        self.needs_reset.store(needs_reset, Ordering::Release);
     }
 
     /// Device reset: no vectors, nothing pending, no error.

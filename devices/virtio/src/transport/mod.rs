@@ -11,7 +11,10 @@ pub(crate) mod common_cfg;
 pub(crate) mod interrupt;
 pub(crate) mod pci;
 
-use virtio_queue::Queue;
+use ::pci::MsixError;
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueT};
+use vm_migration::Pausable;
 use vmm_sys_util::eventfd::EventFd;
 
 use self::interrupt::Interrupt;
@@ -38,8 +41,67 @@ pub(crate) enum ActivateError {
     WrongQueueCount { expected: usize, got: usize },
 }
 
+/// Why a saved transport state (live migration, snapshots) was refused.
+/// It may come from another host, so it is checked as guest writes are.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StateError {
+    #[error("Saved device offered features {saved:#x}, this one offers {here:#x}")]
+    DeviceFeatures { saved: u64, here: u64 },
+    #[error("Saved device configuration differs from this device's")]
+    DeviceConfig,
+    #[error("Saved state has {saved} queues, the device has {here}")]
+    QueueCount { saved: usize, here: usize },
+    #[error("Queue {index} size {size} is not a power of two up to {max}")]
+    QueueSize { index: usize, size: u16, max: u16 },
+    #[error("Driver features {0:#x} were not offered")]
+    UnofferedFeatures(u64),
+    #[error("Device status {0:#x} cannot be reached by a driver")]
+    Status(u8),
+    #[error("ISR status {0:#x} has undefined bits")]
+    Isr(u8),
+    #[error("MSI-X vector {0} does not exist")]
+    Vector(u16),
+    #[error("Queue positions do not match whether the device is active")]
+    Positions,
+    #[error("Failed to restore the MSI-X table")]
+    Msix(#[source] MsixError),
+    #[error("Failed to reactivate the device")]
+    Activate(#[source] ActivateError),
+}
+
+/// Where a live split queue stands: all it keeps besides what the driver
+/// programmed through the common configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct QueuePosition {
+    next_avail: u16,
+    next_used: u16,
+}
+
+impl QueuePosition {
+    pub(crate) fn of(queue: &Queue) -> Self {
+        Self {
+            next_avail: queue.next_avail(),
+            next_used: queue.next_used(),
+        }
+    }
+
+    /// Any value is memory-safe: the worker checks the ring against it as
+    /// against a guest's (an available index more than a queue ahead makes
+    /// it report NEEDS_RESET).
+    fn apply(self, queue: &mut Queue) {
+        queue.set_next_avail(self.next_avail);
+        queue.set_next_used(self.next_used);
+    }
+}
+
 /// Device-specific half of a virtio device, driven by the transport.
-pub(crate) trait VirtioDevice: Send {
+///
+/// `Pausable`: once `pause` returns, the device has completed every request
+/// it took and takes no new ones; `resume` serves what the driver queued
+/// meanwhile.
+pub(crate) trait VirtioDevice: Send + Pausable {
+    /// The device's name in a VM snapshot.
+    fn id(&self) -> &'static str;
     /// Virtio device id (VIRTIO 1.2 §5; 2 = block).
     fn device_type(&self) -> u16;
     /// Feature bits offered to the driver, transport bits included.
@@ -56,6 +118,9 @@ pub(crate) trait VirtioDevice: Send {
     /// The driver reset the device: once this returns, the device must no
     /// longer touch the queues or guest memory (VIRTIO 1.2 §2.4.1).
     fn reset(&mut self);
+    /// Where each queue stands while the device is active, `None` when it
+    /// is not. Taken while paused, for a snapshot.
+    fn queue_positions(&self) -> Option<Vec<QueuePosition>>;
 }
 
 /// Decodes a little-endian register value of 1 to 8 bytes.

@@ -19,6 +19,11 @@
 //! notification never exits to the VMM. A notify that does arrive as an
 //! MMIO write (no ioeventfd, or registration failed) signals the same
 //! eventfd, so the device sees no difference.
+//!
+//! For live migration the function saves the common configuration, the
+//! MSI-X table and where each live queue stands; the bus saves the
+//! configuration space and puts it back first, so a restore finds the BAR
+//! where the guest left it and re-registers the doorbells there.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -30,13 +35,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use log::{info, warn};
 use pci::{
-    BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
+    BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, MsixState, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
 };
+use serde::{Deserialize, Serialize};
+use virtio_queue::Queue;
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 
-use super::common_cfg::{CommonConfig, StatusAction, COMMON_CFG_LEN};
+use super::common_cfg::{CommonConfig, SavedCommon, StatusAction, COMMON_CFG_LEN};
 use super::interrupt::{Interrupt, InterruptState};
-use super::VirtioDevice;
+use super::{ActivateError, QueuePosition, StateError, VirtioDevice};
 
 /// Red Hat, Inc., the vendor id of all virtio functions.
 const VIRTIO_PCI_VENDOR_ID: u16 = 0x1af4;
@@ -89,6 +97,22 @@ pub enum TransportError {
     TooManyQueues(usize),
     #[error("Device configuration of {0} bytes does not fit its BAR page")]
     ConfigTooLarge(usize),
+}
+
+/// Layout of [`SavedVirtioPci`]; bump on any change.
+const SNAPSHOT_VERSION: u32 = 1;
+
+/// The function's state in a snapshot, beside the configuration space the
+/// bus saves. Untrusted on restore.
+#[derive(Serialize, Deserialize)]
+struct SavedVirtioPci {
+    common: SavedCommon,
+    /// The device configuration (for a disk: its capacity), which must be
+    /// this device's: the guest would not expect it to change.
+    device_config: Vec<u8>,
+    msix: MsixState,
+    /// Present exactly when the device is active.
+    queues: Option<Vec<QueuePosition>>,
 }
 
 /// A structure inside [`VIRTIO_BAR`].
@@ -255,27 +279,62 @@ impl<D: VirtioDevice> VirtioPciDevice<D> {
         })
     }
 
+    fn interrupt(&self) -> Interrupt {
+        Interrupt::new(self.irq.clone(), self.msix.clone())
+    }
+
     /// DRIVER_OK: hand the queues to the device, or report NEEDS_RESET.
     fn activate(&mut self) {
-        let interrupt = Interrupt::new(self.irq.clone(), self.msix.clone());
-        let device = &mut self.device;
         let result = self
             .common
             .build_queues()
-            .and_then(|queues| device.activate(queues, interrupt.clone()));
-        match result {
-            Ok(()) => {
-                info!(
-                    "virtio-pci: device type {} activated, features {:#x}",
-                    self.device.device_type(),
-                    self.common.driver_features()
-                );
-                self.sync_ioevents();
+            .and_then(|queues| self.start(queues));
+        if let Err(e) = result {
+            guest_warn!("virtio-pci: activation failed, device needs reset: {e}");
+            self.interrupt().report_failure();
+        }
+    }
+
+    /// Hands `queues` to the device, as built at DRIVER_OK or restored.
+    fn start(&mut self, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        self.device.activate(queues, self.interrupt())?;
+        info!(
+            "virtio-pci: device type {} activated, features {:#x}",
+            self.device.device_type(),
+            self.common.driver_features()
+        );
+        self.sync_ioevents();
+        Ok(())
+    }
+
+    /// Restore after the bus put the configuration space back: the common
+    /// configuration, the MSI-X table (routes re-installed), the doorbells
+    /// at the restored BAR, and, if the device was active, the device
+    /// itself, started as at DRIVER_OK from the saved queue positions.
+    fn set_state(&mut self, saved: &SavedVirtioPci) -> Result<(), StateError> {
+        if saved.device_config != self.device.config() {
+            return Err(StateError::DeviceConfig);
+        }
+        // Whatever the device served before, the saved state replaces it.
+        self.device.reset();
+        self.common.set_state(&saved.common)?;
+        self.msix()
+            .set_state(&saved.msix)
+            .map_err(StateError::Msix)?;
+        self.sync_ioevents();
+        match (self.common.active(), &saved.queues) {
+            (true, Some(positions)) => {
+                let mut queues = self.common.build_queues().map_err(StateError::Activate)?;
+                if positions.len() != queues.len() {
+                    return Err(StateError::Positions);
+                }
+                for (queue, position) in queues.iter_mut().zip(positions) {
+                    position.apply(queue);
+                }
+                self.start(queues).map_err(StateError::Activate)
             }
-            Err(e) => {
-                guest_warn!("virtio-pci: activation failed, device needs reset: {e}");
-                interrupt.report_failure();
-            }
+            (false, None) => Ok(()),
+            _ => Err(StateError::Positions),
         }
     }
 
@@ -381,6 +440,46 @@ impl<D: VirtioDevice> PciDevice for VirtioPciDevice<D> {
         if bar == VIRTIO_BAR {
             self.sync_ioevents();
         }
+    }
+}
+
+impl<D: VirtioDevice> Pausable for VirtioPciDevice<D> {
+    /// The transport has no thread of its own: MMIO stops with the vCPUs.
+    fn pause(&mut self) -> Result<(), MigratableError> {
+        self.device.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        self.device.resume()
+    }
+}
+
+impl<D: VirtioDevice> Snapshottable for VirtioPciDevice<D> {
+    fn id(&self) -> String {
+        self.device.id().into()
+    }
+
+    /// Taken while paused, so the queue positions fall between two batches.
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        let saved = SavedVirtioPci {
+            common: self.common.state(),
+            device_config: self.device.config().to_vec(),
+            msix: self.msix().state(),
+            queues: self.device.queue_positions(),
+        };
+        Snapshot::new(self.device.id(), SNAPSHOT_VERSION, &saved)
+    }
+
+    /// On a device created with the same configuration, after the bus
+    /// restored the configuration space. On error the function is left
+    /// reset (power-on state), never half restored.
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        let id = self.device.id();
+        let saved: SavedVirtioPci = snapshot.state(id, SNAPSHOT_VERSION)?;
+        self.set_state(&saved).map_err(|e| {
+            self.reset();
+            MigratableError::Restore(id.into(), Box::new(e))
+        })
     }
 }
 
