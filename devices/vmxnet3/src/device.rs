@@ -1,32 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The PCI function: identity, BARs, registers, commands, activation and
-//! the TX doorbells' ioeventfds. Runs on vCPU threads (under the bus's lock
-//! of this device); the data path is the worker's.
+//! The PCI function: identity, BARs, registers, commands, activation, the
+//! TX doorbells' ioeventfds, and pausing and migrating it all. Runs on vCPU
+//! and VMM threads (under the bus's lock of this device); the data path is
+//! the worker's.
 
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use device_worker::WorkerHandle;
 use log::{error, info, warn};
-use net_port::{FrameBackend, Port, PortEvent};
+use net_port::{FrameBackend, Port, PortEvent, VnetHdr};
 use pci::{
     BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
 };
+use serde::{Deserialize, Serialize};
 use vm_memory::{GuestAddress, GuestAddressSpace};
+use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::announce::{rarp_announcement, ANNOUNCE_COUNT};
 use crate::interrupt::Interrupts;
 use crate::metrics::{Vmxnet3Counters, Vmxnet3Metrics};
+use crate::persist::{self, Restored};
 use crate::regs::{
     txprod_address, Command, PtReg, VdReg, ACTIVATE_FAILED, CONF_INTR_AUTO, LINK_DOWN, LINK_UP,
     MAX_TX_QUEUES, MSIX_BAR, MSIX_BAR_SIZE, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, NUM_VECTORS,
     PT_BAR, REG_BAR_SIZE, UVRS_V1, VD_BAR, VRRS_REV1,
 };
 use crate::shared::{check_device_conf, write_queue_stats, write_queue_status, write_tx_threshold};
-use crate::worker::{
-    lock, spawn_worker, Active, DeviceState, SharedState, SpawnError, WorkerParts,
-};
+use crate::worker::{lock, spawn_worker, Active, RunState, SharedState, SpawnError, WorkerParts};
 
 const VMWARE_VENDOR_ID: u16 = 0x15ad;
 const VMXNET3_DEVICE_ID: u16 = 0x07b0;
@@ -58,11 +61,25 @@ pub enum Vmxnet3Error {
     Worker(#[from] SpawnError),
 }
 
+/// The registers the function keeps itself (the rest of its state is the
+/// worker's too); any value is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Regs {
+    /// DSAL, DSAH.
+    pub(crate) dsa: [u32; 2],
+    /// What CMD reads: the result of the last command.
+    pub(crate) cmd_result: u32,
+    /// What MACL/MACH hold.
+    pub(crate) mac: [u8; 6],
+}
+
 /// A vmxnet3 NIC (15ad:07b0, revision 1) on a frame backend.
 pub struct Vmxnet3<M: GuestAddressSpace + Send + 'static> {
     config: PciConfiguration,
     mem: M,
     port: Arc<Port>,
+    /// The worker's too; the device only sends announcements itself.
+    backend: Arc<dyn FrameBackend>,
     state: SharedState,
     intr: Arc<Interrupts>,
     metrics: Arc<Vmxnet3Metrics>,
@@ -70,12 +87,11 @@ pub struct Vmxnet3<M: GuestAddressSpace + Send + 'static> {
     tx_evts: Vec<EventFd>,
     /// The TX doorbell ioeventfds, registered at BAR 0's base.
     doorbells: IoEventDoorbells,
-    /// DSAL, DSAH.
-    dsa: [u32; 2],
-    /// What CMD reads: the result of the last command.
-    cmd_result: u32,
-    /// What MACL/MACH hold.
-    mac: [u8; 6],
+    /// Makes the worker compare the carrier with what the guest last read.
+    link_evt: EventFd,
+    regs: Regs,
+    /// Restored and not resumed since: the next resume announces the MAC.
+    announce: bool,
     /// Stops and joins the worker when the device is dropped.
     _worker: WorkerHandle,
 }
@@ -83,7 +99,7 @@ pub struct Vmxnet3<M: GuestAddressSpace + Send + 'static> {
 impl<M: GuestAddressSpace + Send + 'static> std::fmt::Debug for Vmxnet3<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Vmxnet3")
-            .field("mac", &self.mac)
+            .field("mac", &self.regs.mac)
             .field("ioevent_base", &self.doorbells.base())
             .finish_non_exhaustive()
     }
@@ -149,6 +165,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             .collect::<Result<Vec<_>, _>>()?;
         let link_evt = eventfd()?;
         let listener_evt = link_evt.try_clone().map_err(Vmxnet3Error::EventFd)?;
+        let device_link_evt = link_evt.try_clone().map_err(Vmxnet3Error::EventFd)?;
         // Only an eventfd write: listeners must not call back into the port
         // and may run on any thread, this one included.
         port.subscribe(move |event| {
@@ -161,11 +178,11 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         port.set_mac(config.mac);
         port.set_carrier(backend.link_up());
 
-        let state: SharedState = Arc::new(Mutex::new(DeviceState::default()));
+        let state = SharedState::default();
         let metrics = Arc::new(Vmxnet3Metrics::default());
         let worker = spawn_worker(WorkerParts {
             mem: mem.clone(),
-            backend,
+            backend: backend.clone(),
             port: port.clone(),
             state: state.clone(),
             intr: intr.clone(),
@@ -179,14 +196,19 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             config: pci,
             mem,
             port,
+            backend,
             state,
             intr,
             metrics,
             tx_evts,
             doorbells: IoEventDoorbells::new(hooks.ioevents, txprod_address, "vmxnet3", "TX queue"),
-            dsa: [0; 2],
-            cmd_result: 0,
-            mac: config.mac,
+            link_evt: device_link_evt,
+            regs: Regs {
+                dsa: [0; 2],
+                cmd_result: 0,
+                mac: config.mac,
+            },
+            announce: false,
             _worker: worker,
         })
     }
@@ -222,14 +244,14 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
     }
 
     fn read_vd(&self, offset: u64) -> u32 {
-        let [m0, m1, m2, m3, m4, m5] = self.mac;
-        let [dsal, dsah] = self.dsa;
+        let [m0, m1, m2, m3, m4, m5] = self.regs.mac;
+        let [dsal, dsah] = self.regs.dsa;
         match VdReg::decode(offset) {
             Some(VdReg::Vrrs) => VRRS_REV1,
             Some(VdReg::Uvrs) => UVRS_V1,
             Some(VdReg::Dsal) => dsal,
             Some(VdReg::Dsah) => dsah,
-            Some(VdReg::Cmd) => self.cmd_result,
+            Some(VdReg::Cmd) => self.regs.cmd_result,
             Some(VdReg::Macl) => u32::from_le_bytes([m0, m1, m2, m3]),
             Some(VdReg::Mach) => u32::from_le_bytes([m4, m5, 0, 0]),
             // The driver reads events from DriverShared, never from here.
@@ -243,21 +265,21 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         match VdReg::decode(offset) {
             // Selecting revision 1 / UPT 1, the only ones offered.
             Some(VdReg::Vrrs | VdReg::Uvrs | VdReg::Icr) => {}
-            Some(VdReg::Dsal) => self.dsa[0] = value,
-            Some(VdReg::Dsah) => self.dsa[1] = value,
+            Some(VdReg::Dsal) => self.regs.dsa[0] = value,
+            Some(VdReg::Dsah) => self.regs.dsa[1] = value,
             Some(VdReg::Cmd) => self.handle_command(value),
             Some(VdReg::Macl) => {
                 let [b0, b1, b2, b3] = bytes;
-                let [_, _, _, _, m4, m5] = self.mac;
-                self.mac = [b0, b1, b2, b3, m4, m5];
+                let [_, _, _, _, m4, m5] = self.regs.mac;
+                self.regs.mac = [b0, b1, b2, b3, m4, m5];
             }
             // Linux writes MACL then MACH: the new MAC is whole after MACH,
             // so that is when the port (and PVRDMA) hears about it.
             Some(VdReg::Mach) => {
-                let [m0, m1, m2, m3, _, _] = self.mac;
+                let [m0, m1, m2, m3, _, _] = self.regs.mac;
                 let [b0, b1, _, _] = bytes;
-                self.mac = [m0, m1, m2, m3, b0, b1];
-                self.port.set_mac(self.mac);
+                self.regs.mac = [m0, m1, m2, m3, b0, b1];
+                self.port.set_mac(self.regs.mac);
             }
             Some(VdReg::Ecr) => {
                 let st = lock(&self.state);
@@ -291,10 +313,10 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
     fn handle_command(&mut self, value: u32) {
         let Some(cmd) = Command::from_u32(value) else {
             count_warn!(self.metrics.cmd_unknown, "unknown command {value:#x}");
-            self.cmd_result = 0;
+            self.regs.cmd_result = 0;
             return;
         };
-        self.cmd_result = match cmd {
+        self.regs.cmd_result = match cmd {
             Command::ActivateDev => self.handle_activate(),
             Command::QuiesceDev => self.handle_quiesce(),
             Command::ResetDev => self.handle_reset(),
@@ -334,7 +356,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
     /// Validates DriverShared and starts serving its queues: 0, or
     /// non-zero with the device left inactive.
     fn handle_activate(&mut self) -> u32 {
-        let [dsal, dsah] = self.dsa;
+        let [dsal, dsah] = self.regs.dsa;
         let shared = GuestAddress(u64::from(dsah) << 32 | u64::from(dsal));
         let mem = self.mem.memory();
         let conf = match check_device_conf(&*mem, shared) {
@@ -511,8 +533,103 @@ impl<M: GuestAddressSpace + Send + 'static> PciDevice for Vmxnet3<M> {
     }
 }
 
+/// Pausing holds the worker off the guest, the backend and the interrupts
+/// (see the `worker` module); the register side keeps working, as vCPUs
+/// may still be finishing an MMIO access: it never touches the rings, and
+/// the doorbells it rings wait in their eventfds like the guest's.
+impl<M: GuestAddressSpace + Send + 'static> Pausable for Vmxnet3<M> {
+    /// Returns once the worker is between two batches; it starts no other
+    /// until [`Self::resume`]. Frames arriving meanwhile stay queued in
+    /// the backend.
+    fn pause(&mut self) -> Result<(), MigratableError> {
+        self.state.set_run(RunState::Paused);
+        Ok(())
+    }
+
+    /// Announces the MAC first if the device was restored since its last
+    /// resume, then lets the worker serve what waited.
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        if std::mem::take(&mut self.announce) {
+            self.announce();
+        }
+        self.state.set_run(RunState::Running);
+        Ok(())
+    }
+}
+
+impl<M: GuestAddressSpace + Send + 'static> Snapshottable for Vmxnet3<M> {
+    fn id(&self) -> String {
+        persist::ID.into()
+    }
+
+    /// Registers, interrupts and MSI-X table, and the queues with the
+    /// device's place in every ring (see the `persist` module); the
+    /// configuration space is the bus's to save.
+    fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        persist::save(&self.regs, &lock(&self.state), &self.intr)
+    }
+
+    /// Runs after the bus put the configuration space back, on a device
+    /// built with the same [`Vmxnet3Config`]. Everything is checked before
+    /// anything changes, so a refused snapshot leaves the device as it
+    /// was. A restored device is paused: it serves its queues (first the
+    /// doorbells the source left, then the backend) from the next
+    /// [`Pausable::resume`], which announces its MAC too.
+    fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError> {
+        let Restored {
+            regs,
+            intr,
+            msix,
+            state,
+        } = persist::load(snapshot, &*self.mem.memory())?;
+        {
+            let mut table = self.intr.msix();
+            table.set_state(&msix).map_err(persist::msix_error)?;
+            table.config_written(&self.config);
+        }
+        self.intr.restore(&intr);
+        let mtu = state.active.as_ref().map(|active| active.mtu);
+        *lock(&self.state) = state;
+        self.regs = regs;
+        self.port.set_mac(regs.mac);
+        if let Some(mtu) = mtu {
+            self.port.set_mtu(mtu);
+        }
+        self.port.set_active(mtu.is_some());
+        self.sync_ioevents();
+        // Doorbells rung on the source after its last pass, and the carrier
+        // here against what the guest last read, for when the worker runs.
+        for queue in 0..MAX_TX_QUEUES {
+            self.kick_tx(queue);
+        }
+        if let Err(e) = self.link_evt.write(1) {
+            warn!("vmxnet3: cannot signal a link check: {e}");
+        }
+        self.announce = true;
+        info!("vmxnet3: restored, MAC {}", format_mac(&regs.mac));
+        Ok(())
+    }
+}
+
+impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
+    /// Sends the RARP announcements of the MAC in use out of the backend,
+    /// so the network learns where the guest is now.
+    fn announce(&self) {
+        let frame = rarp_announcement(self.regs.mac);
+        for _ in 0..ANNOUNCE_COUNT {
+            if let Err(e) = self.backend.send(&VnetHdr::default(), &frame) {
+                warn!("vmxnet3: cannot announce the MAC: {e}");
+                return;
+            }
+        }
+    }
+}
+
 impl<M: GuestAddressSpace + Send + 'static> Drop for Vmxnet3<M> {
     fn drop(&mut self) {
+        // The worker serves nothing more: after a migration the guest runs
+        // elsewhere, and what waited here must not go out twice.
+        self.state.set_run(RunState::Stopping);
         self.doorbells.sync(None, &self.tx_evts);
         self.port.set_active(false);
     }
@@ -535,432 +652,16 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
-    use std::time::{Duration, Instant};
+    use std::sync::Mutex;
+    use std::time::Duration;
 
-    use net_port::{VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_TCPV4};
-    use pci::test_utils::{MockIoEvents, MockMsi};
-    use pci::PciBus;
+    use net_port::{VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_TCPV4};
     use vm_memory::bitmap::{AtomicBitmap, Bitmap};
-    use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+    use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
 
     use super::*;
+    use crate::harness::*;
     use crate::test_utils::*;
-
-    type TestMem = Arc<GuestMemoryMmap<AtomicBitmap>>;
-
-    const SLOT: u32 = 3;
-    const MAC: [u8; 6] = [0x02, 0x50, 0x56, 0x00, 0x00, 0x01];
-    const MEM_SIZE: usize = 16 << 20;
-    const RX_BUFS: u64 = 0x40_0000;
-    const TX_BUFS: u64 = 0xc0_0000;
-    // Registers.
-    const VRRS: u64 = 0x00;
-    const UVRS: u64 = 0x08;
-    const DSAL: u64 = 0x10;
-    const DSAH: u64 = 0x18;
-    const CMD: u64 = 0x20;
-    const MACL: u64 = 0x28;
-    const MACH: u64 = 0x30;
-    const ECR: u64 = 0x40;
-    const ACTIVATE: u32 = 0xcafe_0000;
-    const QUIESCE: u32 = 0xcafe_0001;
-    const RESET: u32 = 0xcafe_0002;
-    const UPDATE_RX_MODE: u32 = 0xcafe_0003;
-    const GET_STATS: u32 = 0xf00d_0001;
-    const GET_LINK: u32 = 0xf00d_0002;
-    const GET_CONF_INTR: u32 = 0xf00d_0008;
-    // Descriptor bits.
-    const TXD_GEN: u32 = 1 << 14;
-    const TXD_EOP: u32 = 1 << 12;
-    const TXD_CQ: u32 = 1 << 13;
-    const RXD_GEN: u32 = 1 << 31;
-    const RXD_BODY: u32 = 1 << 14;
-    const COMP_GEN: u32 = 1 << 31;
-
-    /// The offload fields of a SOP descriptor.
-    #[derive(Clone, Copy, Default)]
-    struct Sop {
-        om: u32,
-        hlen: u32,
-        msscof: u32,
-        tci: Option<u16>,
-    }
-
-    #[derive(Debug, PartialEq, Eq)]
-    struct RxComp {
-        idx: u32,
-        rqid: u32,
-        len: u32,
-        sop: bool,
-        eop: bool,
-    }
-
-    struct TxSide {
-        fill: u32,
-        gen: bool,
-        comp: u32,
-        comp_gen: bool,
-    }
-
-    struct RxSide {
-        fill: [u32; 2],
-        gen: [bool; 2],
-        comp: u32,
-        comp_gen: bool,
-    }
-
-    struct Harness {
-        bus: PciBus,
-        mem: TestMem,
-        router: Arc<MockMsi>,
-        ioevents: Arc<MockIoEvents>,
-        backend: Arc<MockBackend>,
-        port: Arc<Port>,
-        metrics: Arc<Vmxnet3Metrics>,
-        bars: Vec<(usize, u64)>,
-        layout: DriverLayout,
-        tx: Vec<TxSide>,
-        rx: Vec<RxSide>,
-    }
-
-    /// Polls `cond` until it holds; panics after 5 s.
-    fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !cond() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    impl Harness {
-        fn new() -> Self {
-            let mem: TestMem =
-                Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
-            let router = Arc::new(MockMsi::default());
-            let ioevents = Arc::new(MockIoEvents::strict());
-            let backend = Arc::new(MockBackend::new(true));
-            let port = Arc::new(Port::new([0; 6], false));
-            let hooks = DeviceHooks {
-                msi: router.clone(),
-                ioevents: ioevents.clone(),
-            };
-            let config = Vmxnet3Config {
-                mac: MAC,
-                multifunction: true,
-            };
-            let nic =
-                Vmxnet3::new(&config, port.clone(), backend.clone(), mem.clone(), hooks).unwrap();
-            let metrics = nic.metrics();
-            let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1000_0000));
-            let bars = bus
-                .add_device(SLOT as u8, 0, Arc::new(Mutex::new(nic)))
-                .unwrap();
-            let mut h = Harness {
-                bus,
-                mem,
-                router,
-                ioevents,
-                backend,
-                port,
-                metrics,
-                bars,
-                layout: DriverLayout::new(1, 1, 64, 1500),
-                tx: Vec::new(),
-                rx: Vec::new(),
-            };
-            // Memory decoding and bus mastering on, then MSI-X as Linux sets
-            // it up; the driver's probe reads the link.
-            h.cfg_write(1, 0, &[0x06, 0x00]);
-            h.enable_msix();
-            assert_eq!(h.cmd(GET_LINK), 10_000 << 16 | 1);
-            h
-        }
-
-        fn bar(&self, bar: usize) -> u64 {
-            self.bars.iter().find(|(b, _)| *b == bar).unwrap().1
-        }
-
-        fn cfg_read(&mut self, reg: u32) -> u32 {
-            let address = 0x8000_0000 | SLOT << 11 | reg << 2;
-            self.bus.pio_write(0xcf8, &address.to_le_bytes());
-            let mut data = [0u8; 4];
-            self.bus.pio_read(0xcfc, &mut data);
-            u32::from_le_bytes(data)
-        }
-
-        fn cfg_write(&mut self, reg: u32, offset: u16, data: &[u8]) {
-            let address = 0x8000_0000 | SLOT << 11 | reg << 2;
-            self.bus.pio_write(0xcf8, &address.to_le_bytes());
-            self.bus.pio_write(0xcfc + offset, data);
-        }
-
-        fn read(&self, bar: usize, offset: u64) -> u32 {
-            let mut data = [0u8; 4];
-            assert!(self.bus.mmio_read(self.bar(bar) + offset, &mut data));
-            u32::from_le_bytes(data)
-        }
-
-        fn write(&self, bar: usize, offset: u64, value: u32) {
-            assert!(self
-                .bus
-                .mmio_write(self.bar(bar) + offset, &value.to_le_bytes()));
-        }
-
-        fn cmd(&self, cmd: u32) -> u32 {
-            self.write(VD_BAR, CMD, cmd);
-            self.read(VD_BAR, CMD)
-        }
-
-        fn enable_msix(&mut self) {
-            for v in 0..u64::from(NUM_VECTORS) {
-                let entry = 16 * v;
-                self.write(MSIX_BAR, entry, 0xfee0_0000);
-                self.write(MSIX_BAR, entry + 4, 0);
-                self.write(MSIX_BAR, entry + 8, 0x40 + v as u32);
-                self.write(MSIX_BAR, entry + 12, 0);
-            }
-            let cap = self.cfg_read(0x34 / 4) & 0xff;
-            assert_eq!(self.cfg_read(cap / 4) & 0xff, u32::from(pci::MSIX_CAP_ID));
-            self.cfg_write(cap / 4, 2, &[0x00, 0x80]);
-        }
-
-        /// Writes `layout`'s DriverShared, resets the fake driver's rings
-        /// and issues ACTIVATE_DEV; returns what CMD reads.
-        fn activate_with(&mut self, layout: DriverLayout) -> u32 {
-            layout.write(&*self.mem);
-            // Hostile layouts may put rings outside RAM: nothing to clear there.
-            for q in 0..usize::from(layout.num_tx) {
-                for addr in [layout.tx_ring(q), layout.tx_comp(q)] {
-                    let _ = self.mem.write_slice(&[0; 0x1_0000], GuestAddress(addr));
-                }
-            }
-            for q in 0..usize::from(layout.num_rx) {
-                for addr in [
-                    layout.rx_ring(q, 0),
-                    layout.rx_ring(q, 1),
-                    layout.rx_comp(q),
-                ] {
-                    let _ = self.mem.write_slice(&[0; 0x1_0000], GuestAddress(addr));
-                }
-            }
-            self.tx = (0..layout.num_tx)
-                .map(|_| TxSide {
-                    fill: 0,
-                    gen: true,
-                    comp: 0,
-                    comp_gen: true,
-                })
-                .collect();
-            self.rx = (0..layout.num_rx)
-                .map(|_| RxSide {
-                    fill: [0; 2],
-                    gen: [true; 2],
-                    comp: 0,
-                    comp_gen: true,
-                })
-                .collect();
-            self.layout = layout;
-            self.write(VD_BAR, DSAL, SHARED as u32);
-            self.write(VD_BAR, DSAH, 0);
-            let result = self.cmd(ACTIVATE);
-            // vmxnet3_enable_all_intrs.
-            for i in 0..u64::from(self.layout.num_intrs) {
-                self.write(PT_BAR, 8 * i, 0);
-            }
-            result
-        }
-
-        fn activate(&mut self, num_tx: u8, num_rx: u8, mtu: u32) {
-            assert_eq!(
-                self.activate_with(DriverLayout::new(num_tx, num_rx, 64, mtu)),
-                0
-            );
-        }
-
-        fn tx_buf(&self, n: u64) -> u64 {
-            TX_BUFS + n * 0x1_0000
-        }
-
-        /// Posts one packet on TX queue `q`: `bufs` as (address, length
-        /// field), the SOP's offload fields, an EOP on the last descriptor
-        /// if `eop`; flips the SOP's generation last. Returns the EOP index.
-        fn post_tx(&mut self, q: usize, bufs: &[(u64, u32)], sop: Sop, eop: bool) -> u32 {
-            let ring = self.layout.tx_ring(q);
-            let side = &mut self.tx[q];
-            let sop_index = side.fill;
-            let mut last = sop_index;
-            for (i, &(addr, len)) in bufs.iter().enumerate() {
-                let gen = if i == 0 { !side.gen } else { side.gen };
-                let mut dw2 = (len & 0x3fff) | (u32::from(gen) * TXD_GEN);
-                let mut dw3 = 0;
-                if i == 0 {
-                    dw2 |= sop.msscof << 18;
-                    dw3 |= sop.hlen | sop.om << 10;
-                    if let Some(tci) = sop.tci {
-                        dw3 |= 1 << 15 | u32::from(tci) << 16;
-                    }
-                }
-                if eop && i == bufs.len() - 1 {
-                    dw3 |= TXD_EOP | TXD_CQ;
-                }
-                let at = ring + 16 * u64::from(side.fill);
-                self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-                self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
-                self.mem.write_obj(dw3, GuestAddress(at + 12)).unwrap();
-                last = side.fill;
-                side.fill += 1;
-                if side.fill == self.layout.ring_size {
-                    side.fill = 0;
-                    side.gen = !side.gen;
-                }
-            }
-            let at = GuestAddress(ring + 16 * u64::from(sop_index) + 8);
-            let dw2: u32 = self.mem.read_obj(at).unwrap();
-            self.mem.write_obj(dw2 ^ TXD_GEN, at).unwrap();
-            last
-        }
-
-        /// Writes `frame` to TX buffer `n`; returns its address.
-        fn put_frame(&self, n: u64, frame: &[u8]) -> u64 {
-            let addr = self.tx_buf(n);
-            self.mem.write_slice(frame, GuestAddress(addr)).unwrap();
-            addr
-        }
-
-        fn send_one(&mut self, q: usize, frame: &[u8], sop: Sop) -> u32 {
-            let addr = self.put_frame(0, frame);
-            let eop = self.post_tx(q, &[(addr, frame.len() as u32)], sop, true);
-            self.write(PT_BAR, 0x600 + 8 * q as u64, self.tx[q].fill);
-            eop
-        }
-
-        /// The TX completions the driver has not seen yet (their txdIdx).
-        fn tx_completions(&mut self, q: usize) -> Vec<u32> {
-            let base = self.layout.tx_comp(q);
-            let side = &mut self.tx[q];
-            let mut done = Vec::new();
-            loop {
-                let at = base + 16 * u64::from(side.comp);
-                let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
-                if (dw3 & COMP_GEN != 0) != side.comp_gen {
-                    return done;
-                }
-                assert_eq!(dw3 >> 24 & 0x7f, 0, "TXCOMP type");
-                done.push(self.mem.read_obj::<u32>(GuestAddress(at)).unwrap() & 0xfff);
-                side.comp += 1;
-                if side.comp == self.layout.ring_size {
-                    side.comp = 0;
-                    side.comp_gen = !side.comp_gen;
-                }
-            }
-        }
-
-        fn wait_tx_completions(&mut self, q: usize, n: usize) -> Vec<u32> {
-            let mut all = Vec::new();
-            wait_until("TX completions", || {
-                all.extend(self.tx_completions(q));
-                all.len() >= n
-            });
-            all
-        }
-
-        fn rx_buf(ring: usize, idx: u32) -> u64 {
-            RX_BUFS + (ring as u64 * 256 + u64::from(idx)) * 0x4000
-        }
-
-        /// Posts `count` buffers of `len` bytes on ring `ring` of RX queue
-        /// `q`, HEAD or BODY as `body(i)` says for the i-th.
-        fn post_rx(
-            &mut self,
-            q: usize,
-            ring: usize,
-            count: u32,
-            len: u32,
-            body: impl Fn(u32) -> bool,
-        ) {
-            let base = self.layout.rx_ring(q, ring);
-            let size = self.layout.ring_size;
-            let side = &mut self.rx[q];
-            for _ in 0..count {
-                let idx = side.fill[ring];
-                let at = base + 16 * u64::from(idx);
-                let btype = if body(idx) { RXD_BODY } else { 0 };
-                let dw2 = len | btype | (u32::from(side.gen[ring]) * RXD_GEN);
-                self.mem
-                    .write_obj(Self::rx_buf(ring, idx), GuestAddress(at))
-                    .unwrap();
-                self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
-                side.fill[ring] += 1;
-                if side.fill[ring] == size {
-                    side.fill[ring] = 0;
-                    side.gen[ring] = !side.gen[ring];
-                }
-            }
-        }
-
-        fn rx_completions(&mut self, q: usize) -> Vec<RxComp> {
-            let base = self.layout.rx_comp(q);
-            let size = self.layout.rx_comp_size;
-            let side = &mut self.rx[q];
-            let mut done = Vec::new();
-            loop {
-                let at = base + 16 * u64::from(side.comp);
-                let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
-                if (dw3 & COMP_GEN != 0) != side.comp_gen {
-                    return done;
-                }
-                assert_eq!(dw3 >> 24 & 0x7f, 3, "RXCOMP type");
-                let dw0: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
-                let dw2: u32 = self.mem.read_obj(GuestAddress(at + 8)).unwrap();
-                assert_ne!(dw0 & 1 << 30, 0, "checksum not calculated");
-                done.push(RxComp {
-                    idx: dw0 & 0xfff,
-                    rqid: dw0 >> 16 & 0x3ff,
-                    len: dw2 & 0x3fff,
-                    sop: dw0 & 1 << 15 != 0,
-                    eop: dw0 & 1 << 14 != 0,
-                });
-                side.comp += 1;
-                if side.comp == size {
-                    side.comp = 0;
-                    side.comp_gen = !side.comp_gen;
-                }
-            }
-        }
-
-        fn wait_rx_completions(&mut self, q: usize, n: usize) -> Vec<RxComp> {
-            let mut all = Vec::new();
-            wait_until("RX completions", || {
-                all.extend(self.rx_completions(q));
-                all.len() >= n
-            });
-            all
-        }
-
-        fn read_rx(&self, ring: usize, idx: u32, len: u32) -> Vec<u8> {
-            let mut data = vec![0u8; len as usize];
-            self.mem
-                .read_slice(&mut data, GuestAddress(Self::rx_buf(ring, idx)))
-                .unwrap();
-            data
-        }
-
-        fn ecr(&self) -> u32 {
-            self.mem.read_obj(GuestAddress(SHARED + 696)).unwrap()
-        }
-
-        fn queue_status(&self, desc: usize) -> (u8, u32) {
-            let d = self.layout.queue_desc(desc);
-            (
-                self.mem.read_obj(GuestAddress(d + 80)).unwrap(),
-                self.mem.read_obj(GuestAddress(d + 84)).unwrap(),
-            )
-        }
-
-        fn counters(&self) -> Vmxnet3Counters {
-            self.metrics.counters()
-        }
-    }
 
     #[test]
     fn probe_sequence() {
@@ -1600,6 +1301,71 @@ mod tests {
         wait_until("ECR LINK up", || h.ecr() & 4 != 0);
         wait_until("poll sees the backend down", || !h.port.state().carrier);
         assert!(h.counters().link_events >= 2);
+    }
+
+    #[test]
+    fn paused_device_leaves_frames_and_doorbells_waiting() {
+        let mut h = Harness::new();
+        h.activate(1, 1, 1500);
+        h.post_rx(0, 0, 10, 1536, |_| false);
+        h.bus.pause().unwrap();
+        let before = h.counters();
+        // The dirty log, as migration reads it (one region from 0).
+        let mem = h.mem.clone();
+        let bitmap: &AtomicBitmap = (**mem.find_region(GuestAddress(0)).unwrap()).bitmap();
+        bitmap.reset();
+        // A doorbell through the register path and one through KVM's.
+        let f = frame(60, 1);
+        let addr = h.put_frame(0, &f);
+        h.post_tx(0, &[(addr, 60)], Sop::default(), true);
+        h.write(PT_BAR, 0x600, h.tx[0].fill);
+        h.ioevents.doorbells()[0].1.write(1).unwrap();
+        let rx = frame(100, 2);
+        h.backend.inject(rx.clone());
+        // Registers work meanwhile.
+        assert_eq!(h.cmd(GET_LINK), 10_000 << 16 | 1);
+        h.write(PT_BAR, 0, 0);
+        assert_eq!(h.read(PT_BAR, 0), 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(h.tx_completions(0).is_empty());
+        assert!(h.backend.take_sent().is_empty());
+        assert!(h.rx_completions(0).is_empty());
+        assert_eq!(h.backend.queued(), 1, "left in the backend");
+        let device_writes = [
+            h.layout.tx_comp(0),
+            h.layout.rx_comp(0),
+            Harness::rx_buf(0, 0),
+            SHARED,
+        ];
+        for addr in device_writes {
+            assert!(!bitmap.dirty_at(addr as usize), "{addr:#x} written");
+        }
+        assert_eq!(h.counters(), before, "nothing received or dropped");
+
+        h.bus.resume().unwrap();
+        h.wait_tx_completions(0, 1);
+        assert_eq!(h.backend.take_sent(), vec![(VnetHdr::default(), f)]);
+        let comps = h.wait_rx_completions(0, 1);
+        assert_eq!(h.read_rx(0, comps[0].idx, comps[0].len), rx);
+        assert_eq!(h.backend.queued(), 0);
+        assert!(bitmap.dirty_at(h.layout.rx_comp(0) as usize));
+        // Never restored: no announcement.
+        assert!(h.backend.take_sent().is_empty());
+    }
+
+    #[test]
+    fn dropping_a_paused_device_serves_nothing_more() {
+        let mut h = Harness::new();
+        h.activate(1, 1, 1500);
+        h.bus.pause().unwrap();
+        let f = frame(60, 1);
+        let addr = h.put_frame(0, &f);
+        h.post_tx(0, &[(addr, 60)], Sop::default(), true);
+        h.write(PT_BAR, 0x600, h.tx[0].fill);
+        std::thread::sleep(Duration::from_millis(20));
+        let backend = h.backend.clone();
+        drop(h);
+        assert!(backend.take_sent().is_empty());
     }
 
     #[test]

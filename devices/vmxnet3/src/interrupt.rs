@@ -18,13 +18,16 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use pci::Msix;
+use serde::{Deserialize, Serialize};
 
 use crate::regs::NUM_VECTORS;
 
 const VECTORS: usize = NUM_VECTORS as usize;
 
-#[derive(Debug)]
-struct IntrState {
+/// The IMR bits, the interrupts they hold back and the mask mode: all
+/// guest-visible, so saved for migration (any value is valid).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IntrState {
     masked: [bool; VECTORS],
     pending: [bool; VECTORS],
     auto_mask: bool,
@@ -104,6 +107,17 @@ impl Interrupts {
     /// `intrConf.autoMask` from DriverShared, at activation.
     pub(crate) fn set_auto_mask(&self, on: bool) {
         lock(&self.state).auto_mask = on;
+    }
+
+    pub(crate) fn save(&self) -> IntrState {
+        lock(&self.state).clone()
+    }
+
+    /// Puts saved state back. Nothing is delivered: the device never saves
+    /// a vector both pending and unmasked, and one from a doctored stream
+    /// fires at its next trigger or unmask.
+    pub(crate) fn restore(&self, saved: &IntrState) {
+        *lock(&self.state) = saved.clone();
     }
 
     /// RESET_DEV: every vector masked, nothing pending.

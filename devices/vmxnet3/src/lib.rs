@@ -43,6 +43,16 @@
 //! - Link changes of the port's carrier become ECR LINK events.
 //! - Per-queue statistics for GET_STATS; device counters for the VMM
 //!   ([`Vmxnet3::counters`]).
+//!
+//! # Migration
+//!
+//! The device is `Pausable` and `Snapshottable`. Pausing parks the worker
+//! between two batches; doorbells and backend frames wait until resume.
+//! A snapshot holds the registers, interrupt and MSI-X state, statistics
+//! and the queues with the device's place in every ring; `restore` checks
+//! it all against guest memory, re-registers the doorbells where the
+//! restored BAR 0 is and leaves the device paused. The next resume first
+//! sends RARP announcements of the MAC, so switches learn the new port.
 
 #![deny(
     clippy::unwrap_used,
@@ -54,8 +64,12 @@
 #[macro_use]
 mod metrics;
 
+mod announce;
 mod device;
+#[cfg(test)]
+mod harness;
 mod interrupt;
+mod persist;
 mod regs;
 mod ring;
 mod rx;

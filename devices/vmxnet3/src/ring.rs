@@ -16,6 +16,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use crate::regs::{ERR_DESC_NOT_SPT, ERR_NOEOP};
@@ -36,6 +37,34 @@ pub(crate) struct RingError {
     addr: u64,
     #[source]
     source: vm_memory::GuestMemoryError,
+}
+
+/// Where the device is in a ring: the entry it looks at next and the
+/// generation that entry carries when it is the device's. Saved for
+/// migration; checked against the ring's size when restored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RingPos {
+    pub(crate) next: u32,
+    pub(crate) gen: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("Position {next} is not below the ring size {size}")]
+pub(crate) struct PosError {
+    next: u32,
+    size: u32,
+}
+
+/// `pos` if it lies inside a ring of `size` entries.
+fn check_pos(pos: RingPos, size: u32) -> Result<RingPos, PosError> {
+    if pos.next < size {
+        Ok(pos)
+    } else {
+        Err(PosError {
+            next: pos.next,
+            size,
+        })
+    }
 }
 
 /// A fault that stops a queue until the driver resets the device: the
@@ -97,6 +126,20 @@ impl CmdRing {
 
     pub(crate) fn size(&self) -> u32 {
         self.size
+    }
+
+    pub(crate) fn pos(&self) -> RingPos {
+        RingPos {
+            next: self.next,
+            gen: self.gen,
+        }
+    }
+
+    /// Moves to a saved position.
+    pub(crate) fn set_pos(&mut self, pos: RingPos) -> Result<(), PosError> {
+        let RingPos { next, gen } = check_pos(pos, self.size)?;
+        (self.next, self.gen) = (next, gen);
+        Ok(())
     }
 
     /// Entry `ahead` places after the next one: `Some((index, copy))` if
@@ -164,6 +207,20 @@ impl CompRing {
             next: 0,
             gen: true,
         }
+    }
+
+    pub(crate) fn pos(&self) -> RingPos {
+        RingPos {
+            next: self.next,
+            gen: self.gen,
+        }
+    }
+
+    /// Moves to a saved position.
+    pub(crate) fn set_pos(&mut self, pos: RingPos) -> Result<(), PosError> {
+        let RingPos { next, gen } = check_pos(pos, self.size)?;
+        (self.next, self.gen) = (next, gen);
+        Ok(())
     }
 
     /// Writes completion `desc` (its generation bit is set here) to the next
@@ -265,5 +322,32 @@ mod tests {
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x2000)).unwrap(), 2);
         let outside = CompRing::new(GuestAddress(0xfff8), 1).push(&m, [0; 4]);
         assert!(outside.is_err());
+    }
+
+    #[test]
+    fn positions_round_trip_and_stay_inside_the_ring() {
+        let m = mem();
+        let mut ring = CmdRing::new(GuestAddress(0x1000), 4, 14);
+        ring.advance(3);
+        let mut copy = CmdRing::new(GuestAddress(0x1000), 4, 14);
+        copy.set_pos(ring.pos()).unwrap();
+        post(&m, 3, true, 7);
+        assert_eq!(copy.peek(&m, 0).unwrap().unwrap().0, 3);
+        let wrapped = RingPos {
+            next: 1,
+            gen: false,
+        };
+        copy.set_pos(wrapped).unwrap();
+        assert_eq!(copy.pos(), wrapped);
+        let outside = RingPos { next: 4, gen: true };
+        assert!(copy.set_pos(outside).is_err());
+        assert_eq!(copy.pos(), wrapped, "unchanged on error");
+
+        let mut comp = CompRing::new(GuestAddress(0x2000), 2);
+        comp.set_pos(wrapped).unwrap();
+        comp.push(&m, [0; 4]).unwrap();
+        assert_eq!(comp.pos(), RingPos { next: 0, gen: true });
+        assert_eq!(m.read_obj::<u32>(GuestAddress(0x201c)).unwrap(), 0);
+        assert!(comp.set_pos(RingPos { next: 2, gen: true }).is_err());
     }
 }

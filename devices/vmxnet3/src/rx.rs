@@ -23,7 +23,7 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use crate::metrics::Vmxnet3Metrics;
-use crate::ring::{CmdRing, CompRing, QueueFault};
+use crate::ring::{CmdRing, CompRing, PosError, QueueFault, RingPos};
 use crate::shared::RxQueueConf;
 use crate::stats::RxStats;
 
@@ -98,6 +98,30 @@ impl RxQueue {
             conf,
             stopped: false,
         }
+    }
+
+    /// Where the device is in ring 0, ring 1 and the completion ring.
+    pub(crate) fn positions(&self) -> [RingPos; 3] {
+        let [r0, r1] = &self.rings;
+        [r0.pos(), r1.pos(), self.comp.pos()]
+    }
+
+    /// Queue `index` of `queues` with `conf` as it was saved: at
+    /// `positions`, maybe stopped.
+    pub(crate) fn restore(
+        conf: RxQueueConf,
+        index: usize,
+        queues: usize,
+        [p0, p1, comp]: [RingPos; 3],
+        stopped: bool,
+    ) -> Result<Self, PosError> {
+        let mut queue = Self::new(conf, index, queues);
+        let [r0, r1] = &mut queue.rings;
+        r0.set_pos(p0)?;
+        r1.set_pos(p1)?;
+        queue.comp.set_pos(comp)?;
+        queue.stopped = stopped;
+        Ok(queue)
     }
 
     /// Places `frame` in the guest's buffers. Returns whether it was

@@ -9,6 +9,10 @@
 //! is the validated [`DeviceConf`], never a guest pointer it has not
 //! checked. Later the device writes a few fields back: `ecr`, the TX
 //! threshold, and each queue's status and statistics.
+//!
+//! A [`DeviceConf`] restored from a migration stream is checked again
+//! ([`check_restored_conf`]) with the same rules, against this host's
+//! guest memory.
 
 use std::fmt;
 
@@ -194,10 +198,7 @@ pub(crate) fn check_device_conf<M: GuestMemory>(
             rx: num_rx,
         });
     }
-    let mtu = ds.u32(DS_MTU);
-    if !(MIN_MTU..=MAX_MTU).contains(&mtu) {
-        return Err(ActivateError::Mtu(mtu));
-    }
+    let mtu = check_mtu(ds.u32(DS_MTU))?;
     let num_intrs = ds.u8(DS_NUM_INTRS);
     if num_intrs == 0 || u16::from(num_intrs) > NUM_VECTORS {
         return Err(ActivateError::IntrCount(num_intrs));
@@ -290,8 +291,7 @@ pub(crate) fn check_device_conf<M: GuestMemory>(
     }
     Ok(DeviceConf {
         shared,
-        // At most 9000, checked above.
-        mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+        mtu,
         auto_mask: ds.u8(DS_AUTO_MASK) != 0,
         event_intr,
         tx,
@@ -299,9 +299,16 @@ pub(crate) fn check_device_conf<M: GuestMemory>(
     })
 }
 
+/// An MTU from `VMXNET3_MIN_MTU` to `VMXNET3_MAX_MTU`.
+fn check_mtu(mtu: u32) -> Result<u16, ActivateError> {
+    u16::try_from(mtu)
+        .ok()
+        .filter(|_| (MIN_MTU..=MAX_MTU).contains(&mtu))
+        .ok_or(ActivateError::Mtu(mtu))
+}
+
 /// The ring whose base and size are at `pa_at` and `size_at` of queue
-/// descriptor `f`: a non-zero multiple of 32 entries up to `max`, every
-/// entry in guest RAM.
+/// descriptor `f`, checked by [`check_ring_conf`].
 fn check_ring<M: GuestMemory>(
     mem: &M,
     queue: QueueId,
@@ -311,8 +318,23 @@ fn check_ring<M: GuestMemory>(
     size_at: usize,
     max: u32,
 ) -> Result<RingConf, ActivateError> {
-    let base = GuestAddress(f.u64(pa_at));
-    let size = f.u32(size_at);
+    let conf = RingConf {
+        base: GuestAddress(f.u64(pa_at)),
+        size: f.u32(size_at),
+    };
+    check_ring_conf(mem, queue, ring, conf, max)?;
+    Ok(conf)
+}
+
+/// A ring of a non-zero multiple of 32 entries up to `max`, every entry in
+/// guest RAM.
+fn check_ring_conf<M: GuestMemory>(
+    mem: &M,
+    queue: QueueId,
+    ring: &'static str,
+    RingConf { base, size }: RingConf,
+    max: u32,
+) -> Result<(), ActivateError> {
     if size == 0 || !size.is_multiple_of(RING_ALIGN) || size > max {
         return Err(ActivateError::RingSize {
             queue,
@@ -330,7 +352,61 @@ fn check_ring<M: GuestMemory>(
             addr: base.0,
         });
     }
-    Ok(RingConf { base, size })
+    Ok(())
+}
+
+/// Checks a configuration that comes from a migration stream rather than
+/// from DriverShared as ACTIVATE_DEV checks what it reads: DriverShared
+/// and every queue descriptor in guest RAM, 1 to 8 queues of each kind,
+/// the MTU, interrupt indexes below the vectors the device has (the
+/// driver's `numIntrs` is not kept), and every ring.
+pub(crate) fn check_restored_conf<M: GuestMemory>(
+    mem: &M,
+    conf: &DeviceConf,
+) -> Result<(), ActivateError> {
+    let mut ds = [0u8; SHARED_LEN];
+    mem.read_slice(&mut ds, conf.shared)
+        .map_err(|e| ActivateError::SharedOutsideMemory(conf.shared.0, e))?;
+    let (ntx, nrx) = (conf.tx.len(), conf.rx.len());
+    if !(1..=MAX_TX_QUEUES).contains(&ntx) || !(1..=MAX_RX_QUEUES).contains(&nrx) {
+        return Err(ActivateError::QueueCount {
+            tx: u8::try_from(ntx).unwrap_or(u8::MAX),
+            rx: u8::try_from(nrx).unwrap_or(u8::MAX),
+        });
+    }
+    check_mtu(u32::from(conf.mtu))?;
+    // 25 vectors.
+    let count = u8::try_from(NUM_VECTORS).unwrap_or(u8::MAX);
+    if conf.event_intr >= count {
+        return Err(ActivateError::EventIntr {
+            idx: conf.event_intr,
+            count,
+        });
+    }
+    let check_queue = |queue, desc: GuestAddress, idx| {
+        let mut copy = [0u8; QUEUE_DESC_LEN];
+        mem.read_slice(&mut copy, desc)
+            .map_err(|e| ActivateError::QueueDescOutsideMemory(desc.0, e))?;
+        if idx >= count {
+            return Err(ActivateError::QueueIntr { queue, idx, count });
+        }
+        Ok(())
+    };
+    for (q, tx) in conf.tx.iter().enumerate() {
+        let queue = QueueId::Tx(q);
+        check_queue(queue, tx.desc, tx.intr)?;
+        check_ring_conf(mem, queue, "TX ring", tx.ring, RING_MAX)?;
+        check_ring_conf(mem, queue, "completion ring", tx.comp, RING_MAX)?;
+    }
+    for (q, rx) in conf.rx.iter().enumerate() {
+        let queue = QueueId::Rx(q);
+        let [r0, r1] = rx.rings;
+        check_queue(queue, rx.desc, rx.intr)?;
+        check_ring_conf(mem, queue, "ring 0", r0, RING_MAX)?;
+        check_ring_conf(mem, queue, "ring 1", r1, RING_MAX)?;
+        check_ring_conf(mem, queue, "completion ring", rx.comp, RX_COMP_RING_MAX)?;
+    }
+    Ok(())
 }
 
 /// Sets the TX threshold of the queue descriptor at `desc` (at activation).

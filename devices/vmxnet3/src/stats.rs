@@ -2,10 +2,12 @@
 //! The per-queue statistics the guest reads after GET_STATS
 //! (`UPT1_TxStats` / `UPT1_RxStats`): Linux sums them into the interface
 //! counters (`ip -s link`). They live as long as the device, across
-//! resets, as the driver's own counters do.
+//! resets, as the driver's own counters do, and migrate with it.
+
+use serde::{Deserialize, Serialize};
 
 /// Frames by destination class: unicast, multicast, broadcast.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct CastCounters {
     pkts: [u64; 3],
     bytes: [u64; 3],
@@ -35,7 +37,7 @@ impl CastCounters {
 }
 
 /// `UPT1_TxStats` of one TX queue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct TxStats {
     /// TSO packets after segmentation, and their bytes.
     tso_pkts: u64,
@@ -76,7 +78,7 @@ impl TxStats {
 }
 
 /// `UPT1_RxStats` of one RX queue (no LRO: those two stay 0).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RxStats {
     received: CastCounters,
     /// Frames dropped for want of posted buffers.

@@ -56,6 +56,11 @@ impl MockBackend {
         std::mem::take(&mut *self.sent.lock().unwrap())
     }
 
+    /// Frames injected and not received yet.
+    pub(crate) fn queued(&self) -> usize {
+        self.inbox.lock().unwrap().len()
+    }
+
     pub(crate) fn set_link(&self, up: bool) {
         self.link.store(up, Ordering::SeqCst);
     }

@@ -24,7 +24,7 @@ use net_port::{
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use crate::metrics::Vmxnet3Metrics;
-use crate::ring::{CmdRing, CompRing, QueueFault};
+use crate::ring::{CmdRing, CompRing, PosError, QueueFault, RingPos};
 use crate::shared::TxQueueConf;
 use crate::stats::TxStats;
 
@@ -171,6 +171,24 @@ impl TxQueue {
             conf,
             stopped: false,
         }
+    }
+
+    /// Where the device is in the TX ring and in the completion ring.
+    pub(crate) fn positions(&self) -> [RingPos; 2] {
+        [self.ring.pos(), self.comp.pos()]
+    }
+
+    /// The queue `conf` as it was saved: at `positions`, maybe stopped.
+    pub(crate) fn restore(
+        conf: TxQueueConf,
+        [ring, comp]: [RingPos; 2],
+        stopped: bool,
+    ) -> Result<Self, PosError> {
+        let mut queue = Self::new(conf);
+        queue.ring.set_pos(ring)?;
+        queue.comp.set_pos(comp)?;
+        queue.stopped = stopped;
+        Ok(queue)
     }
 
     /// Sends and completes the packets the driver has handed over, at most

@@ -9,8 +9,15 @@
 //! whole batch: QUIESCE_DEV and RESET_DEV take that lock and clear it, so
 //! once they return the worker no longer reads the rings or writes guest
 //! memory.
+//!
+//! Pausing (for migration) works the same way: [`Shared::set_run`] takes
+//! that lock, so it returns between two batches, and every handler waits
+//! under it while the device is paused ([`Shared::lock_running`]) before it
+//! reads an eventfd, the backend or the timer. Doorbells rung and frames
+//! arriving meanwhile stay in their eventfds and in the backend's queue,
+//! and are served once the device runs again.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use device_worker::{Stoppable, WorkerHandle};
@@ -47,9 +54,9 @@ const MAX_ETH_HDR: usize = 22;
 /// What ACTIVATE_DEV set up, until QUIESCE_DEV or RESET_DEV.
 #[derive(Debug)]
 pub(crate) struct Active {
-    shared: GuestAddress,
-    mtu: u16,
-    event_intr: u8,
+    pub(crate) shared: GuestAddress,
+    pub(crate) mtu: u16,
+    pub(crate) event_intr: u8,
     pub(crate) tx: Vec<TxQueue>,
     pub(crate) rx: Vec<RxQueue>,
 }
@@ -88,9 +95,22 @@ impl Active {
     }
 }
 
+/// Whether the worker may serve the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum RunState {
+    #[default]
+    Running,
+    /// Paused for migration: the worker waits before its next batch.
+    Paused,
+    /// The device is going away: the worker serves nothing more (a paused
+    /// device's guest may be running on another host by now) and stops.
+    Stopping,
+}
+
 /// What the register side (vCPU threads) and the worker share.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceState {
+    pub(crate) run: RunState,
     pub(crate) active: Option<Active>,
     /// Guest-visible statistics, per queue, for the device's lifetime.
     pub(crate) tx_stats: [TxStats; MAX_TX_QUEUES],
@@ -100,10 +120,37 @@ pub(crate) struct DeviceState {
     pub(crate) reported_link: bool,
 }
 
-pub(crate) type SharedState = Arc<Mutex<DeviceState>>;
+/// The [`DeviceState`] lock and the signal that wakes a worker waiting out
+/// a pause.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    state: Mutex<DeviceState>,
+    run_changed: Condvar,
+}
 
-pub(crate) fn lock(state: &Mutex<DeviceState>) -> MutexGuard<'_, DeviceState> {
-    state.lock().unwrap_or_else(PoisonError::into_inner)
+impl Shared {
+    /// Sets the run state once the worker is between batches, and wakes it
+    /// if it waits.
+    pub(crate) fn set_run(&self, run: RunState) {
+        lock(self).run = run;
+        self.run_changed.notify_all();
+    }
+
+    /// The lock for a worker batch: waits while the device is paused;
+    /// `None` once it is going away.
+    fn lock_running(&self) -> Option<MutexGuard<'_, DeviceState>> {
+        let guard = self
+            .run_changed
+            .wait_while(lock(self), |st| st.run == RunState::Paused)
+            .unwrap_or_else(PoisonError::into_inner);
+        (guard.run == RunState::Running).then_some(guard)
+    }
+}
+
+pub(crate) type SharedState = Arc<Shared>;
+
+pub(crate) fn lock(shared: &Shared) -> MutexGuard<'_, DeviceState> {
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Stops the faulted queue `id` of `active` and tells the driver (queue
@@ -182,12 +229,15 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     fn handle_tx(&mut self, q: usize) {
+        let Some(mut guard) = self.p.state.lock_running() else {
+            self.stopped = true;
+            return;
+        };
         let Some(evt) = self.p.tx_evts.get(q) else {
             return;
         };
         // The count is irrelevant: one pass serves everything posted.
         let _ = evt.read();
-        let mut guard = lock(&self.p.state);
         let st = &mut *guard;
         let (Some(active), Some(stats)) = (st.active.as_mut(), st.tx_stats.get_mut(q)) else {
             return;
@@ -229,7 +279,10 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// is dropped from the loop for good (a TAP only fails when its
     /// interface is gone) rather than spinning on it.
     fn handle_backend(&mut self, events: EventSet, ops: &mut EventOps) {
-        let mut guard = lock(&self.p.state);
+        let Some(mut guard) = self.p.state.lock_running() else {
+            self.stopped = true;
+            return;
+        };
         let st = &mut *guard;
         let mem = self.p.mem.memory();
         let mut delivered = false;
@@ -268,9 +321,12 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     fn handle_link(&mut self) {
+        let Some(st) = self.p.state.lock_running() else {
+            self.stopped = true;
+            return;
+        };
         let _ = self.p.link_evt.read();
         let carrier = self.p.port.state().carrier;
-        let st = lock(&self.p.state);
         if let Some(active) = st.active.as_ref() {
             if carrier != st.reported_link {
                 self.p.metrics.link_events.inc();
@@ -283,6 +339,12 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// passed on, so a carrier set through the port by someone else (an
     /// API) stands until the backend itself changes.
     fn poll_carrier(&mut self) {
+        // Waits out a pause too: a paused device changes nothing, not even
+        // the port's carrier.
+        let Some(_running) = self.p.state.lock_running() else {
+            self.stopped = true;
+            return;
+        };
         let _ = self.carrier_timer.wait();
         let up = self.p.backend.link_up();
         if up != self.backend_link {

@@ -1,0 +1,475 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A whole function on a real `PciBus` for the device's tests: config
+//! space over 0xCF8/0xCFC, registers over MMIO, a fake driver's rings in
+//! guest memory, mocks for KVM's irqfds and ioeventfds and for the
+//! backend.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use net_port::Port;
+use pci::test_utils::{MockIoEvents, MockMsi};
+use pci::{DeviceHooks, PciBus};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::metrics::{Vmxnet3Counters, Vmxnet3Metrics};
+use crate::regs::{MSIX_BAR, NUM_VECTORS, PT_BAR, VD_BAR};
+use crate::test_utils::{DriverLayout, MockBackend, SHARED};
+use crate::{Vmxnet3, Vmxnet3Config};
+
+pub(crate) type TestMem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+
+pub(crate) const SLOT: u32 = 3;
+pub(crate) const MAC: [u8; 6] = [0x02, 0x50, 0x56, 0x00, 0x00, 0x01];
+pub(crate) const MEM_SIZE: usize = 16 << 20;
+pub(crate) const RX_BUFS: u64 = 0x40_0000;
+pub(crate) const TX_BUFS: u64 = 0xc0_0000;
+// Registers.
+pub(crate) const VRRS: u64 = 0x00;
+pub(crate) const UVRS: u64 = 0x08;
+pub(crate) const DSAL: u64 = 0x10;
+pub(crate) const DSAH: u64 = 0x18;
+pub(crate) const CMD: u64 = 0x20;
+pub(crate) const MACL: u64 = 0x28;
+pub(crate) const MACH: u64 = 0x30;
+pub(crate) const ECR: u64 = 0x40;
+pub(crate) const ACTIVATE: u32 = 0xcafe_0000;
+pub(crate) const QUIESCE: u32 = 0xcafe_0001;
+pub(crate) const RESET: u32 = 0xcafe_0002;
+pub(crate) const UPDATE_RX_MODE: u32 = 0xcafe_0003;
+pub(crate) const GET_STATS: u32 = 0xf00d_0001;
+pub(crate) const GET_LINK: u32 = 0xf00d_0002;
+pub(crate) const GET_CONF_INTR: u32 = 0xf00d_0008;
+// Descriptor bits.
+pub(crate) const TXD_GEN: u32 = 1 << 14;
+pub(crate) const TXD_EOP: u32 = 1 << 12;
+pub(crate) const TXD_CQ: u32 = 1 << 13;
+pub(crate) const RXD_GEN: u32 = 1 << 31;
+pub(crate) const RXD_BODY: u32 = 1 << 14;
+pub(crate) const COMP_GEN: u32 = 1 << 31;
+
+/// The offload fields of a SOP descriptor.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Sop {
+    pub(crate) om: u32,
+    pub(crate) hlen: u32,
+    pub(crate) msscof: u32,
+    pub(crate) tci: Option<u16>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RxComp {
+    pub(crate) idx: u32,
+    pub(crate) rqid: u32,
+    pub(crate) len: u32,
+    pub(crate) sop: bool,
+    pub(crate) eop: bool,
+}
+
+#[derive(Clone)]
+pub(crate) struct TxSide {
+    pub(crate) fill: u32,
+    pub(crate) gen: bool,
+    pub(crate) comp: u32,
+    pub(crate) comp_gen: bool,
+}
+
+#[derive(Clone)]
+pub(crate) struct RxSide {
+    pub(crate) fill: [u32; 2],
+    pub(crate) gen: [bool; 2],
+    pub(crate) comp: u32,
+    pub(crate) comp_gen: bool,
+}
+
+pub(crate) struct Harness {
+    pub(crate) bus: PciBus,
+    /// The device the bus holds, for calls the bus does not make.
+    pub(crate) nic: Arc<Mutex<Vmxnet3<TestMem>>>,
+    pub(crate) mem: TestMem,
+    pub(crate) router: Arc<MockMsi>,
+    pub(crate) ioevents: Arc<MockIoEvents>,
+    pub(crate) backend: Arc<MockBackend>,
+    pub(crate) port: Arc<Port>,
+    pub(crate) metrics: Arc<Vmxnet3Metrics>,
+    pub(crate) bars: Vec<(usize, u64)>,
+    pub(crate) layout: DriverLayout,
+    pub(crate) tx: Vec<TxSide>,
+    pub(crate) rx: Vec<RxSide>,
+}
+
+/// Polls `cond` until it holds; panics after 5 s.
+pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Harness {
+    /// A device on a bus as a booted guest's driver leaves it after
+    /// probing: memory decoding, bus mastering and MSI-X on, link read.
+    pub(crate) fn new() -> Self {
+        let mem: TestMem =
+            Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
+        let mut h = Self::build(mem);
+        // Memory decoding and bus mastering on, then MSI-X as Linux sets
+        // it up; the driver's probe reads the link.
+        h.cfg_write(1, 0, &[0x06, 0x00]);
+        h.enable_msix();
+        assert_eq!(h.cmd(GET_LINK), 10_000 << 16 | 1);
+        h
+    }
+
+    /// A fresh device on a fresh bus over `mem`, untouched by any driver.
+    fn build(mem: TestMem) -> Self {
+        let router = Arc::new(MockMsi::default());
+        let ioevents = Arc::new(MockIoEvents::strict());
+        let backend = Arc::new(MockBackend::new(true));
+        let port = Arc::new(Port::new([0; 6], false));
+        let hooks = DeviceHooks {
+            msi: router.clone(),
+            ioevents: ioevents.clone(),
+        };
+        let config = Vmxnet3Config {
+            mac: MAC,
+            multifunction: true,
+        };
+        let nic = Vmxnet3::new(&config, port.clone(), backend.clone(), mem.clone(), hooks).unwrap();
+        let metrics = nic.metrics();
+        let nic = Arc::new(Mutex::new(nic));
+        let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1000_0000));
+        let bars = bus.add_device(SLOT as u8, 0, nic.clone()).unwrap();
+        Harness {
+            bus,
+            nic,
+            mem,
+            router,
+            ioevents,
+            backend,
+            port,
+            metrics,
+            bars,
+            layout: DriverLayout::new(1, 1, 64, 1500),
+            tx: Vec::new(),
+            rx: Vec::new(),
+        }
+    }
+
+    /// What a migration makes of `src` (which must be paused) on another
+    /// host: a copy of its guest memory, a fresh device on a fresh bus
+    /// with new hooks and backend, and the bus snapshot, through bytes,
+    /// restored onto it (configuration space, then the device). The fake
+    /// driver carries on where it was. The new device is paused, as after
+    /// any restore.
+    pub(crate) fn migrate(src: &Harness) -> Self {
+        // Through bytes, as it crosses the network.
+        let bytes = src.bus.snapshot().unwrap().to_bytes();
+        let snapshot = vm_migration::Snapshot::from_bytes(&bytes).unwrap();
+        let mut ram = vec![0u8; MEM_SIZE];
+        src.mem.read_slice(&mut ram, GuestAddress(0)).unwrap();
+        let mem: TestMem =
+            Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
+        mem.write_slice(&ram, GuestAddress(0)).unwrap();
+        let mut h = Self::build(mem);
+        h.bus.restore(&snapshot).unwrap();
+        h.bars = src.bars.clone();
+        h.layout = src.layout.clone();
+        h.tx = src.tx.clone();
+        h.rx = src.rx.clone();
+        h
+    }
+
+    pub(crate) fn bar(&self, bar: usize) -> u64 {
+        self.bars.iter().find(|(b, _)| *b == bar).unwrap().1
+    }
+
+    pub(crate) fn cfg_read(&mut self, reg: u32) -> u32 {
+        let address = 0x8000_0000 | SLOT << 11 | reg << 2;
+        self.bus.pio_write(0xcf8, &address.to_le_bytes());
+        let mut data = [0u8; 4];
+        self.bus.pio_read(0xcfc, &mut data);
+        u32::from_le_bytes(data)
+    }
+
+    pub(crate) fn cfg_write(&mut self, reg: u32, offset: u16, data: &[u8]) {
+        let address = 0x8000_0000 | SLOT << 11 | reg << 2;
+        self.bus.pio_write(0xcf8, &address.to_le_bytes());
+        self.bus.pio_write(0xcfc + offset, data);
+    }
+
+    pub(crate) fn read(&self, bar: usize, offset: u64) -> u32 {
+        let mut data = [0u8; 4];
+        assert!(self.bus.mmio_read(self.bar(bar) + offset, &mut data));
+        u32::from_le_bytes(data)
+    }
+
+    pub(crate) fn write(&self, bar: usize, offset: u64, value: u32) {
+        assert!(self
+            .bus
+            .mmio_write(self.bar(bar) + offset, &value.to_le_bytes()));
+    }
+
+    pub(crate) fn cmd(&self, cmd: u32) -> u32 {
+        self.write(VD_BAR, CMD, cmd);
+        self.read(VD_BAR, CMD)
+    }
+
+    pub(crate) fn enable_msix(&mut self) {
+        for v in 0..u64::from(NUM_VECTORS) {
+            let entry = 16 * v;
+            self.write(MSIX_BAR, entry, 0xfee0_0000);
+            self.write(MSIX_BAR, entry + 4, 0);
+            self.write(MSIX_BAR, entry + 8, 0x40 + v as u32);
+            self.write(MSIX_BAR, entry + 12, 0);
+        }
+        let cap = self.cfg_read(0x34 / 4) & 0xff;
+        assert_eq!(self.cfg_read(cap / 4) & 0xff, u32::from(pci::MSIX_CAP_ID));
+        self.cfg_write(cap / 4, 2, &[0x00, 0x80]);
+    }
+
+    /// Writes `layout`'s DriverShared, resets the fake driver's rings
+    /// and issues ACTIVATE_DEV; returns what CMD reads.
+    pub(crate) fn activate_with(&mut self, layout: DriverLayout) -> u32 {
+        layout.write(&*self.mem);
+        // Hostile layouts may put rings outside RAM: nothing to clear there.
+        for q in 0..usize::from(layout.num_tx) {
+            for addr in [layout.tx_ring(q), layout.tx_comp(q)] {
+                let _ = self.mem.write_slice(&[0; 0x1_0000], GuestAddress(addr));
+            }
+        }
+        for q in 0..usize::from(layout.num_rx) {
+            for addr in [
+                layout.rx_ring(q, 0),
+                layout.rx_ring(q, 1),
+                layout.rx_comp(q),
+            ] {
+                let _ = self.mem.write_slice(&[0; 0x1_0000], GuestAddress(addr));
+            }
+        }
+        self.tx = (0..layout.num_tx)
+            .map(|_| TxSide {
+                fill: 0,
+                gen: true,
+                comp: 0,
+                comp_gen: true,
+            })
+            .collect();
+        self.rx = (0..layout.num_rx)
+            .map(|_| RxSide {
+                fill: [0; 2],
+                gen: [true; 2],
+                comp: 0,
+                comp_gen: true,
+            })
+            .collect();
+        self.layout = layout;
+        self.write(VD_BAR, DSAL, SHARED as u32);
+        self.write(VD_BAR, DSAH, 0);
+        let result = self.cmd(ACTIVATE);
+        // vmxnet3_enable_all_intrs.
+        for i in 0..u64::from(self.layout.num_intrs) {
+            self.write(PT_BAR, 8 * i, 0);
+        }
+        result
+    }
+
+    pub(crate) fn activate(&mut self, num_tx: u8, num_rx: u8, mtu: u32) {
+        assert_eq!(
+            self.activate_with(DriverLayout::new(num_tx, num_rx, 64, mtu)),
+            0
+        );
+    }
+
+    pub(crate) fn tx_buf(&self, n: u64) -> u64 {
+        TX_BUFS + n * 0x1_0000
+    }
+
+    /// Posts one packet on TX queue `q`: `bufs` as (address, length
+    /// field), the SOP's offload fields, an EOP on the last descriptor
+    /// if `eop`; flips the SOP's generation last. Returns the EOP index.
+    pub(crate) fn post_tx(&mut self, q: usize, bufs: &[(u64, u32)], sop: Sop, eop: bool) -> u32 {
+        let ring = self.layout.tx_ring(q);
+        let side = &mut self.tx[q];
+        let sop_index = side.fill;
+        let mut last = sop_index;
+        for (i, &(addr, len)) in bufs.iter().enumerate() {
+            let gen = if i == 0 { !side.gen } else { side.gen };
+            let mut dw2 = (len & 0x3fff) | (u32::from(gen) * TXD_GEN);
+            let mut dw3 = 0;
+            if i == 0 {
+                dw2 |= sop.msscof << 18;
+                dw3 |= sop.hlen | sop.om << 10;
+                if let Some(tci) = sop.tci {
+                    dw3 |= 1 << 15 | u32::from(tci) << 16;
+                }
+            }
+            if eop && i == bufs.len() - 1 {
+                dw3 |= TXD_EOP | TXD_CQ;
+            }
+            let at = ring + 16 * u64::from(side.fill);
+            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
+            self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
+            self.mem.write_obj(dw3, GuestAddress(at + 12)).unwrap();
+            last = side.fill;
+            side.fill += 1;
+            if side.fill == self.layout.ring_size {
+                side.fill = 0;
+                side.gen = !side.gen;
+            }
+        }
+        let at = GuestAddress(ring + 16 * u64::from(sop_index) + 8);
+        let dw2: u32 = self.mem.read_obj(at).unwrap();
+        self.mem.write_obj(dw2 ^ TXD_GEN, at).unwrap();
+        last
+    }
+
+    /// Writes `frame` to TX buffer `n`; returns its address.
+    pub(crate) fn put_frame(&self, n: u64, frame: &[u8]) -> u64 {
+        let addr = self.tx_buf(n);
+        self.mem.write_slice(frame, GuestAddress(addr)).unwrap();
+        addr
+    }
+
+    pub(crate) fn send_one(&mut self, q: usize, frame: &[u8], sop: Sop) -> u32 {
+        let addr = self.put_frame(0, frame);
+        let eop = self.post_tx(q, &[(addr, frame.len() as u32)], sop, true);
+        self.write(PT_BAR, 0x600 + 8 * q as u64, self.tx[q].fill);
+        eop
+    }
+
+    /// The TX completions the driver has not seen yet (their txdIdx).
+    pub(crate) fn tx_completions(&mut self, q: usize) -> Vec<u32> {
+        let base = self.layout.tx_comp(q);
+        let side = &mut self.tx[q];
+        let mut done = Vec::new();
+        loop {
+            let at = base + 16 * u64::from(side.comp);
+            let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
+            if (dw3 & COMP_GEN != 0) != side.comp_gen {
+                return done;
+            }
+            assert_eq!(dw3 >> 24 & 0x7f, 0, "TXCOMP type");
+            done.push(self.mem.read_obj::<u32>(GuestAddress(at)).unwrap() & 0xfff);
+            side.comp += 1;
+            if side.comp == self.layout.ring_size {
+                side.comp = 0;
+                side.comp_gen = !side.comp_gen;
+            }
+        }
+    }
+
+    pub(crate) fn wait_tx_completions(&mut self, q: usize, n: usize) -> Vec<u32> {
+        let mut all = Vec::new();
+        wait_until("TX completions", || {
+            all.extend(self.tx_completions(q));
+            all.len() >= n
+        });
+        all
+    }
+
+    pub(crate) fn rx_buf(ring: usize, idx: u32) -> u64 {
+        RX_BUFS + (ring as u64 * 256 + u64::from(idx)) * 0x4000
+    }
+
+    /// Posts `count` buffers of `len` bytes on ring `ring` of RX queue
+    /// `q`, HEAD or BODY as `body(i)` says for the i-th.
+    pub(crate) fn post_rx(
+        &mut self,
+        q: usize,
+        ring: usize,
+        count: u32,
+        len: u32,
+        body: impl Fn(u32) -> bool,
+    ) {
+        let base = self.layout.rx_ring(q, ring);
+        let size = self.layout.ring_size;
+        let side = &mut self.rx[q];
+        for _ in 0..count {
+            let idx = side.fill[ring];
+            let at = base + 16 * u64::from(idx);
+            let btype = if body(idx) { RXD_BODY } else { 0 };
+            let dw2 = len | btype | (u32::from(side.gen[ring]) * RXD_GEN);
+            self.mem
+                .write_obj(Self::rx_buf(ring, idx), GuestAddress(at))
+                .unwrap();
+            self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
+            side.fill[ring] += 1;
+            if side.fill[ring] == size {
+                side.fill[ring] = 0;
+                side.gen[ring] = !side.gen[ring];
+            }
+        }
+    }
+
+    pub(crate) fn rx_completions(&mut self, q: usize) -> Vec<RxComp> {
+        let base = self.layout.rx_comp(q);
+        let size = self.layout.rx_comp_size;
+        let side = &mut self.rx[q];
+        let mut done = Vec::new();
+        loop {
+            let at = base + 16 * u64::from(side.comp);
+            let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
+            if (dw3 & COMP_GEN != 0) != side.comp_gen {
+                return done;
+            }
+            assert_eq!(dw3 >> 24 & 0x7f, 3, "RXCOMP type");
+            let dw0: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
+            let dw2: u32 = self.mem.read_obj(GuestAddress(at + 8)).unwrap();
+            assert_ne!(dw0 & 1 << 30, 0, "checksum not calculated");
+            done.push(RxComp {
+                idx: dw0 & 0xfff,
+                rqid: dw0 >> 16 & 0x3ff,
+                len: dw2 & 0x3fff,
+                sop: dw0 & 1 << 15 != 0,
+                eop: dw0 & 1 << 14 != 0,
+            });
+            side.comp += 1;
+            if side.comp == size {
+                side.comp = 0;
+                side.comp_gen = !side.comp_gen;
+            }
+        }
+    }
+
+    pub(crate) fn wait_rx_completions(&mut self, q: usize, n: usize) -> Vec<RxComp> {
+        let mut all = Vec::new();
+        wait_until("RX completions", || {
+            all.extend(self.rx_completions(q));
+            all.len() >= n
+        });
+        all
+    }
+
+    pub(crate) fn read_rx(&self, ring: usize, idx: u32, len: u32) -> Vec<u8> {
+        let mut data = vec![0u8; len as usize];
+        self.mem
+            .read_slice(&mut data, GuestAddress(Self::rx_buf(ring, idx)))
+            .unwrap();
+        data
+    }
+
+    pub(crate) fn ecr(&self) -> u32 {
+        self.mem.read_obj(GuestAddress(SHARED + 696)).unwrap()
+    }
+
+    pub(crate) fn queue_status(&self, desc: usize) -> (u8, u32) {
+        let d = self.layout.queue_desc(desc);
+        (
+            self.mem.read_obj(GuestAddress(d + 80)).unwrap(),
+            self.mem.read_obj(GuestAddress(d + 84)).unwrap(),
+        )
+    }
+
+    pub(crate) fn counters(&self) -> Vmxnet3Counters {
+        self.metrics.counters()
+    }
+}
