@@ -127,10 +127,11 @@ impl ApiClient {
         }
     }
 
-    /// Sends `request` to its endpoint; see [`HttpResponse::into_json`] for the result.
+    /// Sends `request` to its endpoint, with its parameters as the body; see
+    /// [`HttpResponse::into_json`] for the result.
     pub fn call(&self, request: &ApiRequest) -> Result<Option<Value>, ClientError> {
         let route = request.route();
-        self.send_raw(route.method.as_str(), route.path, None)?
+        self.send_raw(route.method.as_str(), route.path, request.body().as_deref())?
             .into_json()
     }
 

@@ -59,7 +59,8 @@
 //!
 //! Unknown path: 404. Known path, wrong method: 405 with `Allow`. Bad JSON, unknown fields,
 //! malformed HTTP: 400. Body over [`MAX_BODY_BYTES`]: 413, decided from `Content-Length`
-//! before reading the body. The VMM refusing in this state: 409. The VMM failing: 500. No VMM:
+//! before reading the body. The VMM rejecting a parameter (e.g. an unparsable migration URL):
+//! 400. The VMM refusing in this state: 409. The VMM failing: 500. No VMM:
 //! 503. No answer in time: 504. Errors carry `{"error": "message"}`. One request per
 //! connection (`Connection: close`); `Transfer-Encoding` is refused (501).
 //!
@@ -81,6 +82,8 @@ pub use request::{Method, Route, ROUTES};
 pub use server::fuzz_request;
 pub use server::{start_server, start_server_with, ApiError, ApiServerHandle, ServerOptions};
 pub use types::{
-    ActionError, ApiMessage, ApiRequest, ApiResponse, DiskSummary, ResponseBody, VmConfigSummary,
-    VmInfo, VmState, VmmPing,
+    ActionError, ApiMessage, ApiRequest, ApiResponse, DiskSummary, MigrationDirection,
+    MigrationInfo, MigrationStatus, ReceiveMigrationParams, ResponseBody, SendMigrationParams,
+    SnapshotParams, VmConfigSummary, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
+    DEFAULT_MIGRATION_TIMEOUT_S,
 };

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::types::ApiRequest;
@@ -82,8 +82,35 @@ const VM_SHUTDOWN: Route = Route {
     parse: |body| check_no_params(body).map(|()| ApiRequest::Shutdown),
 };
 
+const VM_SEND_MIGRATION: Route = Route {
+    method: Method::Put,
+    path: "/api/v1/vm.send-migration",
+    parse: |body| json_body(body).map(ApiRequest::SendMigration),
+};
+
+const VM_RECEIVE_MIGRATION: Route = Route {
+    method: Method::Put,
+    path: "/api/v1/vm.receive-migration",
+    parse: |body| json_body(body).map(ApiRequest::ReceiveMigration),
+};
+
+const VM_SNAPSHOT: Route = Route {
+    method: Method::Put,
+    path: "/api/v1/vm.snapshot",
+    parse: |body| json_body(body).map(ApiRequest::Snapshot),
+};
+
 /// Every endpoint the server serves.
-pub static ROUTES: &[Route] = &[VMM_PING, VM_INFO, VM_PAUSE, VM_RESUME, VM_SHUTDOWN];
+pub static ROUTES: &[Route] = &[
+    VMM_PING,
+    VM_INFO,
+    VM_PAUSE,
+    VM_RESUME,
+    VM_SHUTDOWN,
+    VM_SEND_MIGRATION,
+    VM_RECEIVE_MIGRATION,
+    VM_SNAPSHOT,
+];
 
 impl ApiRequest {
     /// The endpoint this request is sent to.
@@ -94,8 +121,28 @@ impl ApiRequest {
             Self::Pause => &VM_PAUSE,
             Self::Resume => &VM_RESUME,
             Self::Shutdown => &VM_SHUTDOWN,
+            Self::SendMigration(_) => &VM_SEND_MIGRATION,
+            Self::ReceiveMigration(_) => &VM_RECEIVE_MIGRATION,
+            Self::Snapshot(_) => &VM_SNAPSHOT,
         }
     }
+
+    /// The JSON body this request is sent with: its parameters, if it has any. The route's
+    /// parser reads it back into the same request.
+    pub fn body(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Ping | Self::VmInfo | Self::Pause | Self::Resume | Self::Shutdown => None,
+            Self::SendMigration(params) => Some(to_json(params)),
+            Self::ReceiveMigration(params) => Some(to_json(params)),
+            Self::Snapshot(params) => Some(to_json(params)),
+        }
+    }
+}
+
+/// Serialises a parameter struct.
+fn to_json<T: Serialize>(params: &T) -> Vec<u8> {
+    serde_json::to_vec(params)
+        .expect("parameter structs hold only strings, integers and string-keyed maps")
 }
 
 /// Why a well-formed HTTP request is not a valid API request.
@@ -193,9 +240,10 @@ fn check_no_params(body: &[u8]) -> Result<(), RouteError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
+    use crate::types::{ReceiveMigrationParams, SendMigrationParams, SnapshotParams};
 
     /// `(method, path)` pairs under `paths:` in the OpenAPI document, found by indentation:
     /// paths at two spaces, operations at four.
@@ -250,12 +298,122 @@ mod tests {
         );
     }
 
+    /// One request of every kind, parameters filled in where there are some.
+    fn samples() -> Vec<ApiRequest> {
+        vec![
+            ApiRequest::Ping,
+            ApiRequest::VmInfo,
+            ApiRequest::Pause,
+            ApiRequest::Resume,
+            ApiRequest::Shutdown,
+            ApiRequest::SendMigration(SendMigrationParams {
+                destination_url: "tcp:10.0.0.2:6000".into(),
+                downtime_ms: 50,
+                timeout_s: 60,
+            }),
+            ApiRequest::ReceiveMigration(ReceiveMigrationParams {
+                receiver_url: "unix:/run/migrate.sock".into(),
+                taps: [("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned())].into(),
+            }),
+            ApiRequest::Snapshot(SnapshotParams {
+                destination_url: "file:///var/lib/snap".into(),
+            }),
+        ]
+    }
+
+    /// What the client sends for each request is what the server makes of it, and the samples
+    /// cover every route.
     #[test]
     fn every_route_parses_back_to_itself() {
-        for route in ROUTES {
-            let request = parse_request(route.method.as_str(), route.path, b"").unwrap();
-            assert_eq!(request.route().path, route.path);
-            assert_eq!(request.route().method, route.method);
+        let samples = samples();
+        for request in &samples {
+            let route = request.route();
+            let body = request.body().unwrap_or_default();
+            let parsed = parse_request(route.method.as_str(), route.path, &body).unwrap();
+            assert_eq!(&parsed, request);
+        }
+        let covered: BTreeSet<_> = samples.iter().map(|r| r.route().path).collect();
+        let all: BTreeSet<_> = ROUTES.iter().map(|r| r.path).collect();
+        assert_eq!(covered, all, "a route without a sample");
+    }
+
+    #[test]
+    fn params_take_defaults() {
+        let send = "/api/v1/vm.send-migration";
+        assert_eq!(
+            parse_request("PUT", send, br#"{"destination_url": "unix:/m.sock"}"#).unwrap(),
+            ApiRequest::SendMigration(SendMigrationParams {
+                destination_url: "unix:/m.sock".into(),
+                downtime_ms: 300,
+                timeout_s: 3600,
+            })
+        );
+        assert_eq!(
+            parse_request(
+                "PUT",
+                send,
+                br#"{"destination_url": "unix:/m.sock", "timeout_s": 5}"#
+            )
+            .unwrap(),
+            ApiRequest::SendMigration(SendMigrationParams {
+                timeout_s: 5,
+                ..SendMigrationParams::new("unix:/m.sock")
+            })
+        );
+        assert_eq!(
+            parse_request(
+                "PUT",
+                "/api/v1/vm.receive-migration",
+                br#"{"receiver_url": "tcp:0.0.0.0:6000"}"#
+            )
+            .unwrap(),
+            ApiRequest::ReceiveMigration(ReceiveMigrationParams {
+                receiver_url: "tcp:0.0.0.0:6000".into(),
+                taps: BTreeMap::new(),
+            })
+        );
+    }
+
+    #[test]
+    fn params_refuse_unknown_and_missing_fields() {
+        let cases: [(&str, &[u8], &str); 8] = [
+            ("vm.send-migration", b"", "EOF while parsing"),
+            (
+                "vm.send-migration",
+                b"{}",
+                "missing field `destination_url`",
+            ),
+            (
+                "vm.send-migration",
+                br#"{"destination_url": "unix:/m", "downtime": 5}"#,
+                "unknown field `downtime`",
+            ),
+            (
+                "vm.send-migration",
+                br#"{"destination_url": "unix:/m", "timeout_s": -1}"#,
+                "invalid value",
+            ),
+            (
+                "vm.receive-migration",
+                b"{}",
+                "missing field `receiver_url`",
+            ),
+            (
+                "vm.receive-migration",
+                br#"{"receiver_url": "unix:/m", "taps": {"52:54:00:00:00:02": 7}}"#,
+                "invalid type",
+            ),
+            ("vm.snapshot", b"{}", "missing field `destination_url`"),
+            (
+                "vm.snapshot",
+                br#"{"destination_url": "file:///s", "compress": true}"#,
+                "unknown field `compress`",
+            ),
+        ];
+        for (endpoint, body, expected) in cases {
+            let err = parse_request("PUT", &format!("/api/v1/{endpoint}"), body).unwrap_err();
+            assert_eq!(err.status(), 400, "{endpoint} {body:?}");
+            assert!(err.to_string().contains(expected), "{endpoint}: {err}");
         }
     }
 

@@ -7,6 +7,7 @@
 //! too, so clients and tests can read them back into the same types; they accept unknown
 //! fields, so that adding one later does not break older clients.
 
+use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,8 @@ use serde::{Deserialize, Serialize};
 /// An action the VMM is asked to perform, already parsed and validated by the server.
 ///
 /// Adding an endpoint: a variant here; in `request.rs` its `Route` (method, path, body parser)
-/// listed in [`ROUTES`](crate::ROUTES) and its arm in [`ApiRequest::route`]; a command in
+/// listed in [`ROUTES`](crate::ROUTES), its arm in [`ApiRequest::route`] and, for parameters,
+/// in [`ApiRequest::body`] (a test samples every route to check that they agree); a command in
 /// `pvrdma-remote`; and a path in `openapi.yaml` (a test compares it with `ROUTES`). The
 /// compiler then points at the VMM's dispatch `match`. Parameters go in a
 /// `#[serde(deny_unknown_fields)]` struct carried by the variant.
@@ -30,6 +32,72 @@ pub enum ApiRequest {
     Resume,
     /// `PUT /api/v1/vm.shutdown`: stop the VM for good; the VMM process may exit afterwards.
     Shutdown,
+    /// `PUT /api/v1/vm.send-migration`: start a live migration of the VM to another VMM.
+    /// Answered once the migration thread runs; progress is read through `vm.info`.
+    SendMigration(SendMigrationParams),
+    /// `PUT /api/v1/vm.receive-migration` (on a VMM started with `--api-socket` and no
+    /// kernel): listen for a source and take its VM over. Answered once listening.
+    ReceiveMigration(ReceiveMigrationParams),
+    /// `PUT /api/v1/vm.snapshot`: write the VM's state and memory out (VM must be paused).
+    Snapshot(SnapshotParams),
+}
+
+/// Default of [`SendMigrationParams::downtime_ms`].
+pub const DEFAULT_DOWNTIME_MS: u64 = 300;
+/// Default of [`SendMigrationParams::timeout_s`].
+pub const DEFAULT_MIGRATION_TIMEOUT_S: u64 = 3600;
+
+/// Parameters of [`ApiRequest::SendMigration`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendMigrationParams {
+    /// Where the receiving VMM listens: `"unix:/path"` or `"tcp:host:port"`.
+    pub destination_url: String,
+    /// Pre-copy ends when the expected blackout fits this many milliseconds.
+    #[serde(default = "default_downtime_ms")]
+    pub downtime_ms: u64,
+    /// The whole migration is abandoned after this many seconds; the source keeps running.
+    #[serde(default = "default_migration_timeout_s")]
+    pub timeout_s: u64,
+}
+
+impl SendMigrationParams {
+    /// A migration to `destination_url` with the default downtime and timeout.
+    pub fn new(destination_url: impl Into<String>) -> Self {
+        Self {
+            destination_url: destination_url.into(),
+            downtime_ms: DEFAULT_DOWNTIME_MS,
+            timeout_s: DEFAULT_MIGRATION_TIMEOUT_S,
+        }
+    }
+}
+
+fn default_downtime_ms() -> u64 {
+    DEFAULT_DOWNTIME_MS
+}
+
+fn default_migration_timeout_s() -> u64 {
+    DEFAULT_MIGRATION_TIMEOUT_S
+}
+
+/// Parameters of [`ApiRequest::ReceiveMigration`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveMigrationParams {
+    /// Where to listen for the source: `"unix:/path"` or `"tcp:host:port"`.
+    pub receiver_url: String,
+    /// TAP to use on this host for the NIC with this MAC (`"52:54:00:00:00:02"` ->
+    /// `"tap-b1"`), since TAP names are per host; NICs not listed keep the source's TAP name.
+    #[serde(default)]
+    pub taps: BTreeMap<String, String>,
+}
+
+/// Parameters of [`ApiRequest::Snapshot`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    /// Directory to write to: `"file:///absolute/dir"`.
+    pub destination_url: String,
 }
 
 /// One request handed to the VMM, with the channel its answer goes back on.
@@ -57,7 +125,8 @@ impl ApiMessage {
 pub type ApiResponse = Result<ResponseBody, ActionError>;
 
 /// A successful answer. The variant must match the request: `Ping` for
-/// [`ApiRequest::Ping`], `VmInfo` for [`ApiRequest::VmInfo`], `Empty` for the actions.
+/// [`ApiRequest::Ping`], `VmInfo` for [`ApiRequest::VmInfo`], `Empty` for the actions
+/// (migrations included: they answer once started).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseBody {
     /// The action was done; HTTP 204 with no body.
@@ -76,6 +145,10 @@ pub enum ActionError {
     /// The message says which state the VM is in.
     #[error("{0}")]
     InvalidState(String),
+    /// A parameter the server could parse but the VMM cannot use, e.g. an unparsable
+    /// migration URL (HTTP 400). The message names the parameter.
+    #[error("{0}")]
+    BadRequest(String),
     /// The VMM tried and failed (HTTP 500). The VM's state is whatever the message says.
     #[error("{0}")]
     Failed(String),
@@ -121,10 +194,69 @@ pub enum VmState {
 pub struct VmInfo {
     /// Current lifecycle state.
     pub state: VmState,
-    /// What the VM was started with.
-    pub config: VmConfigSummary,
+    /// What the VM was started with; `None` while a receiving VMM has no VM yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<VmConfigSummary>,
     /// Milliseconds since the vCPUs first started (0 while `Created`), paused time included.
     pub uptime_ms: u64,
+    /// The last or current migration, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationInfo>,
+}
+
+/// Which end of a migration a VMM is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationDirection {
+    /// The source: started by `vm.send-migration`.
+    Send,
+    /// The destination: started by `vm.receive-migration`.
+    Receive,
+}
+
+/// Where a migration stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationStatus {
+    /// Receiver waiting for a source to connect.
+    Listening,
+    /// Memory and state are being transferred.
+    Active,
+    /// The destination runs the VM; a source VMM exits shortly after reporting this.
+    Completed,
+    /// Abandoned; [`MigrationInfo::error`] says why. A source keeps running the VM.
+    Failed,
+}
+
+/// Progress of a migration, in `vm.info`. Rates and estimates are the VMM's latest
+/// measurements, so they may be 0 until the first pass has been timed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationInfo {
+    /// Which end this VMM is.
+    pub direction: MigrationDirection,
+    /// Where the migration stands.
+    pub status: MigrationStatus,
+    /// The URL given to `vm.send-migration` or `vm.receive-migration`.
+    pub url: String,
+    /// Pre-copy pass (1 = the full copy), 0 before the first.
+    pub pass: u32,
+    /// Guest memory to migrate.
+    pub memory_bytes: u64,
+    /// Bytes sent (source) or received (destination) so far, over all passes.
+    pub bytes_transferred: u64,
+    /// Dirty bytes found after the last pass (what the next pass sends).
+    pub dirty_bytes: u64,
+    /// How fast the guest dirties memory.
+    pub dirty_rate_bytes_per_s: u64,
+    /// Measured transfer rate.
+    pub bandwidth_bytes_per_s: u64,
+    /// Blackout expected if pre-copy stopped now: dirty bytes over bandwidth.
+    pub expected_downtime_ms: u64,
+    /// Measured blackout (VM paused on the source until the destination took over), once
+    /// known.
+    pub downtime_ms: Option<u64>,
+    /// Milliseconds since the migration started.
+    pub total_ms: u64,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 /// The parts of the VM configuration an operator wants to see; not a full config dump.
@@ -162,9 +294,9 @@ mod tests {
 
     #[test]
     fn vm_info_json_shape() {
-        let info = VmInfo {
+        let mut info = VmInfo {
             state: VmState::Paused,
-            config: VmConfigSummary {
+            config: Some(VmConfigSummary {
                 cpus: 2,
                 memory_mib: 512,
                 kernel: "/boot/vmlinux".into(),
@@ -173,13 +305,52 @@ mod tests {
                     path: "/img/root.raw".into(),
                     readonly: false,
                 }],
-            },
+            }),
             uptime_ms: 1234,
+            migration: None,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["state"], "Paused");
         assert_eq!(json["config"]["memory_mib"], 512);
         assert_eq!(json["config"]["disks"][0]["readonly"], false);
+        assert!(json.get("migration").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<VmInfo>(json).unwrap(), info);
+
+        info.migration = Some(MigrationInfo {
+            direction: MigrationDirection::Send,
+            status: MigrationStatus::Failed,
+            url: "tcp:10.0.0.2:6000".into(),
+            pass: 3,
+            memory_bytes: 512 << 20,
+            bytes_transferred: 600 << 20,
+            dirty_bytes: 4 << 20,
+            dirty_rate_bytes_per_s: 1 << 20,
+            bandwidth_bytes_per_s: 800 << 20,
+            expected_downtime_ms: 5,
+            downtime_ms: None,
+            total_ms: 2500,
+            error: Some("Destination closed the connection".into()),
+        });
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["migration"]["direction"], "Send");
+        assert_eq!(json["migration"]["status"], "Failed");
+        assert_eq!(json["migration"]["downtime_ms"], serde_json::Value::Null);
+        assert_eq!(serde_json::from_value::<VmInfo>(json).unwrap(), info);
+    }
+
+    #[test]
+    fn receiver_without_a_vm_has_no_config() {
+        let info = VmInfo {
+            state: VmState::Created,
+            config: None,
+            uptime_ms: 0,
+            migration: None,
+        };
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"state": "Created", "uptime_ms": 0})
+        );
         assert_eq!(serde_json::from_value::<VmInfo>(json).unwrap(), info);
     }
 

@@ -13,7 +13,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use api::client::ClientError;
-use api::{ApiError, ApiRequest, ServerOptions, VmInfo, VmState, VmmPing, MAX_BODY_BYTES};
+use api::{
+    ApiError, ApiRequest, ReceiveMigrationParams, SendMigrationParams, ServerOptions,
+    SnapshotParams, VmInfo, VmState, VmmPing, MAX_BODY_BYTES,
+};
 use common::{raw_exchange, status_of, test_config, Behaviour, Harness};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
@@ -45,7 +48,8 @@ fn every_endpoint_round_trips() {
 
     let vm = info(&h);
     assert_eq!(vm.state, VmState::Running);
-    assert_eq!(vm.config, test_config());
+    assert_eq!(vm.config, Some(test_config()));
+    assert_eq!(vm.migration, None);
     assert_eq!(vm.uptime_ms, 42);
 
     assert_eq!(h.client.call(&ApiRequest::Pause).unwrap(), None);
@@ -145,6 +149,74 @@ fn bad_bodies_are_400() {
         .send_raw("PUT", "/api/v1/vm.pause", Some(b"{}"))
         .unwrap();
     assert_eq!(r.status, 204);
+}
+
+#[test]
+fn action_params_reach_the_vmm_intact() {
+    let h = Harness::start();
+    let send = ApiRequest::SendMigration(SendMigrationParams {
+        destination_url: "tcp:10.0.0.2:6000".into(),
+        downtime_ms: 20,
+        timeout_s: 90,
+    });
+    let receive = ApiRequest::ReceiveMigration(ReceiveMigrationParams {
+        receiver_url: "unix:/run/in.sock".into(),
+        taps: [("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned())].into(),
+    });
+    let snapshot = ApiRequest::Snapshot(SnapshotParams {
+        destination_url: "file:///var/lib/snap".into(),
+    });
+    for request in [&send, &receive, &ApiRequest::Pause, &snapshot] {
+        assert_eq!(h.client.call(request).unwrap(), None, "{request:?}");
+    }
+    assert_eq!(h.stop(), [send, receive, ApiRequest::Pause, snapshot]);
+}
+
+#[test]
+fn vmm_bad_request_is_400_with_its_message() {
+    let h = Harness::start();
+    let request = ApiRequest::SendMigration(SendMigrationParams {
+        destination_url: "ftp://elsewhere".into(),
+        downtime_ms: 300,
+        timeout_s: 3600,
+    });
+    let (status, message) = expect_http(h.client.call(&request));
+    assert_eq!(
+        (status, message.as_str()),
+        (400, "Invalid URL 'ftp://elsewhere'")
+    );
+    assert_eq!(
+        h.stop(),
+        [request],
+        "the server let it through; the VMM refused it"
+    );
+}
+
+#[test]
+fn missing_or_unknown_params_are_400() {
+    let h = Harness::start();
+    let cases: [(Option<&[u8]>, &str); 4] = [
+        (None, "Invalid request body: EOF while parsing"),
+        (
+            Some(b"{}"),
+            "Invalid request body: missing field `destination_url`",
+        ),
+        (
+            Some(br#"{"destination_url": "unix:/m", "bandwidth": 1}"#),
+            "Invalid request body: unknown field `bandwidth`",
+        ),
+        (Some(b"[\"unix:/m\"]"), "Request body must be a JSON object"),
+    ];
+    for (body, expected) in cases {
+        let r = h
+            .client
+            .send_raw("PUT", "/api/v1/vm.send-migration", body)
+            .unwrap();
+        let (status, message) = expect_http(r.into_json());
+        assert_eq!(status, 400, "{body:?}");
+        assert!(message.starts_with(expected), "{body:?}: {message}");
+    }
+    assert_eq!(h.stop(), [], "nothing reached the VMM");
 }
 
 #[test]

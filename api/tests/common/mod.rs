@@ -5,18 +5,21 @@
 
 #![allow(dead_code, reason = "each test binary uses a subset of the helpers")]
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use api::client::ApiClient;
 use api::{
-    ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, DiskSummary, ResponseBody,
-    ServerOptions, VmConfigSummary, VmInfo, VmState, VmmPing,
+    ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, DiskSummary,
+    MigrationDirection, MigrationInfo, MigrationStatus, ResponseBody, ServerOptions,
+    VmConfigSummary, VmInfo, VmState, VmmPing,
 };
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
@@ -30,6 +33,16 @@ pub enum Behaviour {
     Silent,
     /// Drops every message without answering.
     DropRequests,
+}
+
+/// What `vm.info` reports once the fake VMM accepted a migration.
+#[derive(Clone, Debug, Default)]
+pub struct MigrationScript {
+    /// One report per `vm.info` call, the last one repeated.
+    pub reports: Vec<MigrationInfo>,
+    /// Once the last report was given, the VMM goes away (socket removed), as a source VMM
+    /// exits after completing.
+    pub then_vanish: bool,
 }
 
 /// The configuration the fake VM reports.
@@ -46,42 +59,131 @@ pub fn test_config() -> VmConfigSummary {
     }
 }
 
-/// What a VMM answers in `state`; it moves `state` like the real lifecycle.
-fn answer(request: &ApiRequest, state: &mut VmState) -> ApiResponse {
-    let invalid = |m: &str| Err(ActionError::InvalidState(m.to_owned()));
-    match (request, *state) {
-        (ApiRequest::Ping, _) => Ok(ResponseBody::Ping(VmmPing::current(vec!["test".into()]))),
-        (ApiRequest::VmInfo, _) => Ok(ResponseBody::VmInfo(VmInfo {
-            state: *state,
-            config: test_config(),
-            uptime_ms: 42,
-        })),
-        (ApiRequest::Pause, VmState::Running) => {
-            *state = VmState::Paused;
-            Ok(ResponseBody::Empty)
+/// A migration report: `status` at `pass`, with made-up but consistent figures: 512 MiB of
+/// memory, then 64 MiB more per pass.
+pub fn report(direction: MigrationDirection, status: MigrationStatus, pass: u32) -> MigrationInfo {
+    let mib = |n: u64| n << 20;
+    let done = status == MigrationStatus::Completed;
+    let passes = u64::from(pass);
+    MigrationInfo {
+        direction,
+        status,
+        url: "unix:/tmp/migrate.sock".into(),
+        pass,
+        memory_bytes: mib(512),
+        bytes_transferred: if pass == 0 {
+            0
+        } else {
+            mib(512 + 64 * (passes - 1))
+        },
+        dirty_bytes: mib(16),
+        dirty_rate_bytes_per_s: mib(8),
+        bandwidth_bytes_per_s: mib(800),
+        expected_downtime_ms: 20,
+        downtime_ms: done.then_some(45),
+        total_ms: 1_000 * passes,
+        error: (status == MigrationStatus::Failed)
+            .then(|| "Destination closed the connection".into()),
+    }
+}
+
+/// The server handle, shared so that the fake VMM can go away like an exiting VMM.
+type SharedServer = Arc<Mutex<Option<ApiServerHandle>>>;
+
+fn take(server: &SharedServer) -> Option<ApiServerHandle> {
+    server.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// A VMM's answers, moving its state like the real lifecycle.
+struct FakeVmm {
+    state: VmState,
+    /// Reports still to come, once a migration was accepted.
+    script: VecDeque<MigrationInfo>,
+    then_vanish: bool,
+    migrating: bool,
+    /// The last report given.
+    migration: Option<MigrationInfo>,
+    server: SharedServer,
+}
+
+impl FakeVmm {
+    fn answer(&mut self, request: &ApiRequest) -> ApiResponse {
+        match (request, self.state) {
+            (ApiRequest::Ping, _) => Ok(ResponseBody::Ping(VmmPing::current(vec!["test".into()]))),
+            (ApiRequest::VmInfo, _) => Ok(ResponseBody::VmInfo(VmInfo {
+                state: self.state,
+                config: Some(test_config()),
+                uptime_ms: 42,
+                migration: self.next_report(),
+            })),
+            (ApiRequest::Pause, VmState::Running) => {
+                self.state = VmState::Paused;
+                Ok(ResponseBody::Empty)
+            }
+            (ApiRequest::Pause, VmState::Paused) => invalid_state("VM is already paused"),
+            (ApiRequest::Pause, _) => invalid_state("VM is not running"),
+            (ApiRequest::Resume, VmState::Paused) => {
+                self.state = VmState::Running;
+                Ok(ResponseBody::Empty)
+            }
+            (ApiRequest::Resume, _) => invalid_state("VM is not paused"),
+            (ApiRequest::Shutdown, VmState::Shutdown) => invalid_state("VM is already shut down"),
+            (ApiRequest::Shutdown, _) => {
+                self.state = VmState::Shutdown;
+                Ok(ResponseBody::Empty)
+            }
+            (ApiRequest::SendMigration(p), _) => self.start_migration(&p.destination_url),
+            (ApiRequest::ReceiveMigration(p), _) => self.start_migration(&p.receiver_url),
+            (ApiRequest::Snapshot(p), VmState::Paused) => {
+                check_url(&p.destination_url, &["file:///"]).map(|()| ResponseBody::Empty)
+            }
+            (ApiRequest::Snapshot(_), _) => invalid_state("VM is not paused"),
         }
-        (ApiRequest::Pause, VmState::Paused) => invalid("VM is already paused"),
-        (ApiRequest::Pause, _) => invalid("VM is not running"),
-        (ApiRequest::Resume, VmState::Paused) => {
-            *state = VmState::Running;
-            Ok(ResponseBody::Empty)
+    }
+
+    fn start_migration(&mut self, url: &str) -> ApiResponse {
+        check_url(url, &["unix:", "tcp:"])?;
+        self.migrating = true;
+        Ok(ResponseBody::Empty)
+    }
+
+    fn next_report(&mut self) -> Option<MigrationInfo> {
+        if self.migrating {
+            if let Some(next) = self.script.pop_front() {
+                self.migration = Some(next);
+            }
         }
-        (ApiRequest::Resume, _) => invalid("VM is not paused"),
-        (ApiRequest::Shutdown, VmState::Shutdown) => invalid("VM is already shut down"),
-        (ApiRequest::Shutdown, _) => {
-            *state = VmState::Shutdown;
-            Ok(ResponseBody::Empty)
+        self.migration.clone()
+    }
+
+    /// After answering: goes away once the last scripted report was given.
+    fn after_answer(&mut self) {
+        if self.then_vanish && self.migrating && self.script.is_empty() {
+            drop(take(&self.server));
         }
     }
 }
 
+fn invalid_state(message: &str) -> ApiResponse {
+    Err(ActionError::InvalidState(message.to_owned()))
+}
+
+/// What a VMM answers to a URL it cannot parse.
+fn check_url(url: &str, schemes: &[&str]) -> Result<(), ActionError> {
+    if schemes.iter().any(|scheme| url.starts_with(scheme)) {
+        Ok(())
+    } else {
+        Err(ActionError::BadRequest(format!("Invalid URL '{url}'")))
+    }
+}
+
 /// The fake VMM's event loop; returns every request it saw, in order.
-fn fake_vmm(
+fn run_vmm(
     evt: &EventFd,
     rx: &mpsc::Receiver<ApiMessage>,
     behaviour: Behaviour,
+    mut vmm: FakeVmm,
 ) -> Vec<ApiRequest> {
-    let mut state = VmState::Running;
     let mut seen = Vec::new();
     let mut kept = Vec::new();
     loop {
@@ -92,8 +194,9 @@ fn fake_vmm(
                     seen.push(message.request.clone());
                     match behaviour {
                         Behaviour::Normal => {
-                            let response = answer(&message.request, &mut state);
+                            let response = vmm.answer(&message.request);
                             message.respond(response);
+                            vmm.after_answer();
                         }
                         Behaviour::Silent => kept.push(message),
                         Behaviour::DropRequests => drop(message),
@@ -110,7 +213,7 @@ fn fake_vmm(
 pub struct Harness {
     pub path: PathBuf,
     pub client: ApiClient,
-    server: Option<ApiServerHandle>,
+    server: SharedServer,
     evt: EventFd,
     vmm: Option<JoinHandle<Vec<ApiRequest>>>,
     _dir: TempDir,
@@ -122,18 +225,36 @@ impl Harness {
     }
 
     pub fn start_with(behaviour: Behaviour, options: ServerOptions) -> Self {
+        Self::launch(behaviour, options, MigrationScript::default())
+    }
+
+    /// A normal fake VMM whose migrations report `script`.
+    pub fn start_migrating(script: MigrationScript) -> Self {
+        Self::launch(Behaviour::Normal, ServerOptions::default(), script)
+    }
+
+    fn launch(behaviour: Behaviour, options: ServerOptions, script: MigrationScript) -> Self {
         let dir = TempDir::new_with_prefix("/tmp/pvrdma-api-").expect("temp dir");
         let path = dir.as_path().join("api.sock");
         let evt = EventFd::new(0).expect("eventfd");
         let (tx, rx) = mpsc::channel();
         let server = api::start_server_with(&path, tx, evt.try_clone().unwrap(), options)
             .expect("start server");
+        let server = Arc::new(Mutex::new(Some(server)));
+        let fake = FakeVmm {
+            state: VmState::Running,
+            script: script.reports.into(),
+            then_vanish: script.then_vanish,
+            migrating: false,
+            migration: None,
+            server: server.clone(),
+        };
         let vmm_evt = evt.try_clone().unwrap();
-        let vmm = thread::spawn(move || fake_vmm(&vmm_evt, &rx, behaviour));
+        let vmm = thread::spawn(move || run_vmm(&vmm_evt, &rx, behaviour, fake));
         Self {
             client: ApiClient::new(&path),
             path,
-            server: Some(server),
+            server,
             evt,
             vmm: Some(vmm),
             _dir: dir,
@@ -146,7 +267,7 @@ impl Harness {
     }
 
     fn shutdown(&mut self) -> Vec<ApiRequest> {
-        drop(self.server.take());
+        drop(take(&self.server));
         // The channel is now closed; wake the VMM so it notices.
         let _ = self.evt.write(1);
         self.vmm
@@ -157,7 +278,7 @@ impl Harness {
 
     /// The server handle, to drop it early.
     pub fn take_server(&mut self) -> ApiServerHandle {
-        self.server.take().expect("server already taken")
+        take(&self.server).expect("server already taken")
     }
 
     /// `vmm.ping` through the client succeeds.
