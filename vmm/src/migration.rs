@@ -30,7 +30,7 @@ use vm_migration::{MigratableError, Snapshot};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::state::{VcpuState, VmState};
-use crate::config::VmConfig;
+use crate::config::{MacAddr, VmConfig};
 use crate::device_manager::DevicesSnapshot;
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
@@ -385,8 +385,9 @@ impl Source {
             .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
             .map_err(MigrationError::Switchover)?;
         *paused = true;
-        let last = dirty_ranges(&self.vm, mem)?;
-        send_memory(stream, mem, &last, &self.progress)?;
+        // What the last pass left dirty, and what was written since.
+        table.extend(dirty_ranges(&self.vm, mem)?);
+        send_memory(stream, mem, &table, &self.progress)?;
         protocol::send_request(stream, Command::State, &state).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Complete, &[]).map_err(ProtocolError::from)?;
@@ -426,10 +427,16 @@ impl HostSettings {
             .iter_mut()
             .chain(config.pvrdma.iter_mut().map(|p| &mut p.net));
         for net in nets {
-            let mac = net.mac.to_string();
-            if let Some(tap) = self.taps.get(&mac) {
+            // The keys were checked to be MACs; compare them parsed, so
+            // that case does not matter.
+            let ours = Some(net.mac);
+            let found = self
+                .taps
+                .iter()
+                .find(|(mac, _)| mac.parse::<MacAddr>().ok() == ours);
+            if let Some((mac, tap)) = found {
                 net.tap = tap.clone();
-                unused.retain(|m| **m != mac);
+                unused.retain(|m| *m != mac);
             }
         }
         if let Some(mac) = unused.first() {

@@ -518,11 +518,13 @@ impl Vmm {
         let wake = evt
             .try_clone()
             .map_err(|e| ActionError::Failed(e.to_string()))?;
-        *lock(&self.migration) = Some(migration::start_info(
+        let mut info = migration::start_info(
             MigrationDirection::Send,
             &url.to_string(),
             MigrationStatus::Active,
-        ));
+        );
+        info.memory_bytes = self.config.memory;
+        *lock(&self.migration) = Some(info);
         let source = Source {
             url,
             downtime: std::time::Duration::from_millis(params.downtime_ms),
@@ -815,14 +817,10 @@ impl Vmm {
                         ApiRequest::ReceiveMigration(_) if receiving => Err(
                             ActionError::InvalidState("already receiving a migration".into()),
                         ),
-                        ApiRequest::ReceiveMigration(p) => start_receiver(
-                            p,
-                            serial,
-                            &progress,
-                            handover_tx.clone(),
-                            &handover_evt,
-                        )
-                        .inspect(|_| receiving = true),
+                        ApiRequest::ReceiveMigration(p) => {
+                            start_receiver(p, serial, &progress, handover_tx.clone(), &handover_evt)
+                                .inspect(|_| receiving = true)
+                        }
                         ApiRequest::Shutdown => {
                             message.respond(Ok(ResponseBody::Empty));
                             return Ok(None);
