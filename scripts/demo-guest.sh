@@ -3,8 +3,8 @@
 # shellcheck disable=SC2153 # ROLE, MY_IP, PEER_IP: prepended by scripts/demo.sh
 # Guest side of scripts/demo.sh: bring up eth0, find the RoCE v2 GID of its address on
 # vmw_pvrdma0, then run ibv_rc_pingpong (data checked) and rping (rdma_cm, data verified) against
-# the other guest: ROLE=server serves, ROLE=client connects (trying again while the server is not
-# listening yet). Prints DEMO-OK or DEMO-FAIL at the end.
+# the other guest, both at once: ROLE=server serves, ROLE=client connects (trying again while the
+# server is not listening yet). Prints DEMO-OK or DEMO-FAIL at the end.
 DEV=vmw_pvrdma0
 fail() { echo "DEMO-FAIL $*"; exit 1; }
 ip link set lo up
@@ -31,12 +31,26 @@ again() {
     sleep 2
   done
 }
+# Both programs run at once, for PP_ITERS and RPING_COUNT rounds: long enough for the client's
+# VM to be live-migrated while they run (scripts/demo.sh watches for DEMO-TRAFFIC).
 if [ "$ROLE" = server ]; then
-  timeout 300 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n 500 -s 4096 || fail "ibv_rc_pingpong"
-  timeout 300 rping -s -a "$MY_IP" -v -C 10 || fail "rping"
+  timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 > /tmp/pp.log 2>&1 &
+  pp=$!
+  timeout 900 rping -s -a "$MY_IP" -V -C "$RPING_COUNT" > /tmp/rping.log 2>&1 &
+  rp=$!
 else
-  again timeout 300 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n 500 -s 4096 "$PEER_IP" || fail "ibv_rc_pingpong"
-  sleep 2
-  again timeout 300 rping -c -a "$PEER_IP" -v -C 10 || fail "rping"
+  sleep 3
+  (again timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 "$PEER_IP") > /tmp/pp.log 2>&1 &
+  pp=$!
+  (again timeout 900 rping -c -a "$PEER_IP" -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
+  rp=$!
+  sleep 5
+  echo "DEMO-TRAFFIC ibv_rc_pingpong and rping running"
 fi
+wait $pp; pp_rc=$?
+wait $rp; rp_rc=$?
+grep -E 'local address|remote address|bytes in|iters in' /tmp/pp.log
+tail -n 2 /tmp/rping.log
+[ $pp_rc = 0 ] || fail "ibv_rc_pingpong rc=$pp_rc: $(tail -n 3 /tmp/pp.log)"
+[ $rp_rc = 0 ] || fail "rping rc=$rp_rc: $(tail -n 3 /tmp/rping.log)"
 echo "DEMO-OK $ROLE"

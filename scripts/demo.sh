@@ -2,8 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # The main job (README): two Debian guests under pvrdma-vmm, each with the PVRDMA slot (vmxnet3 +
 # PVRDMA sharing a TAP) on one bridge, run RDMA traffic with the unmodified tools against each
-# other: ibv_rc_pingpong (data checked) and rping (rdma_cm, data verified). Their consoles are
-# shown with a prefix; the exit status is 0 when both guests report success. Runs the VMMs
+# other: ibv_rc_pingpong (data checked) and rping (rdma_cm, data verified), both at once. While
+# they run, guest B is live-migrated to a new VMM process (its own TAP on the bridge) through the
+# HTTP API with pvrdma-remote. Consoles are shown with a prefix; the exit status is 0 when both
+# guests report success and the migration completed. Runs the VMMs
 # directly where this host's KVM can boot Linux (as root, in a network namespace of its own);
 # otherwise (kvm-pvm, or no vmx/svm) inside the nested test host, as the end-to-end tests do.
 # Guest assets are built on first use (see resources/build-assets.sh).
@@ -15,10 +17,12 @@ cargo build --release --bins
 . "$assets/assets.env"
 work=$(mktemp -d "$PWD/target/demo.XXXXXX")
 vmm=$PWD/target/release/pvrdma-vmm
+remote=$PWD/target/release/pvrdma-remote
 
 # One script disk per guest: the role's variables, then the guest script, NUL-padded to sectors.
+iters="PP_ITERS=${PP_ITERS:-20000} RPING_COUNT=${RPING_COUNT:-3000}"
 for g in a b; do
-  if [[ $g == a ]]; then vars="ROLE=server MY_IP=10.77.0.1 PEER_IP=10.77.0.2"; else vars="ROLE=client MY_IP=10.77.0.2 PEER_IP=10.77.0.1"; fi
+  if [[ $g == a ]]; then vars="ROLE=server MY_IP=10.77.0.1 PEER_IP=10.77.0.2 $iters"; else vars="ROLE=client MY_IP=10.77.0.2 PEER_IP=10.77.0.1 $iters"; fi
   { printf '%s\n' $vars; cat scripts/demo-guest.sh; } > "$work/guest-$g.img"
   truncate -s %512 "$work/guest-$g.img"
 done
@@ -28,27 +32,40 @@ cat > "$work/host.sh" <<HOST
 set -u
 . $PWD/resources/test-host/l1-common.sh || exit 1
 [[ \${PVRDMA_L1:-} == 1 ]] && { l1_setup_kvm || exit 1; }
+# Logs, consoles and sockets: the test host's shared /out (the source tree is read-only there).
+L=\${PVRDMA_L1:+/out}; L=\${L:-$work}
 ip link set lo up
 l1_bridge br0 || exit 1
-for g in a b; do l1_tap tap\$g br0 || exit 1; done
+for t in a b b2; do l1_tap tap\$t br0 || exit 1; done
 pids=()
 for g in a b; do
   mac=52:54:00:77:00:0\$([[ \$g == a ]] && echo 1 || echo 2)
   $vmm --kernel $PVRDMA_KERNEL --initramfs $PVRDMA_GUEST_INITRAMFS --cpus 1 --memory 512M \\
     --cmdline "console=ttyS0 panic=-1 quiet pvtest=run pvrun=/dev/vda" \\
     --disk path=$work/guest-\$g.img,readonly=on --pvrdma tap=tap\$g,mac=\$mac \\
-    --serial file=$work/\$g.console > $work/\$g.vmm.log 2>&1 &
+    --serial file=\$L/\$g.console --api-socket \$L/\$g.api > \$L/\$g.vmm.log 2>&1 &
   pids+=(\$!)
 done
-touch $work/a.console $work/b.console
-tail -n +1 -f $work/a.console | sed -u 's/^/[guest A] /' &
-tail -n +1 -f $work/b.console | sed -u 's/^/[guest B] /' &
+# B's destination: a VMM with only an API socket, waiting for the migration.
+$vmm --api-socket \$L/b2.api --serial file=\$L/b2.console > \$L/b2.vmm.log 2>&1 &
+pids+=(\$!)
+touch \$L/a.console \$L/b.console \$L/b2.console
+tail -n +1 -f \$L/a.console | sed -u 's/^/[guest A] /' &
+tail -n +1 -f \$L/b.console | sed -u 's/^/[guest B] /' &
+tail -n +1 -f \$L/b2.console | sed -u "s/^/[guest B, migrated] /" &
 rc=0
+# Once B's traffic runs: move B to the new VMM (its NIC on tapb2), with progress shown.
+for i in \$(seq 600); do grep -q DEMO-TRAFFIC \$L/b.console && break; sleep 0.5; done
+sleep 5
+echo "demo: migrating guest B while ibv_rc_pingpong and rping run"
+$remote --api-socket \$L/b2.api receive-migration unix:\$L/migrate.sock --tap 52:54:00:77:00:02=tapb2 --no-wait || rc=1
+$remote --api-socket \$L/b.api send-migration unix:\$L/migrate.sock --downtime-ms 300 || rc=1
 for p in "\${pids[@]}"; do wait \$p || rc=1; done
 sleep 1
-kill %3 %4 2>/dev/null
-for g in a b; do grep -q "DEMO-OK" $work/\$g.console || rc=1; done
-echo "demo: \$( ((rc == 0)) && echo 'both guests ran ibv_rc_pingpong and rping to completion' || echo FAILED; ) (logs in $work)"
+kill %4 %5 %6 2>/dev/null
+grep -q "DEMO-OK" \$L/a.console || rc=1
+cat \$L/b.console \$L/b2.console | grep -q "DEMO-OK" || rc=1
+echo "demo: \$( ((rc == 0)) && echo 'both guests ran ibv_rc_pingpong and rping to completion, B live-migrated mid-run' || echo FAILED; ) (logs in $work/out)"
 exit \$rc
 HOST
 

@@ -66,6 +66,9 @@ pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
             link_up: s.link_up,
         }),
     };
+    if let Some(s) = &state.session {
+        log::info!("pvrdma: saved {}", s.objects.peer_ids());
+    }
     Snapshot::new(ID, VERSION, &saved)
 }
 
@@ -108,6 +111,9 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     env.irq.set_imr(saved.imr);
     env.irq.set_icr(saved.icr);
     env.wire.inbox.set_open(saved.active);
+    if let Some(s) = &state.session {
+        log::info!("pvrdma: restored {}", s.objects.peer_ids());
+    }
     drop(state);
     shared.kick_all();
     Ok(())

@@ -56,9 +56,11 @@ const MAX_PEERS: usize = 256;
 /// the peer's socket queue.
 const SEND_WAIT: Duration = Duration::from_millis(5);
 /// Control messages: a tag, then for SETUP the ring size and the sender's
-/// MAC (the ring's memfd rides along as SCM_RIGHTS).
+/// MAC (the ring's memfd rides along as SCM_RIGHTS); BYE (a VMM leaving,
+/// e.g. after migrating its VM away) has the same layout without a ring.
 const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING1";
 const KICK: &[u8; 16] = b"PVRDMA-SHM-KICK1";
+const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-1";
 const SETUP_LEN: usize = 16 + 4 + 6;
 
 fn sock_name(mac: [u8; 6]) -> String {
@@ -207,6 +209,9 @@ impl LocalChannel {
     }
 
     /// Takes rings handed over on the control socket (and drains kicks).
+    /// A BYE from a MAC means both rings with it are stale: its VMM ended,
+    /// or the VM migrated to another VMM, which the next frame finds
+    /// through the MAC's socket.
     fn accept(&self) {
         let mut buf = [0u8; SETUP_LEN];
         loop {
@@ -214,7 +219,7 @@ impl LocalChannel {
                 Ok(got) => got,
                 Err(_) => break,
             };
-            let (Some(file), Some(msg)) = (file, buf.get(..n)) else {
+            let Some(msg) = buf.get(..n) else {
                 continue;
             };
             let Some((tag, rest)) = msg.split_first_chunk::<16>() else {
@@ -223,10 +228,23 @@ impl LocalChannel {
             let Some((size, from)) = rest.split_first_chunk::<4>() else {
                 continue;
             };
-            let (Ok(from), true) = (<[u8; 6]>::try_from(from), tag == SETUP) else {
+            let Ok(from) = <[u8; 6]>::try_from(from) else {
                 continue;
             };
+            if tag != SETUP && tag != BYE {
+                continue;
+            }
             let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(file) = file.filter(|_| tag == SETUP) else {
+                // Not on SETUP: both sides set up their rings at first
+                // contact, and each would drop the other's in turn.
+                self.peers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&from);
+                inbound.remove(&from);
+                continue;
+            };
             if inbound.len() >= MAX_PEERS && !inbound.contains_key(&from) {
                 log::warn!("pvrdma: same-host channel: too many peers, ring refused");
                 continue;
@@ -282,7 +300,36 @@ impl LocalChannel {
 }
 
 impl Drop for LocalChannel {
+    /// Says BYE to every VMM we exchange frames with, so that they stop
+    /// filling rings nobody reads (our VM may live on in another VMM).
     fn drop(&mut self) {
+        let mut macs: Vec<[u8; 6]> = self
+            .peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .copied()
+            .collect();
+        macs.extend(
+            self.inbound
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys(),
+        );
+        macs.sort_unstable();
+        macs.dedup();
+        let mut msg = [0u8; SETUP_LEN];
+        let (tag, rest) = msg.split_at_mut(BYE.len());
+        tag.copy_from_slice(BYE);
+        if let Some(from) = rest.get_mut(4..) {
+            from.copy_from_slice(&self.mac);
+        }
+        if let Ok(sock) = UnixDatagram::unbound() {
+            let _ = sock.set_write_timeout(Some(SEND_WAIT));
+            for mac in macs {
+                let _ = sock.send_to(&msg, self.dir.join(sock_name(mac)));
+            }
+        }
         if std::fs::metadata(&self.own).is_ok_and(|m| m.ino() == self.inode) {
             let _ = std::fs::remove_file(&self.own);
         }
@@ -348,6 +395,8 @@ mod tests {
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
         let frame = [7u8; 1000];
         while a.send([2, 0, 0, 0, 2, 2], &frame) == Sent::Local {}
+        // (Without its BYE: a VMM that died.)
+        std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
         drop(old);
         assert!(dir.join(sock_name([2, 0, 0, 0, 2, 2])).exists(), "the new owner's file stays");
         // The full ring of the dead peer is noticed, and the MAC's new
@@ -355,6 +404,28 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
         assert_eq!(new.recv(8), vec![b"after".to_vec()]);
+        drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_leaving_vmm_says_bye_and_its_peers_find_the_new_owner_at_once() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-bye-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], false).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"one"), Sent::Local);
+        assert_eq!(old.recv(8).len(), 1);
+        assert_eq!(old.send([2, 0, 0, 0, 3, 1], b"back"), Sent::Local);
+        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        // The ring is not full and its reader was awake: only the BYE can
+        // tell A that the VM moved.
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
+        let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
+        drop(old);
+        assert!(a.recv(8).is_empty());
+        assert!(a.inbound.lock().unwrap().is_empty(), "the old ring is dropped");
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
+        assert_eq!(new.recv(8), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -60,6 +60,15 @@ pub(crate) struct Objects {
 }
 
 impl Objects {
+    /// "qpns=[..] keys=[..]": the IDs peers know this device's objects by,
+    /// logged on save and restore so an operator (and the migration test)
+    /// can see they did not change.
+    pub(crate) fn peer_ids(&self) -> String {
+        let qpns: Vec<String> = self.qpns.keys().map(|q| format!("{q:#x}")).collect();
+        let keys: Vec<String> = self.mrs.values().map(|m| format!("{:#x}", m.key)).collect();
+        format!("qpns=[{}] keys=[{}]", qpns.join(","), keys.join(","))
+    }
+
     pub(crate) fn new(limits: &Limits) -> Self {
         Self {
             ctxs: BTreeMap::new(),
