@@ -34,6 +34,8 @@ set -u
 [[ \${PVRDMA_L1:-} == 1 ]] && { l1_setup_kvm || exit 1; }
 # Logs, consoles and sockets: the test host's shared /out (the source tree is read-only there).
 L=\${PVRDMA_L1:+/out}; L=\${L:-$work}
+# API and migration sockets: a local directory (9p cannot hold sockets).
+S=\$(mktemp -d)
 ip link set lo up
 l1_bridge br0 || exit 1
 for t in a b b2; do l1_tap tap\$t br0 || exit 1; done
@@ -43,11 +45,11 @@ for g in a b; do
   $vmm --kernel $PVRDMA_KERNEL --initramfs $PVRDMA_GUEST_INITRAMFS --cpus 1 --memory 512M \\
     --cmdline "console=ttyS0 panic=-1 quiet pvtest=run pvrun=/dev/vda" \\
     --disk path=$work/guest-\$g.img,readonly=on --pvrdma tap=tap\$g,mac=\$mac \\
-    --serial file=\$L/\$g.console --api-socket \$L/\$g.api > \$L/\$g.vmm.log 2>&1 &
+    --serial file=\$L/\$g.console --api-socket \$S/\$g.api > \$L/\$g.vmm.log 2>&1 &
   pids+=(\$!)
 done
 # B's destination: a VMM with only an API socket, waiting for the migration.
-$vmm --api-socket \$L/b2.api --serial file=\$L/b2.console > \$L/b2.vmm.log 2>&1 &
+$vmm --api-socket \$S/b2.api --serial file=\$L/b2.console > \$L/b2.vmm.log 2>&1 &
 pids+=(\$!)
 touch \$L/a.console \$L/b.console \$L/b2.console
 tail -n +1 -f \$L/a.console | sed -u 's/^/[guest A] /' &
@@ -58,8 +60,8 @@ rc=0
 for i in \$(seq 600); do grep -q DEMO-TRAFFIC \$L/b.console && break; sleep 0.5; done
 sleep 5
 echo "demo: migrating guest B while ibv_rc_pingpong and rping run"
-$remote --api-socket \$L/b2.api receive-migration unix:\$L/migrate.sock --tap 52:54:00:77:00:02=tapb2 --no-wait || rc=1
-$remote --api-socket \$L/b.api send-migration unix:\$L/migrate.sock --downtime-ms 300 || rc=1
+$remote --api-socket \$S/b2.api receive-migration unix:\$S/migrate.sock --tap 52:54:00:77:00:02=tapb2 --no-wait || rc=1
+$remote --api-socket \$S/b.api send-migration unix:\$S/migrate.sock --downtime-ms 300 || rc=1
 for p in "\${pids[@]}"; do wait \$p || rc=1; done
 sleep 1
 kill %4 %5 %6 2>/dev/null

@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
+# Scenario of tests/tests/migration.rs (issue 6): live migration with queue pairs carrying traffic.
+# Guests A (10.14.0.1) and B (10.14.0.2), each with a PVRDMA slot on bridge br0 of this host, run
+# ibv_rc_pingpong -c (data checked) and rping -V (data verified) against each other, both at once
+# and for many rounds (scripts/demo-guest.sh, the README demo's guest program). While they run:
+#   1. a migration of B to a VMM that refuses it (its TAP override names a MAC B does not have):
+#      send-migration must fail and leave B running on its source;
+#   2. the migration of B to a new VMM process with its own TAP (tapb2), through the HTTP API with
+#      pvrdma-remote, which prints the progress and the blackout.
+# Results: $OUT/migration.env (exit statuses, remote exit codes, timings), $OUT/migration-*-vmm.log
+# (the device logs the QPNs and keys it saved and restored), the consoles
+# $OUT/migration-{a,b,b2}-serial.log and pvrdma-remote's output $OUT/migration-*-remote.log.
+
+isolate_network
+
+MIGRATION_LIMIT=${MIGRATION_LIMIT:-900}
+PP_ITERS=${PP_ITERS:-20000}
+RPING_COUNT=${RPING_COUNT:-3000}
+MAC_A=52:54:00:14:00:01
+MAC_B=52:54:00:14:00:02
+
+t0=$(now_us)
+deadline=$(($(now_us) + MIGRATION_LIMIT * 1000000))
+remaining() {
+  local r=$(((deadline - $(now_us)) / 1000000))
+  echo $((r > 0 ? r : 1))
+}
+
+l1_bridge br0
+ip addr add 10.14.0.254/24 dev br0
+for t in tapa tapb tapb2 tapbx; do l1_tap "$t" br0; done
+
+iters="PP_ITERS=$PP_ITERS RPING_COUNT=$RPING_COUNT"
+guest=$E2E_RESOURCES/../scripts/demo-guest.sh
+guest_script_disk "$WORK/migration-a-run.img" "ROLE=server MY_IP=10.14.0.1 PEER_IP=10.14.0.2 $iters" "$guest"
+guest_script_disk "$WORK/migration-b-run.img" "ROLE=client MY_IP=10.14.0.2 PEER_IP=10.14.0.1 $iters" "$guest"
+
+cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
+VMM_CPUS=1 start_vmm migration-a --cmdline "$cmdline" --disk "path=$WORK/migration-a-run.img,readonly=on" \
+  --serial "file=$OUT/migration-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
+pid_a=$VMM_PID
+VMM_CPUS=1 start_vmm migration-b --cmdline "$cmdline" --disk "path=$WORK/migration-b-run.img,readonly=on" \
+  --serial "file=$OUT/migration-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
+pid_b=$VMM_PID
+
+# receiver NAME: a VMM with only an API socket ($WORK/NAME.api), waiting for a migration.
+receiver() {
+  "$PVRDMA_VMM_BIN" --api-socket "$WORK/$1.api" --serial "file=$OUT/migration-$1-serial.log" \
+    > "$OUT/migration-$1-vmm.log" 2>&1 &
+  VMM_PID=$!
+  wait_for_path "$WORK/$1.api" 30
+}
+
+# remote_cmd NAME ARGS...: pvrdma-remote (bounded), output to $OUT/migration-NAME-remote.log;
+# prints its exit status.
+remote_cmd() {
+  local name=$1 rc=0
+  shift
+  echo "\$ pvrdma-remote $*" >> "$OUT/migration-$name-remote.log"
+  timeout 600 "$PVRDMA_REMOTE_BIN" "$@" >> "$OUT/migration-$name-remote.log" 2>&1 || rc=$?
+  echo "$rc"
+}
+
+if ! wait_for_line "$OUT/migration-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then
+  record migration "traffic=never-started"
+fi
+sleep 5
+
+# 1. A destination that refuses: the source must report the failure and keep the VM.
+receiver bx
+pid_bx=$VMM_PID
+record migration "refused_receive_rc=$(remote_cmd bx --api-socket "$WORK/bx.api" receive-migration "unix:$WORK/bx.sock" --tap 52:54:00:99:99:99=tapbx --no-wait)"
+record migration "refused_send_rc=$(remote_cmd refused --api-socket "$WORK/b.api" send-migration "unix:$WORK/bx.sock")"
+record migration "refused_source_alive=$(kill -0 "$pid_b" 2>/dev/null && echo yes || echo no)"
+record migration "refused_source_state=$(timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/b.api" info | grep -o '"state": "[A-Za-z]*"' | head -n1 | cut -d'"' -f4)"
+timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bx.api" shutdown > /dev/null 2>&1 || true
+wait_for_exit "$pid_bx" 30
+record migration "refused_receiver_exit=$EXIT_STATUS"
+
+# 2. The migration, while both programs run.
+receiver b2
+pid_b2=$VMM_PID
+t_mig=$(now_us)
+record migration "receive_rc=$(remote_cmd b2 --api-socket "$WORK/b2.api" receive-migration "unix:$WORK/b2.sock" --tap "$MAC_B=tapb2" --no-wait)"
+record migration "send_rc=$(remote_cmd send --api-socket "$WORK/b.api" send-migration "unix:$WORK/b2.sock" --downtime-ms 300)"
+record migration "migration_seconds=$(since "$t_mig")"
+wait_for_exit "$pid_b" 30
+record migration "source_exit=$EXIT_STATUS"
+
+# Both programs finish (their guests then power off, which ends the VMMs).
+for g in a b2; do
+  pid_var=pid_$g
+  wait_for_line "$OUT/migration-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
+  wait_for_exit "${!pid_var}" 60
+  record migration "${g}_exit=$EXIT_STATUS"
+done
+record migration "seconds=$(since "$t0")"
+for g in a b b2 bx; do
+  record migration "${g}_panics=$(grep -c 'panicked at' "$OUT/migration-$g-vmm.log" || true)"
+done
+log "migration: $(tr '\n' ' ' < "$OUT/migration.env")"

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+//! End to end: live migration over the HTTP API with queue pairs carrying traffic (issue 6).
+//! Guests A and B run `ibv_rc_pingpong -c` and `rping -V` against each other (both at once, many
+//! rounds); B is first sent to a destination that refuses it, then migrated to a new VMM process
+//! with a TAP of its own, mid-run. Both programs must finish with their data checked, B's QPNs
+//! and keys must be the same before and after, and the failed attempt must leave B running.
+//!
+//! All tests share ONE run of `tests/scenarios/migration.sh` in the test host.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use e2e::binaries;
+use e2e::results::KeyValues;
+use e2e::suite::{self, SetupError};
+use e2e::testhost::Outcome;
+
+struct Suite {
+    outcome: Outcome,
+    env: KeyValues,
+}
+
+fn suite() -> &'static Suite {
+    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+    suite::shared(&SUITE, || {
+        let bins = binaries::locate().map_err(|e| e.to_string())?;
+        let outcome = suite::run_vmm_scenario(
+            "migration",
+            &[("PVRDMA_REMOTE_BIN", bins.remote.display().to_string())],
+            // Typically ~4 min: two boots, a 512 MiB migration at TCG speed, the traffic.
+            Duration::from_secs(1200),
+            1,
+        )?;
+        let env = suite::key_values(&outcome, "migration.env")?;
+        Ok(Suite { outcome, env })
+    })
+}
+
+const LOGS: &[&str] = &[
+    "migration-a-serial.log",
+    "migration-b-serial.log",
+    "migration-b2-serial.log",
+    "migration-b-vmm.log",
+    "migration-b2-vmm.log",
+    "migration-send-remote.log",
+    "migration-b2-remote.log",
+    "migration-refused-remote.log",
+    "migration-bx-vmm.log",
+];
+
+impl Suite {
+    fn fail(&self, what: &str) -> ! {
+        let logs: Vec<String> = LOGS.iter().map(|s| (*s).to_string()).collect();
+        panic!("{}", self.outcome.failure(what, &logs, 30));
+    }
+
+    fn expect_value(&self, key: &str, want: &str) {
+        let got = self.env.get(key);
+        if got != Some(want) {
+            self.fail(&format!("{key}: expected {want}, got {got:?}"));
+        }
+    }
+
+    fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.outcome.file(name))
+            .unwrap_or_else(|e| self.fail(&format!("cannot read {name}: {e}")))
+    }
+
+    /// The `qpns=[..] keys=[..]` part of the device's line starting with `prefix`.
+    fn peer_ids(&self, log: &str, prefix: &str) -> String {
+        let text = self.text(log);
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once(prefix).map(|(_, ids)| ids.trim().to_string()));
+        line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
+    }
+}
+
+#[test]
+fn traffic_runs_to_completion_across_the_migration() {
+    let s = suite();
+    s.expect_value("receive_rc", "0");
+    s.expect_value("send_rc", "0");
+    // The source hands over and exits 0; the guest powers off on the destination at the end.
+    s.expect_value("source_exit", "0");
+    s.expect_value("a_exit", "0");
+    s.expect_value("b2_exit", "0");
+    let a = s.text("migration-a-serial.log");
+    if !a.contains("DEMO-OK server") {
+        s.fail("guest A's ibv_rc_pingpong or rping failed");
+    }
+    let b2 = s.text("migration-b2-serial.log");
+    if !b2.contains("DEMO-OK client") {
+        s.fail("guest B's programs did not finish on the destination");
+    }
+    // The part of B's console before the migration is on the source's serial.
+    if !s.text("migration-b-serial.log").contains("DEMO-TRAFFIC") {
+        s.fail("B's traffic never started before the migration");
+    }
+}
+
+#[test]
+fn queue_pair_numbers_and_keys_survive() {
+    let s = suite();
+    let saved = s.peer_ids("migration-b-vmm.log", "pvrdma: saved ");
+    let restored = s.peer_ids("migration-b2-vmm.log", "pvrdma: restored ");
+    if saved != restored {
+        s.fail(&format!("saved {saved} but restored {restored}"));
+    }
+    // A's pingpong printed B's QPN when it connected, before the migration: it must be one of
+    // the QPNs the destination serves.
+    let a = s.text("migration-a-serial.log");
+    let remote_qpn = a
+        .lines()
+        .find(|l| l.contains("remote address:"))
+        .and_then(|l| l.split("QPN ").nth(1))
+        .and_then(|q| q.split(',').next())
+        .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
+        .unwrap_or_else(|| s.fail("no 'remote address: ... QPN' line in A's pingpong output"));
+    if !restored.contains(&format!("{remote_qpn:#x}")) {
+        s.fail(&format!(
+            "B's pingpong QPN {remote_qpn:#x} is not among the restored {restored}"
+        ));
+    }
+    e2e::announce(&format!("migration: B's device before and after: {restored}"));
+}
+
+#[test]
+fn remote_reports_progress_and_the_blackout() {
+    let s = suite();
+    let log = s.text("migration-send-remote.log");
+    if !log.lines().any(|l| l.starts_with("pass 1:")) {
+        s.fail("pvrdma-remote printed no pre-copy pass");
+    }
+    let done = log
+        .lines()
+        .find(|l| l.starts_with("migration completed:"))
+        .unwrap_or_else(|| s.fail("pvrdma-remote did not report the completion"));
+    e2e::announce(&format!("migration: {done}"));
+}
+
+#[test]
+fn a_refused_migration_leaves_the_source_running() {
+    let s = suite();
+    // The destination accepted the request (it listens), then refused the VM at its configuration.
+    s.expect_value("refused_receive_rc", "0");
+    s.expect_value("refused_send_rc", "1");
+    s.expect_value("refused_source_alive", "yes");
+    s.expect_value("refused_source_state", "Running");
+    s.expect_value("refused_receiver_exit", "0");
+    let log = s.text("migration-refused-remote.log");
+    if !log.contains("52:54:00:99:99:99") {
+        s.fail("the source's error does not say why the destination refused");
+    }
+}
+
+#[test]
+fn no_vmm_panicked() {
+    let s = suite();
+    for g in ["a", "b", "b2", "bx"] {
+        s.expect_value(&format!("{g}_panics"), "0");
+    }
+}
