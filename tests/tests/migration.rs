@@ -122,7 +122,9 @@ fn queue_pair_numbers_and_keys_survive() {
             "B's pingpong QPN {remote_qpn:#x} is not among the restored {restored}"
         ));
     }
-    e2e::announce(&format!("migration: B's device before and after: {restored}"));
+    e2e::announce(&format!(
+        "migration: B's device before and after: {restored}"
+    ));
 }
 
 #[test]

@@ -398,7 +398,10 @@ mod tests {
         // (Without its BYE: a VMM that died.)
         std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
         drop(old);
-        assert!(dir.join(sock_name([2, 0, 0, 0, 2, 2])).exists(), "the new owner's file stays");
+        assert!(
+            dir.join(sock_name([2, 0, 0, 0, 2, 2])).exists(),
+            "the new owner's file stays"
+        );
         // The full ring of the dead peer is noticed, and the MAC's new
         // owner gets the frames after that.
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
@@ -423,7 +426,10 @@ mod tests {
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         drop(old);
         assert!(a.recv(8).is_empty());
-        assert!(a.inbound.lock().unwrap().is_empty(), "the old ring is dropped");
+        assert!(
+            a.inbound.lock().unwrap().is_empty(),
+            "the old ring is dropped"
+        );
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
         assert_eq!(new.recv(8), vec![b"three".to_vec()]);
         drop((a, new));
