@@ -49,8 +49,8 @@ else
 fi
 wait $pp; pp_rc=$?
 wait $rp; rp_rc=$?
-grep -E 'local address|remote address|bytes in|iters in' /tmp/pp.log
+grep -E 'local address|remote address|bytes in|iters in|Failed status|Completion with error' /tmp/pp.log
 tail -n 2 /tmp/rping.log
-[ $pp_rc = 0 ] || fail "ibv_rc_pingpong rc=$pp_rc: $(tail -n 3 /tmp/pp.log)"
+[ $pp_rc = 0 ] || fail "ibv_rc_pingpong rc=$pp_rc: $(grep -E 'Failed status|failed' /tmp/pp.log | head -n 3)"
 [ $rp_rc = 0 ] || fail "rping rc=$rp_rc: $(tail -n 3 /tmp/rping.log)"
 echo "DEMO-OK $ROLE"
