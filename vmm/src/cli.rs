@@ -194,10 +194,37 @@ mod tests {
             &["--kernel", "/k", "--disk", "readonly=on"],
             &["--kernel", "/k", "--serial", "pty"],
             &["--kernel", "/k", "--log-level", "loud"],
-            &["--cpus", "1"],
+            &["--restore", "source_url=file:///s", "--kernel", "/k"],
         ] {
             let argv = std::iter::once("pvrdma-vmm").chain(args.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn mode_follows_the_options() {
+        let mode = |args: &[&str]| {
+            let argv = std::iter::once("pvrdma-vmm").chain(args.iter().copied());
+            Cli::try_parse_from(argv).unwrap().mode()
+        };
+        assert!(matches!(mode(&["--kernel", "/k"]), Ok(Mode::Boot(_))));
+        assert!(matches!(mode(&["--api-socket", "/a"]), Ok(Mode::Receive)));
+        assert!(matches!(
+            mode(&["--restore", "source_url=file:///snap"]),
+            Ok(Mode::Restore(d)) if d == std::path::Path::new("/snap")
+        ));
+        // Without a kernel, VM options mean a forgotten --kernel, not a receiver.
+        for args in [
+            &["--cpus", "1"][..],
+            &["--api-socket", "/a", "--disk", "path=/d"],
+        ] {
+            assert_eq!(
+                mode(args).unwrap_err(),
+                ConfigError::MissingKernel,
+                "{args:?}"
+            );
+        }
+        assert!(mode(&["--restore", "file:///snap"]).is_err());
+        assert!(mode(&["--restore", "source_url=file://rel"]).is_err());
     }
 }
