@@ -315,8 +315,7 @@ impl Source {
             .map_err(|e| crate::error_chain(&e))?;
         let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
         let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
-        let mut paused = false;
-        let result = self.precopy_and_switch(&mut *stream, started, &mut paused);
+        let result = self.precopy_and_switch(&mut *stream, started);
         if let Err(e) = &result {
             // Best effort: the destination drops what it built.
             let _ = protocol::send_request(&mut *stream, Command::Abandon, &[]);
@@ -330,7 +329,6 @@ impl Source {
         &self,
         stream: &mut dyn Stream,
         started: Instant,
-        paused: &mut bool,
     ) -> Result<(), MigrationError> {
         protocol::send_request(stream, Command::Start, &protocol::start_payload())
             .map_err(ProtocolError::from)?;
@@ -384,7 +382,6 @@ impl Source {
             .recv()
             .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
             .map_err(MigrationError::Switchover)?;
-        *paused = true;
         // What the last pass left dirty, and what was written since.
         table.extend(dirty_ranges(&self.vm, mem)?);
         send_memory(stream, mem, &table, &self.progress)?;
@@ -587,7 +584,8 @@ pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), Mig
     let path = dir.join(SNAPSHOT_MEMORY);
     let mut file = std::fs::File::open(&path).map_err(file_error(&path))?;
     let mem = target.memory();
-    let expected = all_ranges(mem).bytes();
+    let ranges = all_ranges(mem);
+    let expected = ranges.bytes();
     let actual = file.metadata().map_err(file_error(&path))?.len();
     if actual != expected {
         return Err(MigrationError::Config(format!(
@@ -596,7 +594,7 @@ pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), Mig
         )));
     }
     let mut buf = vec![0u8; CHUNK_BYTES];
-    for &(gpa, len) in all_ranges(mem).ranges() {
+    for &(gpa, len) in ranges.ranges() {
         copy_range(gpa, len, &mut buf, |chunk, addr| {
             file.read_exact(chunk).map_err(file_error(&path))?;
             mem.write_slice(chunk, addr).map_err(MigrationError::Memory)
