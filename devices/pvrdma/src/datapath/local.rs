@@ -55,13 +55,41 @@ const MAX_PEERS: usize = 256;
 /// Longest a control message (ring hand-over, kick) may wait for room in
 /// the peer's socket queue.
 const SEND_WAIT: Duration = Duration::from_millis(5);
-/// Control messages: a tag, then for SETUP the ring size and the sender's
-/// MAC (the ring's memfd rides along as SCM_RIGHTS); BYE (a VMM leaving,
-/// e.g. after migrating its VM away) has the same layout without a ring.
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING1";
+/// Control messages: a tag, then for SETUP the ring size, the sender's
+/// MAC and the sender's instance (the ring's memfd rides along as
+/// SCM_RIGHTS); BYE (a VMM leaving, e.g. after migrating its VM away) has
+/// the same layout without a ring.
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING2";
 const KICK: &[u8; 16] = b"PVRDMA-SHM-KICK1";
-const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-1";
-const SETUP_LEN: usize = 16 + 4 + 6;
+const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-2";
+const MSG_LEN: usize = 16 + 4 + 6 + 8;
+
+/// A SETUP or BYE message.
+fn control(tag: &[u8; 16], size: u32, mac: [u8; 6], instance: u64) -> [u8; MSG_LEN] {
+    let mut msg = [0u8; MSG_LEN];
+    let (t, rest) = msg.split_at_mut(16);
+    t.copy_from_slice(tag);
+    let (s, rest) = rest.split_at_mut(4);
+    s.copy_from_slice(&size.to_le_bytes());
+    let (m, i) = rest.split_at_mut(6);
+    m.copy_from_slice(&mac);
+    i.copy_from_slice(&instance.to_le_bytes());
+    msg
+}
+
+/// The fields of a well-formed SETUP or BYE: tag, ring size, MAC, instance.
+fn parse_control(msg: &[u8]) -> Option<(&[u8; 16], u32, [u8; 6], u64)> {
+    let (tag, rest) = msg.split_first_chunk::<16>()?;
+    let (size, rest) = rest.split_first_chunk::<4>()?;
+    let (mac, rest) = rest.split_first_chunk::<6>()?;
+    let instance = <[u8; 8]>::try_from(rest).ok()?;
+    Some((
+        tag,
+        u32::from_le_bytes(*size),
+        *mac,
+        u64::from_le_bytes(instance),
+    ))
+}
 
 fn sock_name(mac: [u8; 6]) -> String {
     let [a, b, c, d, e, f] = mac;
@@ -73,6 +101,16 @@ fn sock_name(mac: [u8; 6]) -> String {
 struct Peer {
     sock: UnixDatagram,
     ring: ShmRing,
+    /// The instance owning the MAC's socket when we connected.
+    instance: u64,
+}
+
+/// A ring a peer sends us frames in.
+#[derive(Debug)]
+struct Inbound {
+    ring: ShmRing,
+    /// The instance that handed it over.
+    instance: u64,
 }
 
 /// One device's end of the same-host channel.
@@ -85,11 +123,14 @@ pub(crate) struct LocalChannel {
     mac: [u8; 6],
     peers: Mutex<HashMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
-    inbound: Mutex<HashMap<[u8; 6], ShmRing>>,
+    inbound: Mutex<HashMap<[u8; 6], Inbound>>,
     dir: PathBuf,
     own: PathBuf,
-    /// Of our socket file: a VMM the VM migrated to may have replaced it,
-    /// and its file is not ours to remove.
+    /// Which VMM owns a MAC: the inode of the socket file it bound. While
+    /// a VM migrates, its MAC has two owners for a moment (the source
+    /// lingers, the destination already sends), and a message must only
+    /// touch the rings of the instance that sent it. It also tells whether
+    /// our socket file is still ours to remove.
     inode: u64,
 }
 
@@ -139,21 +180,21 @@ impl LocalChannel {
     /// A ring towards the VMM owning `mac`, handed over on its socket.
     fn connect(&self, mac: [u8; 6]) -> Option<Peer> {
         let path = self.dir.join(sock_name(mac));
-        if path == self.own || !path.exists() {
+        if path == self.own {
             return None;
         }
+        let instance = std::fs::metadata(&path).ok()?.ino();
         let sock = UnixDatagram::unbound().ok()?;
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
         let (ring, file) = shm_ring::create(RING_BYTES).ok()?;
-        let mut msg = [0u8; SETUP_LEN];
-        let (tag, rest) = msg.split_at_mut(SETUP.len());
-        tag.copy_from_slice(SETUP);
-        let (size, from) = rest.split_at_mut(4);
-        size.copy_from_slice(&(RING_BYTES as u32).to_le_bytes());
-        from.copy_from_slice(&self.mac);
+        let msg = control(SETUP, RING_BYTES as u32, self.mac, self.inode);
         sock.send_with_fd(&msg[..], file.as_raw_fd()).ok()?;
-        Some(Peer { sock, ring })
+        Some(Peer {
+            sock,
+            ring,
+            instance,
+        })
     }
 
     /// Offers `frame` to the VMM owning `dst_mac` on this host.
@@ -209,49 +250,53 @@ impl LocalChannel {
     }
 
     /// Takes rings handed over on the control socket (and drains kicks).
-    /// A BYE from a MAC means both rings with it are stale: its VMM ended,
+    ///
+    /// A BYE means both rings with that instance are stale: its VMM ended,
     /// or the VM migrated to another VMM, which the next frame finds
-    /// through the MAC's socket.
+    /// through the MAC's socket. A SETUP from an instance other than the
+    /// one our ring goes to means the same: the MAC has a new owner.
+    /// Rings of the MAC's other instance are left alone, so that a late
+    /// BYE from a migration's source does not cut its destination off.
     fn accept(&self) {
-        let mut buf = [0u8; SETUP_LEN];
+        let mut buf = [0u8; MSG_LEN];
         loop {
             let (n, file) = match self.sock.recv_with_fd(&mut buf) {
                 Ok(got) => got,
                 Err(_) => break,
             };
-            let Some(msg) = buf.get(..n) else {
-                continue;
-            };
-            let Some((tag, rest)) = msg.split_first_chunk::<16>() else {
-                continue;
-            };
-            let Some((size, from)) = rest.split_first_chunk::<4>() else {
-                continue;
-            };
-            let Ok(from) = <[u8; 6]>::try_from(from) else {
+            let Some((tag, size, from, instance)) = buf.get(..n).and_then(parse_control) else {
                 continue;
             };
             if tag != SETUP && tag != BYE {
                 continue;
             }
+            let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
             let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+            // Our ring goes to the instance that leaves, or to one that
+            // a new owner of the MAC replaced.
+            let ours_is_stale = |p: &Peer| {
+                if tag == BYE {
+                    p.instance == instance
+                } else {
+                    p.instance != instance
+                }
+            };
+            if peers.get(&from).is_some_and(ours_is_stale) {
+                peers.remove(&from);
+            }
             let Some(file) = file.filter(|_| tag == SETUP) else {
-                // Not on SETUP: both sides set up their rings at first
-                // contact, and each would drop the other's in turn.
-                self.peers
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&from);
-                inbound.remove(&from);
+                if inbound.get(&from).is_some_and(|r| r.instance == instance) {
+                    inbound.remove(&from);
+                }
                 continue;
             };
             if inbound.len() >= MAX_PEERS && !inbound.contains_key(&from) {
                 log::warn!("pvrdma: same-host channel: too many peers, ring refused");
                 continue;
             }
-            match ShmRing::map(file, u32::from_le_bytes(*size) as usize) {
+            match ShmRing::map(file, size as usize) {
                 Ok(ring) => {
-                    inbound.insert(from, ring);
+                    inbound.insert(from, Inbound { ring, instance });
                 }
                 Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
@@ -266,7 +311,7 @@ impl LocalChannel {
         let mut out = Vec::new();
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
-        for (mac, ring) in inbound.iter() {
+        for (mac, Inbound { ring, .. }) in inbound.iter() {
             loop {
                 if out.len() >= max {
                     break;
@@ -318,12 +363,7 @@ impl Drop for LocalChannel {
         );
         macs.sort_unstable();
         macs.dedup();
-        let mut msg = [0u8; SETUP_LEN];
-        let (tag, rest) = msg.split_at_mut(BYE.len());
-        tag.copy_from_slice(BYE);
-        if let Some(from) = rest.get_mut(4..) {
-            from.copy_from_slice(&self.mac);
-        }
+        let msg = control(BYE, 0, self.mac, self.inode);
         if let Ok(sock) = UnixDatagram::unbound() {
             let _ = sock.set_write_timeout(Some(SEND_WAIT));
             for mac in macs {
@@ -432,6 +472,31 @@ mod tests {
         );
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
         assert_eq!(new.recv(8), vec![b"three".to_vec()]);
+        drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_late_bye_from_the_source_spares_the_destinations_rings() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-late-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], false).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"one"), Sent::Local);
+        assert_eq!(old.send([2, 0, 0, 0, 4, 1], b"back"), Sent::Local);
+        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        // The destination runs the VM and sends before the source, still
+        // lingering, has said BYE.
+        let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
+        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
+        assert_eq!(a.recv(8), vec![b"from new".to_vec()]);
+        // A's ring to the source went stale with the destination's SETUP.
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"two"), Sent::Local);
+        assert_eq!(new.recv(8), vec![b"two".to_vec()]);
+        drop(old);
+        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"after bye"), Sent::Local);
+        assert_eq!(a.recv(8), vec![b"after bye".to_vec()], "ring kept");
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
+        assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
