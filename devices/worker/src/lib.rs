@@ -14,6 +14,7 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::sync::OnceLock;
 use std::thread::{self, JoinHandle};
 
 use event_manager::{EventManager, MutEventSubscriber, SubscriberId, SubscriberOps};
@@ -37,6 +38,17 @@ pub enum SpawnError {
     EventManager(#[source] event_manager::Error),
     #[error("Failed to start the worker thread")]
     Thread(#[source] std::io::Error),
+}
+
+/// What every worker thread runs first, set once by the VMM: its
+/// sandbox (a seccomp filter). Devices start workers from several places
+/// (at build, on driver activation) and need not know the VMM's policy.
+static THREAD_START: OnceLock<fn()> = OnceLock::new();
+
+/// Sets the function each worker thread runs before its loop; the first
+/// call wins.
+pub fn set_thread_start(start: fn()) {
+    let _ = THREAD_START.set(start);
 }
 
 /// Owns the worker thread; dropping it stops and joins the thread.
@@ -87,6 +99,9 @@ impl Drop for WorkerHandle {
 }
 
 fn run<W: Stoppable>(name: &str, mut manager: EventManager<W>, id: SubscriberId) {
+    if let Some(start) = THREAD_START.get() {
+        start();
+    }
     loop {
         if let Err(e) = manager.run() {
             error!("{name}: worker event loop failed: {e}");
