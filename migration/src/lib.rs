@@ -11,6 +11,10 @@
 //! support, so we keep serde and version each component's layout
 //! explicitly instead (a mismatch is refused, never misread).
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod protocol;
 pub mod transport;
 

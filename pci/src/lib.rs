@@ -9,6 +9,10 @@
 //! irqfds behind KVM GSI routes) and [`IoEventRegistrar`] (doorbells as
 //! ioeventfds). The VMM implements them on KVM; unit tests use mocks.
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io;
 use std::sync::Arc;
 
@@ -69,7 +73,9 @@ mod bus;
 mod configuration;
 mod doorbells;
 mod msix;
+// Test support (mock hypervisor hooks), not device code: it may panic.
 #[cfg(any(test, feature = "test-utils"))]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub mod test_utils;
 
 pub use bus::{PciBus, PciBusError};
