@@ -4,6 +4,10 @@
 //! guest uses to power off or reset. Each one is a `vm_device::MutDevicePio`
 //! so the VMM registers them on its PIO bus unchanged.
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 mod acpi_pm;
 mod i8042;
 mod serial;

@@ -7,6 +7,10 @@
 //! The wire itself is a [`FrameBackend`]: a [`Tap`] in production, which
 //! every function of the port may send through.
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 mod backend;
 mod port;
 mod tap;
