@@ -30,6 +30,10 @@
 //! RLIMIT_NOFILE accordingly (a registration KVM refuses is counted and
 //! that doorbell exits to the VMM instead, which still works).
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 //! # Structure
 //!
 //! `regs` the register BAR, `dsr` the DSR handshake, `cmd` the command
@@ -61,7 +65,10 @@ mod state;
 mod uar;
 mod worker;
 
+// Test support (a simulated guest driver), not device code: a step that
+// fails is a failed test, so it may panic.
 #[cfg(feature = "test-utils")]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub mod sim_driver;
 
 pub use config::{GidType, Limits, LimitsError, PvrdmaConfig};

@@ -18,6 +18,10 @@
 //! responder; [`sgl`] scatter/gather over SGE lists; [`qp`] the driver
 //! looping the three roles of one QP; [`metrics`] its counters.
 
+// Guest input is hostile: no unwrap/expect outside tests (clippy.toml
+// allows them in #[cfg(test)] code).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod comp;
 pub mod hdr;
 pub mod icrc;
