@@ -38,9 +38,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Limit on writing a response: they are small, so only a client that stops reading hits it.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Timeouts of the server. [`Default`] is what the VMM should use.
+/// Timeouts of the server, and its thread's set-up. [`Default`] is what the VMM should use.
 #[derive(Clone, Copy, Debug)]
 pub struct ServerOptions {
+    /// Runs first on the server thread: the VMM installs its sandbox (seccomp filter) there.
+    pub thread_start: fn(),
     /// How long the VMM has to answer before the client gets 504. The request stays queued,
     /// so the action may still happen: a 504 means "outcome unknown".
     pub reply_timeout: Duration,
@@ -52,6 +54,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
+            thread_start: || {},
             reply_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
         }
@@ -437,6 +440,7 @@ impl Worker {
     }
 
     fn run(self) {
+        (self.options.thread_start)();
         let mut events = [EpollEvent::default(); 2];
         while !self.stopping() {
             match self.epoll.wait(-1, &mut events) {

@@ -83,6 +83,14 @@ lifecycle_steps() {
     return 1
   fi
   period_ms=$((($(now_us) - t_a) / 2000))
+  # The running VMM's sandbox: each thread's name and seccomp mode (2: filtered), and what is left
+  # of its capabilities.
+  local t threads=
+  for t in /proc/"$pid"/task/*; do
+    threads+="$(cat "$t/comm"):$(awk '/^Seccomp:/ {print $2}' "$t/status"),"
+  done
+  record $r "thread_seccomp=${threads%,}" "cap_eff=$(awk '/^CapEff:/ {print $2}' /proc/"$pid"/status)" \
+    "cap_bnd=$(awk '/^CapBnd:/ {print $2}' /proc/"$pid"/status)"
   window=$((3 * period_ms / 1000 + 1))
   ((window >= 5)) || window=5
   record $r "tick_period_ms=$period_ms" "pause_window_s=$window"

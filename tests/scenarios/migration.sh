@@ -97,6 +97,6 @@ for g in a b2; do
 done
 record migration "seconds=$(since "$t0")"
 for g in a b b2 bx; do
-  record migration "${g}_panics=$(grep -c 'panicked at' "$OUT/migration-$g-vmm.log" || true)"
+  record migration "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/migration-$g-vmm.log" || true)"
 done
 log "migration: $(tr '\n' ' ' < "$OUT/migration.env")"

@@ -287,6 +287,6 @@ for g in a b c; do
 done
 record rdma "seconds=$(since "$t0")"
 for g in a b c; do
-  record rdma "${g}_panics=$(grep -c 'panicked at' "$OUT/rdma-$g-vmm.log" || true)"
+  record rdma "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/rdma-$g-vmm.log" || true)"
 done
 log "rdma: $(grep -vE '^rxe-|\.(secs|attempts|why)=' "$OUT/rdma.env" | tr '\n' ' ')"

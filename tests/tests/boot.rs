@@ -193,6 +193,39 @@ fn vmm_boots_the_kernel_as_elf_vmlinux() {
     check_boot_markers(suite, "vmm-boot-elf");
 }
 
+/// Issue 7: every thread of a running VMM (main, API, vCPUs) has its seccomp filter, and no
+/// capability is left (the scenario runs it as root).
+#[test]
+fn the_running_vmm_is_sandboxed() {
+    let suite = suite();
+    suite.vmm();
+    let phase = "vmm-lifecycle";
+    let r = suite.results(phase);
+    let fail = |what: String| -> ! { panic!("{}", suite.failure(phase, &what)) };
+    let threads = r
+        .get("thread_seccomp")
+        .unwrap_or_else(|| fail("no thread_seccomp recorded".to_string()));
+    let threads: Vec<(&str, &str)> = threads
+        .split(',')
+        .filter_map(|t| t.rsplit_once(':'))
+        .collect();
+    let names: Vec<&str> = threads.iter().map(|(name, _)| *name).collect();
+    for kind in ["pvrdma-vmm", "pvrdma-api", "vcpu0", "vcpu1"] {
+        if !names.contains(&kind) {
+            fail(format!("no {kind} thread among {names:?}"));
+        }
+    }
+    let unfiltered: Vec<_> = threads.iter().filter(|(_, mode)| *mode != "2").collect();
+    if !unfiltered.is_empty() {
+        fail(format!("threads without a seccomp filter: {unfiltered:?}"));
+    }
+    for key in ["cap_eff", "cap_bnd"] {
+        if r.get(key) != Some("0000000000000000") {
+            fail(format!("capabilities left: {key}={:?}", r.get(key)));
+        }
+    }
+}
+
 #[test]
 fn vmm_pauses_resumes_and_shuts_down_over_the_api() {
     let suite = suite();

@@ -78,6 +78,11 @@ pub struct Cli {
     #[arg(long, value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
 
+    /// Seccomp filters per thread kind: true (a forbidden syscall ends the VMM with a message
+    /// naming it), log (allowed, logged by the kernel's audit) or false.
+    #[arg(long, value_name = "true|log|false", default_value = "true")]
+    pub seccomp: crate::sandbox::SeccompMode,
+
     /// Log level on stderr: error, warn, info, debug or trace.
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     pub log_level: log::LevelFilter,

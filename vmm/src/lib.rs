@@ -8,6 +8,7 @@ pub mod device_manager;
 pub mod kvm;
 pub mod memory;
 pub mod migration;
+pub mod sandbox;
 pub mod vcpu;
 pub mod vmm;
 

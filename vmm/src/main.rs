@@ -20,6 +20,11 @@ fn main() {
             std::process::exit(EXIT_USAGE);
         }
     };
+    if let Err(e) = vmm::sandbox::init(cli.seccomp) {
+        eprintln!("error: {e}");
+        std::process::exit(EXIT_USAGE);
+    }
+    device_worker::set_thread_start(|| vmm::sandbox::enter(vmm::sandbox::Kind::Device));
     let api = cli.api_socket.as_deref();
     let vmm = match mode {
         Mode::Boot(config) => Vmm::boot(*config, api).map(Some),

@@ -248,6 +248,7 @@ fn wait_while_paused(control: &Control, fd: &mut VcpuFd, msrs: &[u32]) -> bool {
 }
 
 fn run(id: u8, mut fd: VcpuFd, bus: &IoBus, exits: &ExitReporter, control: &Control, msrs: &[u32]) {
+    crate::sandbox::enter(crate::sandbox::Kind::Vcpu);
     while wait_while_paused(control, &mut fd, msrs) {
         match fd.run() {
             Ok(VcpuExit::IoIn(port, data)) => bus.pio_read(port, data),

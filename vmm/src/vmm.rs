@@ -30,6 +30,7 @@ use crate::memory::{self, GuestMemory, MemoryError};
 use crate::migration::{
     self, ControlLink, HostSettings, Progress, Source, SourceRequest, VmSnapshot,
 };
+use crate::sandbox;
 use crate::vcpu::{self, ExitReporter, VcpuError, VcpuExitReason, VcpuHandle};
 
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +59,8 @@ pub enum VmmError {
     Api(#[source] api::ApiError),
     #[error("Failed to restore the VM: {0}")]
     Restore(String),
+    #[error("Sandbox: {0}")]
+    Sandbox(String),
 }
 
 /// How a VM ended. Each maps to a documented process exit code.
@@ -242,8 +245,17 @@ impl ConsoleInput {
 fn start_api(path: &std::path::Path) -> Result<Api, VmmError> {
     let evt = eventfd()?;
     let (sender, requests) = mpsc::channel();
-    let server = api::start_server(path, sender, evt.try_clone().map_err(VmmError::EventLoop)?)
-        .map_err(VmmError::Api)?;
+    let options = api::ServerOptions {
+        thread_start: || sandbox::enter(sandbox::Kind::Api),
+        ..Default::default()
+    };
+    let server = api::start_server_with(
+        path,
+        sender,
+        evt.try_clone().map_err(VmmError::EventLoop)?,
+        options,
+    )
+    .map_err(VmmError::Api)?;
     log::info!("API listening on {}", path.display());
     Ok(Api {
         evt,
@@ -389,6 +401,8 @@ impl Vmm {
             poweroff,
             reset,
         } = machine;
+        // The TAPs are open: no capability is needed from here on.
+        sandbox::drop_capabilities().map_err(|e| VmmError::Sandbox(e.to_string()))?;
         vcpu::register_kick_signal()?;
         let vcpu_exits = Arc::new(ExitReporter {
             evt: eventfd()?,
@@ -670,6 +684,7 @@ impl Vmm {
         const API: u64 = 4;
         const SERIAL_ROOM: u64 = 5;
         const MIGRATION: u64 = 6;
+        sandbox::apply(sandbox::Kind::Vmm).map_err(|e| VmmError::Sandbox(e.to_string()))?;
         let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
         let add = |fd: i32, token: u64| {
             epoll
@@ -905,6 +920,7 @@ fn start_receiver(
     std::thread::Builder::new()
         .name("migration".into())
         .spawn(move || {
+            sandbox::enter(sandbox::Kind::Vmm);
             let result = migration::receive::<Machine>(&listener, &host, &progress)
                 .map(|(machine, _)| machine)
                 .map_err(|e| crate::error_chain(&e));
