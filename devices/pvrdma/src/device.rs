@@ -216,7 +216,14 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
 
     /// Lets the device work again, starting with everything posted while
     /// it was paused; lost frames come back by retransmission.
+    /// A device restored for an incoming migration also becomes its MAC's
+    /// owner on the same-host channel now, when the VM runs here.
     fn resume(&mut self) -> Result<(), MigratableError> {
+        if let Some(local) = &self.shared.env.wire.local {
+            if let Err(e) = local.claim() {
+                log::warn!("pvrdma: cannot take over the MAC's same-host socket ({e}); peers on this host reach the VM over the wire");
+            }
+        }
         self.shared.paused.store(false, Ordering::Release);
         self.shared.env.wire.inbox.set_discard(false);
         self.shared.kick_all();

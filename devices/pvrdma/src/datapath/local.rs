@@ -116,7 +116,8 @@ struct Inbound {
 /// One device's end of the same-host channel.
 #[derive(Debug)]
 pub(crate) struct LocalChannel {
-    /// Bound to `own`, non-blocking: rings and kicks from other VMMs.
+    /// Bound to our socket file, non-blocking: rings and kicks from other
+    /// VMMs.
     sock: UnixDatagram,
     /// Wakes the worker again when a batch left frames in the rings.
     again: EventFd,
@@ -125,7 +126,11 @@ pub(crate) struct LocalChannel {
     /// Rings other VMMs send us frames in, by their MAC.
     inbound: Mutex<HashMap<[u8; 6], Inbound>>,
     dir: PathBuf,
-    own: PathBuf,
+    /// The MAC's socket path, `<dir>/<mac>.sock`.
+    home: PathBuf,
+    /// Where our socket file is until [`LocalChannel::claim`] moves it to
+    /// `home`; `None` once it is there.
+    staged: Mutex<Option<PathBuf>>,
     /// Which VMM owns a MAC: the inode of the socket file it bound. While
     /// a VM migrates, its MAC has two owners for a moment (the source
     /// lingers, the destination already sends), and a message must only
@@ -138,22 +143,34 @@ impl LocalChannel {
     /// Binds the control socket of `mac` in `dir` (created 0700 if
     /// missing). A socket file left by a VMM that is gone is replaced; one
     /// that answers belongs to a running VMM with the same MAC, an error —
-    /// unless `take_over`: the VM is migrating here from that VMM, whose
-    /// peers find us once it is gone.
+    /// unless `take_over`: the VM is migrating here from that VMM. Then our
+    /// socket waits beside the MAC's until [`LocalChannel::claim`] (the VM
+    /// runs here): a migration that fails leaves the source's in place.
     pub(crate) fn bind(dir: &Path, mac: [u8; 6], take_over: bool) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        let own = dir.join(sock_name(mac));
-        if own.exists() {
+        let home = dir.join(sock_name(mac));
+        let own = if take_over {
+            dir.join(format!(
+                "{}.incoming-{}",
+                sock_name(mac),
+                std::process::id()
+            ))
+        } else {
+            home.clone()
+        };
+        if home.exists() && !take_over {
             let probe = UnixDatagram::unbound()?;
-            if !take_over && probe.connect(&own).is_ok() {
+            if probe.connect(&home).is_ok() {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
-                    format!("{} belongs to a running VMM (same MAC?)", own.display()),
+                    format!("{} belongs to a running VMM (same MAC?)", home.display()),
                 ));
             }
+        }
+        if own.exists() {
             std::fs::remove_file(&own)?;
         }
         let sock = UnixDatagram::bind(&own)?;
@@ -167,9 +184,31 @@ impl LocalChannel {
             peers: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             dir: dir.to_path_buf(),
-            own,
+            staged: Mutex::new((own != home).then_some(own)),
+            home,
             inode,
         })
+    }
+
+    /// Makes our socket the MAC's (atomically replacing a migration
+    /// source's): from now on peers that connect reach us. Nothing to do
+    /// unless bound with `take_over`.
+    pub(crate) fn claim(&self) -> io::Result<()> {
+        let mut staged = self.staged.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(path) = staged.as_ref() {
+            std::fs::rename(path, &self.home)?;
+            *staged = None;
+        }
+        Ok(())
+    }
+
+    /// Where our socket file is now.
+    fn own(&self) -> PathBuf {
+        self.staged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| self.home.clone())
     }
 
     /// What the worker watches: the control socket and the re-wake.
@@ -180,7 +219,7 @@ impl LocalChannel {
     /// A ring towards the VMM owning `mac`, handed over on its socket.
     fn connect(&self, mac: [u8; 6]) -> Option<Peer> {
         let path = self.dir.join(sock_name(mac));
-        if path == self.own {
+        if path == self.home {
             return None;
         }
         let instance = std::fs::metadata(&path).ok()?.ino();
@@ -370,8 +409,9 @@ impl Drop for LocalChannel {
                 let _ = sock.send_to(&msg, self.dir.join(sock_name(mac)));
             }
         }
-        if std::fs::metadata(&self.own).is_ok_and(|m| m.ino() == self.inode) {
-            let _ = std::fs::remove_file(&self.own);
+        let own = self.own();
+        if std::fs::metadata(&own).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&own);
         }
     }
 }
@@ -433,6 +473,7 @@ mod tests {
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
+        new.claim().unwrap();
         let frame = [7u8; 1000];
         while a.send([2, 0, 0, 0, 2, 2], &frame) == Sent::Local {}
         // (Without its BYE: a VMM that died.)
@@ -464,6 +505,7 @@ mod tests {
         // tell A that the VM moved.
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
+        new.claim().unwrap();
         drop(old);
         assert!(a.recv(8).is_empty());
         assert!(
@@ -487,6 +529,7 @@ mod tests {
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
+        new.claim().unwrap();
         assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
         assert_eq!(a.recv(8), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
@@ -498,6 +541,33 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
         assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_abandoned_migration_leaves_the_source_its_mac() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-ab-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 1], false).unwrap();
+        let source = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], false).unwrap();
+        // The destination is built (not yet running the VM), then dropped.
+        let dest = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], true).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 5, 2], b"to source"), Sent::Local);
+        assert_eq!(source.recv(8), vec![b"to source".to_vec()]);
+        drop(dest);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            2,
+            "no staged file left"
+        );
+        // A newcomer still finds the source.
+        let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 3], false).unwrap();
+        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"from c"), Sent::Local);
+        assert_eq!(source.recv(8), vec![b"from c".to_vec()]);
+        // A claim without a staged socket changes nothing.
+        source.claim().unwrap();
+        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"again"), Sent::Local);
+        assert_eq!(source.recv(8), vec![b"again".to_vec()]);
+        drop((a, source, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
