@@ -88,6 +88,12 @@ const VM_SEND_MIGRATION: Route = Route {
     parse: |body| json_body(body).map(ApiRequest::SendMigration),
 };
 
+const VM_CANCEL_MIGRATION: Route = Route {
+    method: Method::Put,
+    path: "/api/v1/vm.cancel-migration",
+    parse: |body| check_no_params(body).map(|()| ApiRequest::CancelMigration),
+};
+
 const VM_RECEIVE_MIGRATION: Route = Route {
     method: Method::Put,
     path: "/api/v1/vm.receive-migration",
@@ -108,6 +114,7 @@ pub static ROUTES: &[Route] = &[
     VM_RESUME,
     VM_SHUTDOWN,
     VM_SEND_MIGRATION,
+    VM_CANCEL_MIGRATION,
     VM_RECEIVE_MIGRATION,
     VM_SNAPSHOT,
 ];
@@ -122,6 +129,7 @@ impl ApiRequest {
             Self::Resume => &VM_RESUME,
             Self::Shutdown => &VM_SHUTDOWN,
             Self::SendMigration(_) => &VM_SEND_MIGRATION,
+            Self::CancelMigration => &VM_CANCEL_MIGRATION,
             Self::ReceiveMigration(_) => &VM_RECEIVE_MIGRATION,
             Self::Snapshot(_) => &VM_SNAPSHOT,
         }
@@ -131,7 +139,12 @@ impl ApiRequest {
     /// parser reads it back into the same request.
     pub fn body(&self) -> Option<Vec<u8>> {
         match self {
-            Self::Ping | Self::VmInfo | Self::Pause | Self::Resume | Self::Shutdown => None,
+            Self::Ping
+            | Self::VmInfo
+            | Self::Pause
+            | Self::Resume
+            | Self::Shutdown
+            | Self::CancelMigration => None,
             Self::SendMigration(params) => Some(to_json(params)),
             Self::ReceiveMigration(params) => Some(to_json(params)),
             Self::Snapshot(params) => Some(to_json(params)),

@@ -35,6 +35,9 @@ pub enum ApiRequest {
     /// `PUT /api/v1/vm.send-migration`: start a live migration of the VM to another VMM.
     /// Answered once the migration thread runs; progress is read through `vm.info`.
     SendMigration(SendMigrationParams),
+    /// `PUT /api/v1/vm.cancel-migration`: stop an outgoing migration before its switch-over;
+    /// the VM keeps running on this VMM and the migration ends `Failed`.
+    CancelMigration,
     /// `PUT /api/v1/vm.receive-migration` (on a VMM started with `--api-socket` and no
     /// kernel): listen for a source and take its VM over. Answered once listening.
     ReceiveMigration(ReceiveMigrationParams),

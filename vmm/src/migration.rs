@@ -16,6 +16,7 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -72,6 +73,8 @@ pub enum MigrationError {
     Memory(#[source] vm_memory::GuestMemoryError),
     #[error("Timed out after {0} s; the VM keeps running here")]
     Timeout(u64),
+    #[error("Cancelled through the API; the VM keeps running here")]
+    Cancelled,
     #[error("The VM could not be paused for the switch-over: {0}")]
     Switchover(String),
     #[error("Invalid configuration from the source: {0}")]
@@ -175,16 +178,19 @@ fn device_bitmap(region: &vm_memory::GuestRegionMmap<AtomicBitmap>) -> &AtomicBi
 }
 
 /// Streams `table`'s pages in batches, each answered by the destination;
-/// returns the bytes sent.
+/// returns the bytes sent. `go_on` is asked before each batch whether to
+/// stop (cancel, timeout): a first pass takes long.
 fn send_memory(
     stream: &mut dyn Stream,
     mem: &GuestMemory,
     table: &MemoryRangeTable,
     progress: &Progress,
+    go_on: &dyn Fn() -> Result<(), MigrationError>,
 ) -> Result<u64, MigrationError> {
     let mut buf = vec![0u8; CHUNK_BYTES];
     let mut sent = 0u64;
     for batch in table.split(BATCH_BYTES) {
+        go_on()?;
         protocol::send_request_header(stream, Command::Memory, batch.encoded_len() + batch.bytes())
             .map_err(ProtocolError::from)?;
         stream
@@ -279,9 +285,22 @@ pub struct Source {
     pub vm: Arc<Vm>,
     pub progress: Progress,
     pub control: ControlLink,
+    /// Set by `vm.cancel-migration`; honoured until the switch-over.
+    pub cancel: Arc<AtomicBool>,
 }
 
 impl Source {
+    /// Whether pre-copy may go on: not cancelled, not past the timeout.
+    fn go_on(&self, started: Instant) -> Result<(), MigrationError> {
+        if self.cancel.load(Ordering::Acquire) {
+            return Err(MigrationError::Cancelled);
+        }
+        if started.elapsed() > self.timeout {
+            return Err(MigrationError::Timeout(self.timeout.as_secs()));
+        }
+        Ok(())
+    }
+
     /// Runs the whole migration; the result goes to the control loop.
     pub fn run(self) {
         let started = Instant::now();
@@ -348,7 +367,7 @@ impl Source {
         loop {
             pass += 1;
             let pass_start = Instant::now();
-            let sent = send_memory(stream, mem, &table, &self.progress)?;
+            let sent = send_memory(stream, mem, &table, &self.progress, &|| self.go_on(started))?;
             let elapsed = pass_start.elapsed().as_secs_f64().max(1e-3);
             let bandwidth = (sent as f64 / elapsed).max(1.0);
             table = dirty_ranges(&self.vm, mem)?;
@@ -366,15 +385,14 @@ impl Source {
                 "Migration pass {pass}: {sent} bytes in {elapsed:.2} s, {dirty} bytes dirty, expected downtime {} ms",
                 expected.as_millis()
             );
-            if started.elapsed() > self.timeout {
-                return Err(MigrationError::Timeout(self.timeout.as_secs()));
-            }
+            self.go_on(started)?;
             if expected <= self.downtime || pass >= MAX_PASSES {
                 break;
             }
         }
 
-        // Stop-and-copy: the control loop pauses the VM and saves it.
+        // Stop-and-copy: the control loop pauses the VM and saves it (and
+        // refuses cancels from now on).
         let blackout = Instant::now();
         let (reply, answer) = mpsc::channel();
         self.control.send(SourceRequest::Switchover(reply));
@@ -384,7 +402,7 @@ impl Source {
             .map_err(MigrationError::Switchover)?;
         // What the last pass left dirty, and what was written since.
         table.extend(dirty_ranges(&self.vm, mem)?);
-        send_memory(stream, mem, &table, &self.progress)?;
+        send_memory(stream, mem, &table, &self.progress, &|| Ok(()))?;
         protocol::send_request(stream, Command::State, &state).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Complete, &[]).map_err(ProtocolError::from)?;

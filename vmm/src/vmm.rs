@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -138,6 +139,10 @@ struct Outgoing {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The switch-over paused the VM (undone if the migration fails).
     paused_vm: bool,
+    /// Shared with the sending thread: `vm.cancel-migration` sets it.
+    cancel: Arc<AtomicBool>,
+    /// The switch-over began: too late to cancel.
+    switching: bool,
 }
 
 /// How long a source lingers after the handover so that the operator's
@@ -528,6 +533,7 @@ impl Vmm {
         let config = serde_json::to_vec(&self.config)
             .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
         let (requests_tx, requests) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
         let evt = eventfd().map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
         let wake = evt
             .try_clone()
@@ -551,6 +557,7 @@ impl Vmm {
                 requests: requests_tx,
                 wake,
             },
+            cancel: cancel.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("migration".into())
@@ -561,6 +568,8 @@ impl Vmm {
             evt,
             thread: Some(thread),
             paused_vm: false,
+            cancel,
+            switching: false,
         });
         log::info!("Migration to {} started", params.destination_url);
         Ok(ResponseBody::Empty)
@@ -575,6 +584,14 @@ impl Vmm {
         for request in requests {
             match request {
                 SourceRequest::Switchover(reply) => {
+                    if let Some(out) = self.outgoing.as_mut() {
+                        out.switching = true;
+                        // A cancel the sender had not seen yet.
+                        if out.cancel.load(Ordering::Acquire) {
+                            let _ = reply.send(Err("cancelled through the API".into()));
+                            continue;
+                        }
+                    }
                     let was_paused = self.paused;
                     let result = if was_paused { Ok(()) } else { self.pause_vm() };
                     let result = result.and_then(|()| self.save_state());
@@ -606,6 +623,24 @@ impl Vmm {
                 }
             }
         }
+    }
+
+    /// Stops an outgoing migration before its switch-over; the VM goes on
+    /// here. After the switch-over began it completes or fails on its own.
+    fn cancel_migration(&mut self) -> ApiResponse {
+        let Some(out) = &self.outgoing else {
+            return Err(ActionError::InvalidState(
+                "no outgoing migration is running".into(),
+            ));
+        };
+        if out.switching {
+            return Err(ActionError::InvalidState(
+                "too late to cancel: the switch-over has begun".into(),
+            ));
+        }
+        out.cancel.store(true, Ordering::Release);
+        log::info!("Migration cancel requested");
+        Ok(ResponseBody::Empty)
     }
 
     fn snapshot(&self, params: &api::SnapshotParams) -> ApiResponse {
@@ -660,6 +695,7 @@ impl Vmm {
                 ApiRequest::Pause => self.pause(),
                 ApiRequest::Resume => self.resume(),
                 ApiRequest::SendMigration(p) => self.send_migration(p),
+                ApiRequest::CancelMigration => self.cancel_migration(),
                 ApiRequest::Snapshot(p) => self.snapshot(p),
                 ApiRequest::ReceiveMigration(_) => Err(ActionError::InvalidState(
                     "this VMM already runs a VM; start a new one with only --api-socket to receive"

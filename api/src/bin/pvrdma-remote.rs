@@ -88,6 +88,12 @@ const COMMANDS: &[Command] = &[
         build: send_migration,
     },
     Command {
+        name: "cancel-migration",
+        args: "",
+        help: "Stop an outgoing migration before its switch-over; the VM keeps running here",
+        build: |args| no_args(args, ApiRequest::CancelMigration),
+    },
+    Command {
         name: "receive-migration",
         args: "URL [--tap MAC=TAP]... [--no-wait]",
         help: "Listen on URL for a migrating VM and run it (VMM started without a kernel)",

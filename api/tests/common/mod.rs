@@ -133,6 +133,11 @@ impl FakeVmm {
                 Ok(ResponseBody::Empty)
             }
             (ApiRequest::SendMigration(p), _) => self.start_migration(&p.destination_url),
+            (ApiRequest::CancelMigration, _) if self.migrating => {
+                self.migrating = false;
+                Ok(ResponseBody::Empty)
+            }
+            (ApiRequest::CancelMigration, _) => invalid_state("no outgoing migration is running"),
             (ApiRequest::ReceiveMigration(p), _) => self.start_migration(&p.receiver_url),
             (ApiRequest::Snapshot(p), VmState::Paused) => {
                 check_url(&p.destination_url, &["file:///"]).map(|()| ResponseBody::Empty)
