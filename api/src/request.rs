@@ -324,6 +324,7 @@ mod tests {
                 downtime_ms: 50,
                 timeout_s: 60,
             }),
+            ApiRequest::CancelMigration,
             ApiRequest::ReceiveMigration(ReceiveMigrationParams {
                 receiver_url: "unix:/run/migrate.sock".into(),
                 taps: [("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned())].into(),
