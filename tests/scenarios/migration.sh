@@ -6,8 +6,11 @@
 # and for many rounds (scripts/demo-guest.sh, the README demo's guest program). While they run:
 #   1. a migration of B to a VMM that refuses it (its TAP override names a MAC B does not have):
 #      send-migration must fail and leave B running on its source;
-#   2. the migration of B to a new VMM process with its own TAP (tapb2), through the HTTP API with
-#      pvrdma-remote, which prints the progress and the blackout.
+#   2. three migrations that fail before the switch-over, each of which must leave B running:
+#      the destination VMM killed mid-transfer, a 3 s timeout, and vm.cancel-migration; the last
+#      two to one receiver, which must survive an abandoned migration and take the next;
+#   3. the migration of B to a new VMM process with its own TAP (tapb2), over TCP, through the
+#      HTTP API with pvrdma-remote, which prints the progress and the blackout.
 # Results: $OUT/migration.env (exit statuses, remote exit codes, timings), $OUT/migration-*-vmm.log
 # (the device logs the QPNs and keys it saved and restored), the consoles
 # $OUT/migration-{a,b,b2}-serial.log and pvrdma-remote's output $OUT/migration-*-remote.log.
@@ -78,12 +81,54 @@ timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bx.api" shutdown > /dev/null
 wait_for_exit "$pid_bx" 30
 record migration "refused_receiver_exit=$EXIT_STATUS"
 
-# 2. The migration, while both programs run.
+# source_state: B's state as its source VMM reports it.
+source_state() {
+  timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/b.api" info | grep -o '"state": "[A-Za-z]*"' |
+    head -n1 | cut -d'"' -f4
+}
+
+# send_in_background NAME ARGS...: remote_cmd NAME send-migration ARGS... in the background; its
+# exit status lands in $WORK/NAME.rc. Sets SEND_PID.
+send_in_background() {
+  local name=$1
+  shift
+  (remote_cmd "$name" --api-socket "$WORK/b.api" send-migration "$@" > "$WORK/$name.rc") &
+  SEND_PID=$!
+}
+
+# 2a. The destination dies mid-transfer (after its first memory batch).
+receiver by
+pid_by=$VMM_PID
+remote_cmd by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+send_in_background died "unix:$WORK/by.sock"
+wait_for_line "$OUT/migration-by-vmm.log" 'Migration from|virtio-blk' 60 "$pid_by" || true
+sleep 4
+kill -KILL "$pid_by" 2>/dev/null || true
+wait "$SEND_PID" || true
+record migration "died_send_rc=$(cat "$WORK/died.rc")" "died_source_state=$(source_state)"
+
+# 2b. A timeout, then 2c. a cancel, both to one receiver.
+receiver bz
+pid_bz=$VMM_PID
+remote_cmd bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+record migration "timeout_send_rc=$(remote_cmd timeout --api-socket "$WORK/b.api" send-migration "unix:$WORK/bz.sock" --timeout-s 3)"
+record migration "timeout_source_state=$(source_state)"
+record migration "rereceive_rc=$(remote_cmd bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait)"
+send_in_background cancelled "unix:$WORK/bz.sock"
+sleep 4
+record migration "cancel_rc=$(remote_cmd cancel --api-socket "$WORK/b.api" cancel-migration)"
+wait "$SEND_PID" || true
+record migration "cancelled_send_rc=$(cat "$WORK/cancelled.rc")" "cancelled_source_state=$(source_state)"
+timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bz.api" shutdown > /dev/null 2>&1 || true
+wait_for_exit "$pid_bz" 30
+record migration "failures_receiver_exit=$EXIT_STATUS"
+
+# 3. The migration, over TCP, while both programs run.
 receiver b2
 pid_b2=$VMM_PID
 t_mig=$(now_us)
-record migration "receive_rc=$(remote_cmd b2 --api-socket "$WORK/b2.api" receive-migration "unix:$WORK/b2.sock" --tap "$MAC_B=tapb2" --no-wait)"
-record migration "send_rc=$(remote_cmd send --api-socket "$WORK/b.api" send-migration "unix:$WORK/b2.sock" --downtime-ms 300)"
+record migration "receive_rc=$(remote_cmd b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --no-wait)"
+record migration "send_rc=$(remote_cmd send --api-socket "$WORK/b.api" send-migration "tcp:127.0.0.1:6700" --downtime-ms 300)"
 record migration "migration_seconds=$(since "$t_mig")"
 wait_for_exit "$pid_b" 30
 record migration "source_exit=$EXIT_STATUS"
@@ -96,7 +141,7 @@ for g in a b2; do
   record migration "${g}_exit=$EXIT_STATUS"
 done
 record migration "seconds=$(since "$t0")"
-for g in a b b2 bx; do
+for g in a b b2 bx by bz; do
   record migration "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/migration-$g-vmm.log" || true)"
 done
 log "migration: $(tr '\n' ' ' < "$OUT/migration.env")"

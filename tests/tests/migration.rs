@@ -47,6 +47,12 @@ const LOGS: &[&str] = &[
     "migration-b2-remote.log",
     "migration-refused-remote.log",
     "migration-bx-vmm.log",
+    "migration-by-vmm.log",
+    "migration-bz-vmm.log",
+    "migration-died-remote.log",
+    "migration-timeout-remote.log",
+    "migration-cancelled-remote.log",
+    "migration-cancel-remote.log",
 ];
 
 impl Suite {
@@ -157,11 +163,46 @@ fn a_refused_migration_leaves_the_source_running() {
     }
 }
 
+#[test]
+fn a_destination_dying_mid_transfer_leaves_the_source_running() {
+    let s = suite();
+    s.expect_value("died_send_rc", "1");
+    s.expect_value("died_source_state", "Running");
+    let log = s.text("migration-died-remote.log");
+    if !log.contains("migration failed") {
+        s.fail("pvrdma-remote did not report the failed migration");
+    }
+}
+
+#[test]
+fn a_timeout_leaves_the_source_running() {
+    let s = suite();
+    s.expect_value("timeout_send_rc", "1");
+    s.expect_value("timeout_source_state", "Running");
+    if !s.text("migration-timeout-remote.log").contains("Timed out after 3 s") {
+        s.fail("the source's error does not name the timeout");
+    }
+}
+
+/// Also: the receiver that saw the timed-out migration abandoned takes the next request.
+#[test]
+fn a_cancelled_migration_leaves_the_source_running() {
+    let s = suite();
+    s.expect_value("rereceive_rc", "0");
+    s.expect_value("cancel_rc", "0");
+    s.expect_value("cancelled_send_rc", "1");
+    s.expect_value("cancelled_source_state", "Running");
+    s.expect_value("failures_receiver_exit", "0");
+    if !s.text("migration-cancelled-remote.log").contains("Cancelled") {
+        s.fail("the source's error does not say the migration was cancelled");
+    }
+}
+
 /// Neither a panic nor a syscall outside the thread's seccomp allow-list (issue 7).
 #[test]
 fn no_vmm_panicked() {
     let s = suite();
-    for g in ["a", "b", "b2", "bx"] {
+    for g in ["a", "b", "b2", "bx", "by", "bz"] {
         s.expect_value(&format!("{g}_panics"), "0");
     }
 }
