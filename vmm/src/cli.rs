@@ -31,8 +31,10 @@ pub struct Cli {
     pub kernel: Option<PathBuf>,
 
     /// Start from a snapshot taken with vm.snapshot instead of booting:
-    /// source_url=file:///DIR. The VM's configuration comes from the snapshot.
-    #[arg(long, value_name = "source_url=file:///DIR", conflicts_with_all = ["kernel", "initramfs", "disk", "net", "pvrdma"])]
+    /// source_url=file:///DIR. The VM's configuration comes from the snapshot. It starts
+    /// paused, so that peers can be restored before any of them runs: resume it with
+    /// vm.resume (hence --api-socket is required).
+    #[arg(long, value_name = "source_url=file:///DIR", conflicts_with_all = ["kernel", "initramfs", "disk", "net", "pvrdma"], requires = "api_socket")]
     pub restore: Option<String>,
 
     /// Initramfs (cpio archive, optionally compressed) loaded for the kernel.
@@ -200,6 +202,7 @@ mod tests {
             &["--kernel", "/k", "--serial", "pty"],
             &["--kernel", "/k", "--log-level", "loud"],
             &["--restore", "source_url=file:///s", "--kernel", "/k"],
+            &["--restore", "source_url=file:///s"],
         ] {
             let argv = std::iter::once("pvrdma-vmm").chain(args.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
@@ -215,7 +218,7 @@ mod tests {
         assert!(matches!(mode(&["--kernel", "/k"]), Ok(Mode::Boot(_))));
         assert!(matches!(mode(&["--api-socket", "/a"]), Ok(Mode::Receive)));
         assert!(matches!(
-            mode(&["--restore", "source_url=file:///snap"]),
+            mode(&["--restore", "source_url=file:///snap", "--api-socket", "/a"]),
             Ok(Mode::Restore(d)) if d == std::path::Path::new("/snap")
         ));
         // Without a kernel, VM options mean a forgotten --kernel, not a receiver.
@@ -229,7 +232,7 @@ mod tests {
                 "{args:?}"
             );
         }
-        assert!(mode(&["--restore", "file:///snap"]).is_err());
-        assert!(mode(&["--restore", "source_url=file://rel"]).is_err());
+        assert!(mode(&["--restore", "file:///snap", "--api-socket", "/a"]).is_err());
+        assert!(mode(&["--restore", "source_url=file://rel", "--api-socket", "/a"]).is_err());
     }
 }

@@ -109,16 +109,19 @@ const KICK_INTERVAL: Duration = Duration::from_millis(10);
 const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl VcpuHandle {
-    /// Starts vCPU `id` (its state already set up or restored); `msrs`
-    /// are the MSRs a saved state includes.
+    /// Starts vCPU `id` (its state already set up or restored), paused
+    /// until [`VcpuHandle::resume`] if `paused`; `msrs` are the MSRs a saved
+    /// state includes.
     pub fn spawn(
         id: u8,
         fd: VcpuFd,
         bus: Arc<IoBus>,
         exits: Arc<ExitReporter>,
         msrs: Arc<[u32]>,
+        paused: bool,
     ) -> Result<Self, VcpuError> {
         let control = Arc::new(Control::default());
+        control.lock().pause_requested = paused;
         let thread_control = control.clone();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))

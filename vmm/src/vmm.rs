@@ -145,6 +145,19 @@ struct Outgoing {
     switching: bool,
 }
 
+/// How [`Vmm::start`] starts a built machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StartAs {
+    /// Booted: devices run, vCPUs start.
+    Running,
+    /// Received by migration: the devices, restored paused, go on now.
+    Resumed,
+    /// Restored from a snapshot: vCPUs and devices stay paused until
+    /// vm.resume, so that several VMs (say, two RDMA peers) can be
+    /// restored first and resumed together.
+    Paused,
+}
+
 /// How long a source lingers after the handover so that the operator's
 /// `vm.info` poll sees the migration completed.
 const HANDOVER_LINGER: std::time::Duration = std::time::Duration::from_secs(3);
@@ -379,7 +392,7 @@ impl Vmm {
         let api = api_socket.map(start_api).transpose()?;
         let machine = Machine::build(config, false)?;
         machine.load_boot()?;
-        let vmm = Self::start(machine, api, Arc::new(Mutex::new(None)), false)?;
+        let vmm = Self::start(machine, api, Arc::new(Mutex::new(None)), StartAs::Running)?;
         log::info!(
             "Booted {} with {} vCPUs and {} MiB",
             vmm.config.kernel.display(),
@@ -389,13 +402,12 @@ impl Vmm {
         Ok(vmm)
     }
 
-    /// Starts the vCPU threads of a built (booted or restored) machine;
-    /// `restored`: its devices were paused for the restore and go on now.
+    /// Starts the vCPU threads of a built (booted or restored) machine.
     fn start(
         machine: Machine,
         api: Option<Api>,
         migration: Progress,
-        restored: bool,
+        how: StartAs,
     ) -> Result<Self, VmmError> {
         let Machine {
             config,
@@ -422,9 +434,10 @@ impl Vmm {
                 devices.bus(),
                 vcpu_exits.clone(),
                 msrs.clone(),
+                how == StartAs::Paused,
             )?);
         }
-        if restored {
+        if how == StartAs::Resumed {
             devices
                 .resume()
                 .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
@@ -439,7 +452,7 @@ impl Vmm {
             reset,
             vcpu_exits,
             booted_at: Instant::now(),
-            paused: false,
+            paused: how == StartAs::Paused,
             api,
             migration,
             outgoing: None,
@@ -843,7 +856,8 @@ impl Vmm {
                         receiving = false;
                         match result {
                             Ok(machine) => {
-                                let vmm = Self::start(machine, Some(api), progress, true)?;
+                                let vmm =
+                                    Self::start(machine, Some(api), progress, StartAs::Resumed)?;
                                 log::info!("Migration received; the VM runs here now");
                                 return Ok(Some(vmm));
                             }
@@ -899,8 +913,11 @@ impl Vmm {
         let mut machine = Machine::build(config, true)?;
         migration::restore_snapshot(dir, &mut machine)
             .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
-        let vmm = Self::start(machine, api, Arc::new(Mutex::new(None)), true)?;
-        log::info!("Restored the VM of {}", dir.display());
+        let vmm = Self::start(machine, api, Arc::new(Mutex::new(None)), StartAs::Paused)?;
+        log::info!(
+            "Restored the VM of {}; it is paused until vm.resume",
+            dir.display()
+        );
         Ok(vmm)
     }
 
