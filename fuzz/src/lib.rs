@@ -1,13 +1,32 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Helpers shared by the fuzz targets: a reader that turns the fuzzer's bytes into
-//! operations, and a framer that wraps fuzzer-chosen transport bytes in valid Ethernet, IP
+//! operations, a framer that wraps fuzzer-chosen transport bytes in valid Ethernet, IP
 //! and UDP headers with a correct ICRC, so that mutations reach the transport code instead
-//! of dying at the checksum.
+//! of dying at the checksum, and a virtio-blk function with its driver ([`virtio_blk`]).
+
+pub mod virtio_blk;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use rdma_transport::icrc::icrc;
 use rdma_transport::net::{self, IpInfo};
+use vmm_sys_util::eventfd::EventFd;
+
+/// How long a target waits for a device worker to take a notification.
+pub const SETTLE: Duration = Duration::from_millis(20);
+
+/// Whether `fd` has a count to read: a worker has not taken the notification yet.
+pub fn readable(fd: &EventFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd that lives across the call; a zero timeout.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
 
 /// Reads fixed-size values off the fuzzer's input; past the end everything reads as 0.
 pub struct Input<'a>(pub &'a [u8]);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A whole function on a real `PciBus` for the device's tests: config
-//! space over 0xCF8/0xCFC, registers over MMIO, a fake driver's rings in
-//! guest memory, mocks for KVM's irqfds and ioeventfds and for the
-//! backend.
+//! A whole function on a real `PciBus`, for the device's tests and the
+//! fuzz targets (feature `test-utils`): config space over 0xCF8/0xCFC,
+//! registers over MMIO, a fake driver's rings in guest memory, mocks for
+//! KVM's irqfds and ioeventfds and for the backend.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -24,89 +24,89 @@ use crate::regs::{MSIX_BAR, NUM_VECTORS, PT_BAR, VD_BAR};
 use crate::test_utils::{DriverLayout, MockBackend, SHARED};
 use crate::{Vmxnet3, Vmxnet3Config};
 
-pub(crate) type TestMem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+pub type TestMem = Arc<GuestMemoryMmap<AtomicBitmap>>;
 
-pub(crate) const SLOT: u32 = 3;
-pub(crate) const MAC: [u8; 6] = [0x02, 0x50, 0x56, 0x00, 0x00, 0x01];
-pub(crate) const MEM_SIZE: usize = 16 << 20;
-pub(crate) const RX_BUFS: u64 = 0x40_0000;
-pub(crate) const TX_BUFS: u64 = 0xc0_0000;
+pub const SLOT: u32 = 3;
+pub const MAC: [u8; 6] = [0x02, 0x50, 0x56, 0x00, 0x00, 0x01];
+pub const MEM_SIZE: usize = 16 << 20;
+pub const RX_BUFS: u64 = 0x40_0000;
+pub const TX_BUFS: u64 = 0xc0_0000;
 // Registers.
-pub(crate) const VRRS: u64 = 0x00;
-pub(crate) const UVRS: u64 = 0x08;
-pub(crate) const DSAL: u64 = 0x10;
-pub(crate) const DSAH: u64 = 0x18;
-pub(crate) const CMD: u64 = 0x20;
-pub(crate) const MACL: u64 = 0x28;
-pub(crate) const MACH: u64 = 0x30;
-pub(crate) const ECR: u64 = 0x40;
-pub(crate) const ACTIVATE: u32 = 0xcafe_0000;
-pub(crate) const QUIESCE: u32 = 0xcafe_0001;
-pub(crate) const RESET: u32 = 0xcafe_0002;
-pub(crate) const UPDATE_RX_MODE: u32 = 0xcafe_0003;
-pub(crate) const GET_STATS: u32 = 0xf00d_0001;
-pub(crate) const GET_LINK: u32 = 0xf00d_0002;
-pub(crate) const GET_CONF_INTR: u32 = 0xf00d_0008;
+pub const VRRS: u64 = 0x00;
+pub const UVRS: u64 = 0x08;
+pub const DSAL: u64 = 0x10;
+pub const DSAH: u64 = 0x18;
+pub const CMD: u64 = 0x20;
+pub const MACL: u64 = 0x28;
+pub const MACH: u64 = 0x30;
+pub const ECR: u64 = 0x40;
+pub const ACTIVATE: u32 = 0xcafe_0000;
+pub const QUIESCE: u32 = 0xcafe_0001;
+pub const RESET: u32 = 0xcafe_0002;
+pub const UPDATE_RX_MODE: u32 = 0xcafe_0003;
+pub const GET_STATS: u32 = 0xf00d_0001;
+pub const GET_LINK: u32 = 0xf00d_0002;
+pub const GET_CONF_INTR: u32 = 0xf00d_0008;
 // Descriptor bits.
-pub(crate) const TXD_GEN: u32 = 1 << 14;
-pub(crate) const TXD_EOP: u32 = 1 << 12;
-pub(crate) const TXD_CQ: u32 = 1 << 13;
-pub(crate) const RXD_GEN: u32 = 1 << 31;
-pub(crate) const RXD_BODY: u32 = 1 << 14;
-pub(crate) const COMP_GEN: u32 = 1 << 31;
+pub const TXD_GEN: u32 = 1 << 14;
+pub const TXD_EOP: u32 = 1 << 12;
+pub const TXD_CQ: u32 = 1 << 13;
+pub const RXD_GEN: u32 = 1 << 31;
+pub const RXD_BODY: u32 = 1 << 14;
+pub const COMP_GEN: u32 = 1 << 31;
 
 /// The offload fields of a SOP descriptor.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Sop {
-    pub(crate) om: u32,
-    pub(crate) hlen: u32,
-    pub(crate) msscof: u32,
-    pub(crate) tci: Option<u16>,
+pub struct Sop {
+    pub om: u32,
+    pub hlen: u32,
+    pub msscof: u32,
+    pub tci: Option<u16>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct RxComp {
-    pub(crate) idx: u32,
-    pub(crate) rqid: u32,
-    pub(crate) len: u32,
-    pub(crate) sop: bool,
-    pub(crate) eop: bool,
+pub struct RxComp {
+    pub idx: u32,
+    pub rqid: u32,
+    pub len: u32,
+    pub sop: bool,
+    pub eop: bool,
 }
 
 #[derive(Clone)]
-pub(crate) struct TxSide {
-    pub(crate) fill: u32,
-    pub(crate) gen: bool,
-    pub(crate) comp: u32,
-    pub(crate) comp_gen: bool,
+pub struct TxSide {
+    pub fill: u32,
+    pub gen: bool,
+    pub comp: u32,
+    pub comp_gen: bool,
 }
 
 #[derive(Clone)]
-pub(crate) struct RxSide {
-    pub(crate) fill: [u32; 2],
-    pub(crate) gen: [bool; 2],
-    pub(crate) comp: u32,
-    pub(crate) comp_gen: bool,
+pub struct RxSide {
+    pub fill: [u32; 2],
+    pub gen: [bool; 2],
+    pub comp: u32,
+    pub comp_gen: bool,
 }
 
-pub(crate) struct Harness {
-    pub(crate) bus: PciBus,
+pub struct Harness {
+    pub bus: PciBus,
     /// The device the bus holds, for calls the bus does not make.
-    pub(crate) nic: Arc<Mutex<Vmxnet3<TestMem>>>,
-    pub(crate) mem: TestMem,
-    pub(crate) router: Arc<MockMsi>,
-    pub(crate) ioevents: Arc<MockIoEvents>,
-    pub(crate) backend: Arc<MockBackend>,
-    pub(crate) port: Arc<Port>,
-    pub(crate) metrics: Arc<Vmxnet3Metrics>,
-    pub(crate) bars: Vec<(usize, u64)>,
-    pub(crate) layout: DriverLayout,
-    pub(crate) tx: Vec<TxSide>,
-    pub(crate) rx: Vec<RxSide>,
+    pub nic: Arc<Mutex<Vmxnet3<TestMem>>>,
+    pub mem: TestMem,
+    pub router: Arc<MockMsi>,
+    pub ioevents: Arc<MockIoEvents>,
+    pub backend: Arc<MockBackend>,
+    pub port: Arc<Port>,
+    pub metrics: Arc<Vmxnet3Metrics>,
+    pub bars: Vec<(usize, u64)>,
+    pub layout: DriverLayout,
+    pub tx: Vec<TxSide>,
+    pub rx: Vec<RxSide>,
 }
 
 /// Polls `cond` until it holds; panics after 5 s.
-pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -117,7 +117,7 @@ pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 impl Harness {
     /// A device on a bus as a booted guest's driver leaves it after
     /// probing: memory decoding, bus mastering and MSI-X on, link read.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         let mem: TestMem =
             Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap());
         let mut h = Self::build(mem);
@@ -170,7 +170,7 @@ impl Harness {
     /// restored onto it (configuration space, then the device). The fake
     /// driver carries on where it was. The new device is paused, as after
     /// any restore.
-    pub(crate) fn migrate(src: &Harness) -> Self {
+    pub fn migrate(src: &Harness) -> Self {
         // Through bytes, as it crosses the network.
         let bytes = src.bus.snapshot().unwrap().to_bytes();
         let snapshot = vm_migration::Snapshot::from_bytes(&bytes).unwrap();
@@ -188,11 +188,11 @@ impl Harness {
         h
     }
 
-    pub(crate) fn bar(&self, bar: usize) -> u64 {
+    pub fn bar(&self, bar: usize) -> u64 {
         self.bars.iter().find(|(b, _)| *b == bar).unwrap().1
     }
 
-    pub(crate) fn cfg_read(&mut self, reg: u32) -> u32 {
+    pub fn cfg_read(&mut self, reg: u32) -> u32 {
         let address = 0x8000_0000 | SLOT << 11 | reg << 2;
         self.bus.pio_write(0xcf8, &address.to_le_bytes());
         let mut data = [0u8; 4];
@@ -200,30 +200,30 @@ impl Harness {
         u32::from_le_bytes(data)
     }
 
-    pub(crate) fn cfg_write(&mut self, reg: u32, offset: u16, data: &[u8]) {
+    pub fn cfg_write(&mut self, reg: u32, offset: u16, data: &[u8]) {
         let address = 0x8000_0000 | SLOT << 11 | reg << 2;
         self.bus.pio_write(0xcf8, &address.to_le_bytes());
         self.bus.pio_write(0xcfc + offset, data);
     }
 
-    pub(crate) fn read(&self, bar: usize, offset: u64) -> u32 {
+    pub fn read(&self, bar: usize, offset: u64) -> u32 {
         let mut data = [0u8; 4];
         assert!(self.bus.mmio_read(self.bar(bar) + offset, &mut data));
         u32::from_le_bytes(data)
     }
 
-    pub(crate) fn write(&self, bar: usize, offset: u64, value: u32) {
+    pub fn write(&self, bar: usize, offset: u64, value: u32) {
         assert!(self
             .bus
             .mmio_write(self.bar(bar) + offset, &value.to_le_bytes()));
     }
 
-    pub(crate) fn cmd(&self, cmd: u32) -> u32 {
+    pub fn cmd(&self, cmd: u32) -> u32 {
         self.write(VD_BAR, CMD, cmd);
         self.read(VD_BAR, CMD)
     }
 
-    pub(crate) fn enable_msix(&mut self) {
+    pub fn enable_msix(&mut self) {
         for v in 0..u64::from(NUM_VECTORS) {
             let entry = 16 * v;
             self.write(MSIX_BAR, entry, 0xfee0_0000);
@@ -238,7 +238,7 @@ impl Harness {
 
     /// Writes `layout`'s DriverShared, resets the fake driver's rings
     /// and issues ACTIVATE_DEV; returns what CMD reads.
-    pub(crate) fn activate_with(&mut self, layout: DriverLayout) -> u32 {
+    pub fn activate_with(&mut self, layout: DriverLayout) -> u32 {
         layout.write(&*self.mem);
         // Hostile layouts may put rings outside RAM: nothing to clear there.
         for q in 0..usize::from(layout.num_tx) {
@@ -282,21 +282,21 @@ impl Harness {
         result
     }
 
-    pub(crate) fn activate(&mut self, num_tx: u8, num_rx: u8, mtu: u32) {
+    pub fn activate(&mut self, num_tx: u8, num_rx: u8, mtu: u32) {
         assert_eq!(
             self.activate_with(DriverLayout::new(num_tx, num_rx, 64, mtu)),
             0
         );
     }
 
-    pub(crate) fn tx_buf(&self, n: u64) -> u64 {
+    pub fn tx_buf(&self, n: u64) -> u64 {
         TX_BUFS + n * 0x1_0000
     }
 
     /// Posts one packet on TX queue `q`: `bufs` as (address, length
     /// field), the SOP's offload fields, an EOP on the last descriptor
     /// if `eop`; flips the SOP's generation last. Returns the EOP index.
-    pub(crate) fn post_tx(&mut self, q: usize, bufs: &[(u64, u32)], sop: Sop, eop: bool) -> u32 {
+    pub fn post_tx(&mut self, q: usize, bufs: &[(u64, u32)], sop: Sop, eop: bool) -> u32 {
         let ring = self.layout.tx_ring(q);
         let side = &mut self.tx[q];
         let sop_index = side.fill;
@@ -333,13 +333,13 @@ impl Harness {
     }
 
     /// Writes `frame` to TX buffer `n`; returns its address.
-    pub(crate) fn put_frame(&self, n: u64, frame: &[u8]) -> u64 {
+    pub fn put_frame(&self, n: u64, frame: &[u8]) -> u64 {
         let addr = self.tx_buf(n);
         self.mem.write_slice(frame, GuestAddress(addr)).unwrap();
         addr
     }
 
-    pub(crate) fn send_one(&mut self, q: usize, frame: &[u8], sop: Sop) -> u32 {
+    pub fn send_one(&mut self, q: usize, frame: &[u8], sop: Sop) -> u32 {
         let addr = self.put_frame(0, frame);
         let eop = self.post_tx(q, &[(addr, frame.len() as u32)], sop, true);
         self.write(PT_BAR, 0x600 + 8 * q as u64, self.tx[q].fill);
@@ -347,7 +347,7 @@ impl Harness {
     }
 
     /// The TX completions the driver has not seen yet (their txdIdx).
-    pub(crate) fn tx_completions(&mut self, q: usize) -> Vec<u32> {
+    pub fn tx_completions(&mut self, q: usize) -> Vec<u32> {
         let base = self.layout.tx_comp(q);
         let side = &mut self.tx[q];
         let mut done = Vec::new();
@@ -367,7 +367,7 @@ impl Harness {
         }
     }
 
-    pub(crate) fn wait_tx_completions(&mut self, q: usize, n: usize) -> Vec<u32> {
+    pub fn wait_tx_completions(&mut self, q: usize, n: usize) -> Vec<u32> {
         let mut all = Vec::new();
         wait_until("TX completions", || {
             all.extend(self.tx_completions(q));
@@ -376,13 +376,13 @@ impl Harness {
         all
     }
 
-    pub(crate) fn rx_buf(ring: usize, idx: u32) -> u64 {
+    pub fn rx_buf(ring: usize, idx: u32) -> u64 {
         RX_BUFS + (ring as u64 * 256 + u64::from(idx)) * 0x4000
     }
 
     /// Posts `count` buffers of `len` bytes on ring `ring` of RX queue
     /// `q`, HEAD or BODY as `body(i)` says for the i-th.
-    pub(crate) fn post_rx(
+    pub fn post_rx(
         &mut self,
         q: usize,
         ring: usize,
@@ -410,7 +410,7 @@ impl Harness {
         }
     }
 
-    pub(crate) fn rx_completions(&mut self, q: usize) -> Vec<RxComp> {
+    pub fn rx_completions(&mut self, q: usize) -> Vec<RxComp> {
         let base = self.layout.rx_comp(q);
         let size = self.layout.rx_comp_size;
         let side = &mut self.rx[q];
@@ -440,7 +440,7 @@ impl Harness {
         }
     }
 
-    pub(crate) fn wait_rx_completions(&mut self, q: usize, n: usize) -> Vec<RxComp> {
+    pub fn wait_rx_completions(&mut self, q: usize, n: usize) -> Vec<RxComp> {
         let mut all = Vec::new();
         wait_until("RX completions", || {
             all.extend(self.rx_completions(q));
@@ -449,7 +449,7 @@ impl Harness {
         all
     }
 
-    pub(crate) fn read_rx(&self, ring: usize, idx: u32, len: u32) -> Vec<u8> {
+    pub fn read_rx(&self, ring: usize, idx: u32, len: u32) -> Vec<u8> {
         let mut data = vec![0u8; len as usize];
         self.mem
             .read_slice(&mut data, GuestAddress(Self::rx_buf(ring, idx)))
@@ -457,11 +457,11 @@ impl Harness {
         data
     }
 
-    pub(crate) fn ecr(&self) -> u32 {
+    pub fn ecr(&self) -> u32 {
         self.mem.read_obj(GuestAddress(SHARED + 696)).unwrap()
     }
 
-    pub(crate) fn queue_status(&self, desc: usize) -> (u8, u32) {
+    pub fn queue_status(&self, desc: usize) -> (u8, u32) {
         let d = self.layout.queue_desc(desc);
         (
             self.mem.read_obj(GuestAddress(d + 80)).unwrap(),
@@ -469,7 +469,13 @@ impl Harness {
         )
     }
 
-    pub(crate) fn counters(&self) -> Vmxnet3Counters {
+    pub fn counters(&self) -> Vmxnet3Counters {
         self.metrics.counters()
+    }
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
     }
 }

@@ -53,6 +53,13 @@
 //! it all against guest memory, re-registers the doorbells where the
 //! restored BAR 0 is and leaves the device paused. The next resume first
 //! sends RARP announcements of the MAC, so switches learn the new port.
+//!
+//! # Testing
+//!
+//! `harness` (feature `test-utils`) puts the function on a real PCI bus
+//! with mock hypervisor hooks and a mock backend (`test_utils`), and plays
+//! the guest driver; the unit tests and the fuzz targets drive the device
+//! through it.
 
 #![deny(
     clippy::unwrap_used,
@@ -66,8 +73,8 @@ mod metrics;
 
 mod announce;
 mod device;
-#[cfg(test)]
-mod harness;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod harness;
 mod interrupt;
 mod persist;
 mod regs;
@@ -75,8 +82,8 @@ mod ring;
 mod rx;
 mod shared;
 mod stats;
-#[cfg(test)]
-mod test_utils;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod test_utils;
 mod tx;
 mod worker;
 

@@ -20,17 +20,17 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// A backend in memory: frames sent are recorded, frames injected are
 /// received, and an eventfd is readable while any are queued.
-pub(crate) struct MockBackend {
+pub struct MockBackend {
     sent: Mutex<Vec<(VnetHdr, Vec<u8>)>>,
     inbox: Mutex<VecDeque<(VnetHdr, Vec<u8>)>>,
     rx_evt: EventFd,
     link: AtomicBool,
-    pub(crate) fail_send: AtomicBool,
-    pub(crate) fail_recv: AtomicBool,
+    pub fail_send: AtomicBool,
+    pub fail_recv: AtomicBool,
 }
 
 impl MockBackend {
-    pub(crate) fn new(link: bool) -> Self {
+    pub fn new(link: bool) -> Self {
         MockBackend {
             sent: Mutex::default(),
             inbox: Mutex::default(),
@@ -41,27 +41,27 @@ impl MockBackend {
         }
     }
 
-    pub(crate) fn inject_with(&self, hdr: VnetHdr, frame: Vec<u8>) {
+    pub fn inject_with(&self, hdr: VnetHdr, frame: Vec<u8>) {
         let mut inbox = self.inbox.lock().unwrap();
         inbox.push_back((hdr, frame));
         self.rx_evt.write(1).unwrap();
     }
 
-    pub(crate) fn inject(&self, frame: Vec<u8>) {
+    pub fn inject(&self, frame: Vec<u8>) {
         self.inject_with(VnetHdr::default(), frame);
     }
 
     /// Frames sent since the last call.
-    pub(crate) fn take_sent(&self) -> Vec<(VnetHdr, Vec<u8>)> {
+    pub fn take_sent(&self) -> Vec<(VnetHdr, Vec<u8>)> {
         std::mem::take(&mut *self.sent.lock().unwrap())
     }
 
     /// Frames injected and not received yet.
-    pub(crate) fn queued(&self) -> usize {
+    pub fn queued(&self) -> usize {
         self.inbox.lock().unwrap().len()
     }
 
-    pub(crate) fn set_link(&self, up: bool) {
+    pub fn set_link(&self, up: bool) {
         self.link.store(up, Ordering::SeqCst);
     }
 }
@@ -102,7 +102,7 @@ impl FrameBackend for MockBackend {
 }
 
 /// Where the fake driver puts DriverShared.
-pub(crate) const SHARED: u64 = 0x1000;
+pub const SHARED: u64 = 0x1000;
 const QUEUE_TABLE: u64 = 0x2000;
 const TX_AREA: u64 = 0x10_0000;
 const RX_AREA: u64 = 0x20_0000;
@@ -112,26 +112,26 @@ const RING_ROOM: u64 = 0x1_0000;
 /// What a driver puts in DriverShared and the queue descriptors; tests
 /// change fields to make it hostile.
 #[derive(Clone, Debug)]
-pub(crate) struct DriverLayout {
-    pub(crate) magic: u32,
-    pub(crate) num_tx: u8,
-    pub(crate) num_rx: u8,
-    pub(crate) mtu: u32,
-    pub(crate) num_intrs: u8,
-    pub(crate) event_intr: u8,
-    pub(crate) auto_mask: bool,
-    pub(crate) tx_intr: Vec<u8>,
-    pub(crate) rx_intr: Vec<u8>,
-    pub(crate) ring_size: u32,
-    pub(crate) rx_comp_size: u32,
-    pub(crate) tx_ring_base: Vec<u64>,
-    pub(crate) queue_table: u64,
+pub struct DriverLayout {
+    pub magic: u32,
+    pub num_tx: u8,
+    pub num_rx: u8,
+    pub mtu: u32,
+    pub num_intrs: u8,
+    pub event_intr: u8,
+    pub auto_mask: bool,
+    pub tx_intr: Vec<u8>,
+    pub rx_intr: Vec<u8>,
+    pub ring_size: u32,
+    pub rx_comp_size: u32,
+    pub tx_ring_base: Vec<u64>,
+    pub queue_table: u64,
 }
 
 impl DriverLayout {
     /// Linux's interrupt plan with shared TX/RX vectors: queue `i` uses
     /// vector `i`, the event vector comes last.
-    pub(crate) fn new(num_tx: u8, num_rx: u8, ring_size: u32, mtu: u32) -> Self {
+    pub fn new(num_tx: u8, num_rx: u8, ring_size: u32, mtu: u32) -> Self {
         let vectors = num_tx.max(num_rx);
         DriverLayout {
             magic: 0xbabe_fee1,
@@ -152,31 +152,31 @@ impl DriverLayout {
         }
     }
 
-    pub(crate) fn queue_desc(&self, i: usize) -> u64 {
+    pub fn queue_desc(&self, i: usize) -> u64 {
         self.queue_table + 256 * i as u64
     }
 
-    pub(crate) fn tx_ring(&self, q: usize) -> u64 {
+    pub fn tx_ring(&self, q: usize) -> u64 {
         self.tx_ring_base
             .get(q)
             .copied()
             .unwrap_or(TX_AREA + q as u64 * 2 * RING_ROOM)
     }
 
-    pub(crate) fn tx_comp(&self, q: usize) -> u64 {
+    pub fn tx_comp(&self, q: usize) -> u64 {
         TX_AREA + q as u64 * 2 * RING_ROOM + RING_ROOM
     }
 
-    pub(crate) fn rx_ring(&self, q: usize, ring: usize) -> u64 {
+    pub fn rx_ring(&self, q: usize, ring: usize) -> u64 {
         RX_AREA + q as u64 * 4 * RING_ROOM + ring as u64 * RING_ROOM
     }
 
-    pub(crate) fn rx_comp(&self, q: usize) -> u64 {
+    pub fn rx_comp(&self, q: usize) -> u64 {
         RX_AREA + q as u64 * 4 * RING_ROOM + 2 * RING_ROOM
     }
 
     /// Writes DriverShared and the queue descriptors (rings stay as they are).
-    pub(crate) fn write<M: GuestMemory>(&self, mem: &M) {
+    pub fn write<M: GuestMemory>(&self, mem: &M) {
         let at = |off: u64| GuestAddress(SHARED + off);
         mem.write_slice(&[0; 720], at(0)).unwrap();
         mem.write_obj(self.magic, at(0)).unwrap();
@@ -239,7 +239,7 @@ fn tcp_header(flags: u8) -> [u8; 20] {
 }
 
 /// A TCP/IPv4 frame with `payload` bytes and extra TCP `flags`.
-pub(crate) fn tcp4_frame(payload: usize, flags: u8) -> Vec<u8> {
+pub fn tcp4_frame(payload: usize, flags: u8) -> Vec<u8> {
     let mut f = ethernet(0x0800);
     let total = (40 + payload) as u16;
     let [t0, t1] = total.to_be_bytes();
@@ -252,7 +252,7 @@ pub(crate) fn tcp4_frame(payload: usize, flags: u8) -> Vec<u8> {
 }
 
 /// A TCP/IPv6 frame with `payload` bytes.
-pub(crate) fn tcp6_frame(payload: usize) -> Vec<u8> {
+pub fn tcp6_frame(payload: usize) -> Vec<u8> {
     let mut f = ethernet(0x86dd);
     let [l0, l1] = ((20 + payload) as u16).to_be_bytes();
     f.extend_from_slice(&[0x60, 0, 0, 0, l0, l1, 6, 64]);
@@ -264,7 +264,7 @@ pub(crate) fn tcp6_frame(payload: usize) -> Vec<u8> {
 }
 
 /// A frame of `len` bytes with a pattern seeded by `seed`.
-pub(crate) fn frame(len: usize, seed: u8) -> Vec<u8> {
+pub fn frame(len: usize, seed: u8) -> Vec<u8> {
     let mut f = ethernet(0x88b5);
     f.extend((0..len.saturating_sub(14)).map(|i| (i as u8).wrapping_add(seed)));
     f
