@@ -179,7 +179,10 @@ fn a_timeout_leaves_the_source_running() {
     let s = suite();
     s.expect_value("timeout_send_rc", "1");
     s.expect_value("timeout_source_state", "Running");
-    if !s.text("migration-timeout-remote.log").contains("Timed out after 3 s") {
+    if !s
+        .text("migration-timeout-remote.log")
+        .contains("Timed out after 3 s")
+    {
         s.fail("the source's error does not name the timeout");
     }
 }
@@ -193,7 +196,10 @@ fn a_cancelled_migration_leaves_the_source_running() {
     s.expect_value("cancelled_send_rc", "1");
     s.expect_value("cancelled_source_state", "Running");
     s.expect_value("failures_receiver_exit", "0");
-    if !s.text("migration-cancelled-remote.log").contains("Cancelled") {
+    if !s
+        .text("migration-cancelled-remote.log")
+        .contains("Cancelled")
+    {
         s.fail("the source's error does not say the migration was cancelled");
     }
 }

@@ -251,8 +251,10 @@ const DEVICE: &[libc::c_long] = &[
     libc::SYS_ppoll,
 ];
 
-/// Starting a thread (a vCPU activating a device starts its worker).
+/// Starting a thread (a vCPU activating a device starts its worker),
+/// which then installs its own filter.
 const THREADS: &[libc::c_long] = &[
+    libc::SYS_seccomp,
     libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_set_robust_list,
@@ -460,12 +462,21 @@ mod tests {
         assert!(!rules(Kind::Api).contains_key(&libc::SYS_clone3));
     }
 
-    /// In a child process (a filter cannot be removed): an allowed
-    /// syscall works, a forbidden one ends the process with the message.
+    /// In a child process (a filter cannot be removed): the VMM thread
+    /// starts a vCPU, which starts a device worker, each installing its
+    /// filter; an allowed syscall works, a forbidden one ends the process
+    /// with the message.
     #[test]
     fn a_forbidden_syscall_ends_the_process_with_its_name() {
         if std::env::var_os("PVRDMA_SANDBOX_CHILD").is_some() {
             init(SeccompMode::Enforce).unwrap();
+            enter(Kind::Vmm);
+            let nested = std::thread::spawn(|| {
+                enter(Kind::Vcpu);
+                std::thread::spawn(|| enter(Kind::Device)).join().unwrap();
+            });
+            nested.join().unwrap();
+            println!("threads started");
             enter(Kind::Api);
             // Allowed: write.
             println!("filtered");
@@ -487,6 +498,7 @@ mod tests {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(crate::vmm::EXIT_ERROR));
+        assert!(stdout.contains("threads started"), "{stdout}");
         assert!(stdout.contains("filtered"), "{stdout}");
         assert!(!stdout.contains("still alive"), "{stdout}");
         assert!(
