@@ -461,11 +461,16 @@ impl<D: VirtioDevice> Snapshottable for VirtioPciDevice<D> {
 
     /// Taken while paused, so the queue positions fall between two batches.
     fn snapshot(&mut self) -> Result<Snapshot, MigratableError> {
+        // One lock at a time: the worker takes the queue lock and then the
+        // MSI-X one to interrupt, so holding MSI-X while waiting for the
+        // queues could deadlock (a statement's temporaries live to its end).
+        let queues = self.device.queue_positions();
+        let msix = self.msix().state();
         let saved = SavedVirtioPci {
             common: self.common.state(),
             device_config: self.device.config().to_vec(),
-            msix: self.msix().state(),
-            queues: self.device.queue_positions(),
+            msix,
+            queues,
         };
         Snapshot::new(self.device.id(), SNAPSHOT_VERSION, &saved)
     }
