@@ -48,6 +48,8 @@ pub enum ConfigError {
     DuplicateTap(String),
     #[error("only one --pvrdma device per VM is supported")]
     TooManyPvrdma,
+    #[error("--pvrdma budget: {0}")]
+    PvrdmaLimits(String),
     #[error("--kernel is required to boot (or --restore a snapshot, or give only --api-socket to receive a migration)")]
     MissingKernel,
 }
@@ -262,6 +264,48 @@ pub struct PvrdmaConfig {
     pub gid: GidType,
     /// The directory of the same-host channel (`None`: always the wire).
     pub local: Option<PathBuf>,
+    /// The VM's RDMA budgets where the operator set them (the device's
+    /// defaults otherwise). They travel with a migration: the destination
+    /// restores the same ID ranges.
+    #[serde(default)]
+    pub budget: PvrdmaBudget,
+}
+
+/// The page size of the guest's RDMA mappings.
+const GUEST_PAGE: u64 = 4096;
+
+/// `--pvrdma` budgets: objects and the guest memory RDMA may map (rings
+/// and registered MRs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PvrdmaBudget {
+    pub max_qp: Option<u32>,
+    pub max_cq: Option<u32>,
+    pub max_mr: Option<u32>,
+    /// Bytes.
+    pub mapped: Option<u64>,
+}
+
+impl PvrdmaBudget {
+    /// The device limits: its defaults with these budgets applied, checked.
+    pub fn limits(&self) -> Result<pvrdma::Limits, ConfigError> {
+        let mut limits = pvrdma::Limits::default();
+        if let Some(n) = self.max_qp {
+            limits.max_qp = n;
+        }
+        if let Some(n) = self.max_cq {
+            limits.max_cq = n;
+        }
+        if let Some(n) = self.max_mr {
+            limits.max_mr = n;
+        }
+        if let Some(bytes) = self.mapped {
+            limits.max_mapped_pages = bytes / GUEST_PAGE;
+        }
+        limits
+            .check()
+            .map_err(|e| ConfigError::PvrdmaLimits(e.to_string()))?;
+        Ok(limits)
+    }
 }
 
 /// One `key=value` of an option.
@@ -316,16 +360,34 @@ impl FromStr for PvrdmaConfig {
         let (net, rest) = parse_nic(
             s,
             "--pvrdma",
-            &["tap", "mac", "mtu", "gid", "local"],
-            "tap=, mac=, mtu=, gid=, local=",
+            &[
+                "tap", "mac", "mtu", "gid", "local", "max_qp", "max_cq", "max_mr", "mapped",
+            ],
+            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=",
         )?;
         let mut cfg = Self {
             net,
             gid: GidType::default(),
             local: Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
+            budget: PvrdmaBudget::default(),
+        };
+        let count = |key: &'static str, v: &str| {
+            v.parse::<u32>().map_err(|_| ConfigError::BadValue {
+                key,
+                value: v.to_string(),
+                expected: "a whole number",
+            })
         };
         for (k, v) in rest {
-            if k == "gid" {
+            if k == "max_qp" {
+                cfg.budget.max_qp = Some(count("max_qp", v)?);
+            } else if k == "max_cq" {
+                cfg.budget.max_cq = Some(count("max_cq", v)?);
+            } else if k == "max_mr" {
+                cfg.budget.max_mr = Some(count("max_mr", v)?);
+            } else if k == "mapped" {
+                cfg.budget.mapped = Some(parse_size(v)?);
+            } else if k == "gid" {
                 cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
                     key: "gid",
                     value: v.to_string(),
@@ -346,6 +408,7 @@ impl FromStr for PvrdmaConfig {
                 };
             }
         }
+        cfg.budget.limits()?;
         Ok(cfg)
     }
 }
@@ -383,6 +446,9 @@ impl VmConfig {
         }
         for net in self.nets.iter().chain(self.pvrdma.iter().map(|p| &p.net)) {
             parse_tap_name(&net.tap)?;
+        }
+        if let Some(p) = &self.pvrdma {
+            p.budget.limits()?;
         }
         let mut taps: Vec<&str> = self.nets.iter().map(|n| n.tap.as_str()).collect();
         taps.extend(self.pvrdma.iter().map(|p| p.net.tap.as_str()));
@@ -520,6 +586,7 @@ mod tests {
                 net: net("c"),
                 gid: GidType::RoceV2,
                 local: None,
+                budget: PvrdmaBudget::default(),
             }),
             serial: SerialConfig::Off,
         };
@@ -528,8 +595,47 @@ mod tests {
             net: net("a"),
             gid: GidType::RoceV2,
             local: None,
+            budget: PvrdmaBudget::default(),
         });
         assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
+        // A budget from a migration stream or snapshot is checked as well.
+        cfg.pvrdma = Some(PvrdmaConfig {
+            net: net("c"),
+            gid: GidType::RoceV2,
+            local: None,
+            budget: PvrdmaBudget {
+                max_qp: Some(1),
+                ..PvrdmaBudget::default()
+            },
+        });
+        assert!(matches!(cfg.validate(), Err(ConfigError::PvrdmaLimits(_))));
+    }
+
+    #[test]
+    fn pvrdma_budgets_parse_and_are_checked() {
+        let p: PvrdmaConfig =
+            "tap=t0,mac=52:54:00:00:00:01,max_qp=64,max_cq=128,max_mr=256,mapped=512M"
+                .parse()
+                .unwrap();
+        let limits = p.budget.limits().unwrap();
+        assert_eq!(
+            (limits.max_qp, limits.max_cq, limits.max_mr),
+            (64, 128, 256)
+        );
+        assert_eq!(limits.max_mapped_pages, (512 << 20) / 4096);
+        let default: PvrdmaConfig = "tap=t0,mac=52:54:00:00:00:01".parse().unwrap();
+        assert_eq!(default.budget.limits().unwrap(), pvrdma::Limits::default());
+        for bad in [
+            "max_qp=2",
+            "max_qp=70000",
+            "max_cq=x",
+            "max_mr=-1",
+            "mapped=0",
+            "mapped=lots",
+        ] {
+            let s = format!("tap=t0,mac=52:54:00:00:00:01,{bad}");
+            assert!(s.parse::<PvrdmaConfig>().is_err(), "{bad}");
+        }
     }
 
     #[test]

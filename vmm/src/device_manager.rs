@@ -51,6 +51,8 @@ pub enum DeviceError {
     Vmxnet3(String, #[source] vmxnet3::Vmxnet3Error),
     #[error("Failed to create the disk for {0}")]
     Disk(String, #[source] virtio_devices::BlockError),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Port 0xCF8..0xCFF: PCI configuration mechanism #1.
@@ -246,6 +248,7 @@ impl DeviceManager {
             let (slot, port, tap) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
+                limits: rdma.budget.limits()?,
                 local_dir: rdma.local.clone(),
                 // The source VMM still holds the same-host socket of the
                 // MAC while it migrates the VM here.
