@@ -253,7 +253,6 @@ impl DeviceManager {
                 // The source VMM still holds the same-host socket of the
                 // MAC while it migrates the VM here.
                 local_takeover: incoming,
-                ..Default::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;
