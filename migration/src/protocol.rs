@@ -41,7 +41,9 @@ pub const MAX_RANGES: u32 = 1 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
     #[error("Migration stream I/O failed")]
-    Io(#[from] io::Error),
+    Io(#[source] io::Error),
+    #[error("The other VMM closed the connection (it failed or was stopped: see its log)")]
+    Closed(#[source] io::Error),
     #[error("Not a migration stream (bad magic)")]
     Magic,
     #[error("Unknown migration command {0}")]
@@ -60,6 +62,20 @@ pub enum ProtocolError {
     Malformed(&'static str),
     #[error("Destination refused: {0}")]
     Refused(String),
+}
+
+impl From<io::Error> for ProtocolError {
+    /// A peer that went away is told apart from other I/O errors: it is
+    /// the usual way a migration ends early on the other side.
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof => Self::Closed(e),
+            _ => Self::Io(e),
+        }
+    }
 }
 
 /// What the source asks of the destination.
@@ -466,5 +482,16 @@ mod tests {
         let mut r = &short[..];
         let h = read_request_header(&mut r, 0).unwrap();
         assert!(h.payload(&mut r).is_err());
+    }
+
+    #[test]
+    fn a_peer_that_went_away_is_named_so() {
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        drop(b);
+        let err = read_response(&mut a).unwrap_err();
+        assert!(matches!(err, ProtocolError::Closed(_)), "{err:?}");
+        assert!(err.to_string().contains("closed the connection"));
+        let err = ProtocolError::from(io::Error::from(io::ErrorKind::PermissionDenied));
+        assert!(matches!(err, ProtocolError::Io(_)));
     }
 }
