@@ -68,6 +68,7 @@
 //! crate buffers header lines without a limit, reads bodies on the consumer thread without a
 //! timeout, and, when a body is left unread, allocates a buffer of the client-declared
 //! `Content-Length`: a one-line request could abort the VMM.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod client;
 mod http;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! pvrdma-vmm: a KVM virtual machine monitor on rust-vmm crates.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod arch;
 pub mod cli;

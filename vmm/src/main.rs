@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! `pvrdma-vmm`: parse the command line, boot the VM, exit with a code
 //! that says how it ended (see `--help`).
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use clap::Parser;
 use vmm::cli::{Cli, Mode};

@@ -4,6 +4,7 @@
 //!
 //! Argument parsing is hand-written: eight commands and a handful of options do not justify
 //! clap's build time, and the command table below doubles as the `--help` text.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::error::Error;

@@ -29,6 +29,7 @@
 //! created with the same `BlockConfig`, after guest memory and (by the
 //! bus) the configuration space are back: an active device starts serving
 //! its rings at once, from the saved queue positions.
+#![deny(clippy::unwrap_used, clippy::expect_used)]
 
 #[macro_use]
 mod ratelimit;
