@@ -364,9 +364,14 @@ fn perftest_gid(ipv4: &str) -> String {
     bytes.join(":")
 }
 
-/// The GID lines of perftest's `remote address:` blocks (the GID follows on the next line).
+/// The GID lines of perftest's `remote address:` blocks (the GID follows on the next line,
+/// unless the guest script's heartbeat landed on the console in between).
 fn perftest_remote_gids(text: &str) -> Vec<&str> {
-    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("RDMA-ALIVE "))
+        .collect();
     lines
         .windows(2)
         .filter(|w| w[0].starts_with("remote address:") && w[1].starts_with("GID:"))
@@ -706,6 +711,11 @@ mod helpers {
         assert_eq!(perftest_results(out), vec![vec![16384, 100]]);
         assert_eq!(
             perftest_remote_gids(out),
+            ["GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:02"]
+        );
+        let interleaved = " remote address: LID 0000 QPN 0x000f PSN 0x3d0b81\nRDMA-ALIVE role=a uptime=86\n GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:02\n";
+        assert_eq!(
+            perftest_remote_gids(interleaved),
             ["GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:12:00:02"]
         );
         let lat = " #bytes #iterations    t_min[usec]\n 64       100          5.10\n";
