@@ -62,3 +62,67 @@ pub fn key_values(outcome: &Outcome, name: &str) -> Result<KeyValues, SetupError
 pub fn serial_log(outcome: &Outcome, name: &str) -> Result<SerialLog, SetupError> {
     SerialLog::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
 }
+
+/// One run of a scenario that drives VMMs through `pvrdma-remote` (the migration and snapshot
+/// suites): its `<name>.env` results, the files it left in `$OUT`, and the logs whose ends a
+/// failure shows.
+pub struct RemoteSuite {
+    outcome: Outcome,
+    env: KeyValues,
+    logs: &'static [&'static str],
+}
+
+impl RemoteSuite {
+    /// Runs `tests/scenarios/<name>.sh` with `PVRDMA_REMOTE_BIN` set, in a 1-vCPU L1, and reads
+    /// `<name>.env`.
+    pub fn run(
+        name: &str,
+        timeout: Duration,
+        logs: &'static [&'static str],
+    ) -> Result<Self, SetupError> {
+        let bins = binaries::locate().map_err(|e| e.to_string())?;
+        let outcome = run_vmm_scenario(
+            name,
+            &[("PVRDMA_REMOTE_BIN", bins.remote.display().to_string())],
+            timeout,
+            1,
+        )?;
+        let env = key_values(&outcome, &format!("{name}.env"))?;
+        Ok(Self { outcome, env, logs })
+    }
+
+    /// Fails the test with `what` and the end of every log of the suite.
+    pub fn fail(&self, what: &str) -> ! {
+        let logs: Vec<String> = self.logs.iter().map(|s| (*s).to_string()).collect();
+        panic!("{}", self.outcome.failure(what, &logs, 30));
+    }
+
+    /// A recorded result.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.env.get(key)
+    }
+
+    /// Fails unless result `key` is `want`.
+    pub fn expect_value(&self, key: &str, want: &str) {
+        let got = self.env.get(key);
+        if got != Some(want) {
+            self.fail(&format!("{key}: expected {want}, got {got:?}"));
+        }
+    }
+
+    /// File `name` of `$OUT`.
+    pub fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.outcome.file(name))
+            .unwrap_or_else(|e| self.fail(&format!("cannot read {name}: {e}")))
+    }
+
+    /// The `qpns=[..] keys=[..]` part of the PVRDMA device's line starting with `prefix` (it
+    /// logs one when it saves and when it restores) in `log`.
+    pub fn peer_ids(&self, log: &str, prefix: &str) -> String {
+        let text = self.text(log);
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once(prefix).map(|(_, ids)| ids.trim().to_string()));
+        line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
+    }
+}

@@ -1,38 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 //! End to end: live migration over the HTTP API with queue pairs carrying traffic (issue 6).
 //! Guests A and B run `ibv_rc_pingpong -c` and `rping -V` against each other (both at once, many
-//! rounds); B is first sent to a destination that refuses it, then migrated to a new VMM process
-//! with a TAP of its own, mid-run. Both programs must finish with their data checked, B's QPNs
-//! and keys must be the same before and after, and the failed attempt must leave B running.
+//! rounds). Mid-run, four migrations of B fail before their switch-over (the destination refuses,
+//! dies, times out, is cancelled) and each must leave B running; then B is migrated over TCP to a
+//! new VMM process with a TAP of its own. Both programs must finish with their data checked, and
+//! B's QPNs and keys must be the same before and after.
 //!
 //! All tests share ONE run of `tests/scenarios/migration.sh` in the test host.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use e2e::binaries;
-use e2e::results::KeyValues;
-use e2e::suite::{self, SetupError};
-use e2e::testhost::Outcome;
+use e2e::suite::{self, RemoteSuite, SetupError};
 
-struct Suite {
-    outcome: Outcome,
-    env: KeyValues,
-}
-
-fn suite() -> &'static Suite {
-    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+fn suite() -> &'static RemoteSuite {
+    static SUITE: OnceLock<Result<RemoteSuite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
-        let bins = binaries::locate().map_err(|e| e.to_string())?;
-        let outcome = suite::run_vmm_scenario(
-            "migration",
-            &[("PVRDMA_REMOTE_BIN", bins.remote.display().to_string())],
-            // Typically ~4 min: two boots, a 512 MiB migration at TCG speed, the traffic.
-            Duration::from_secs(1200),
-            1,
-        )?;
-        let env = suite::key_values(&outcome, "migration.env")?;
-        Ok(Suite { outcome, env })
+        // Typically ~5 min: two boots, four migration attempts and a 512 MiB migration at TCG
+        // speed, the traffic.
+        RemoteSuite::run("migration", Duration::from_secs(1200), LOGS)
     })
 }
 
@@ -54,34 +40,6 @@ const LOGS: &[&str] = &[
     "migration-cancelled-remote.log",
     "migration-cancel-remote.log",
 ];
-
-impl Suite {
-    fn fail(&self, what: &str) -> ! {
-        let logs: Vec<String> = LOGS.iter().map(|s| (*s).to_string()).collect();
-        panic!("{}", self.outcome.failure(what, &logs, 30));
-    }
-
-    fn expect_value(&self, key: &str, want: &str) {
-        let got = self.env.get(key);
-        if got != Some(want) {
-            self.fail(&format!("{key}: expected {want}, got {got:?}"));
-        }
-    }
-
-    fn text(&self, name: &str) -> String {
-        std::fs::read_to_string(self.outcome.file(name))
-            .unwrap_or_else(|e| self.fail(&format!("cannot read {name}: {e}")))
-    }
-
-    /// The `qpns=[..] keys=[..]` part of the device's line starting with `prefix`.
-    fn peer_ids(&self, log: &str, prefix: &str) -> String {
-        let text = self.text(log);
-        let line = text
-            .lines()
-            .find_map(|l| l.split_once(prefix).map(|(_, ids)| ids.trim().to_string()));
-        line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
-    }
-}
 
 #[test]
 fn traffic_runs_to_completion_across_the_migration() {

@@ -10,29 +10,13 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use e2e::binaries;
-use e2e::results::KeyValues;
-use e2e::suite::{self, SetupError};
-use e2e::testhost::Outcome;
+use e2e::suite::{self, RemoteSuite, SetupError};
 
-struct Suite {
-    outcome: Outcome,
-    env: KeyValues,
-}
-
-fn suite() -> &'static Suite {
-    static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
+fn suite() -> &'static RemoteSuite {
+    static SUITE: OnceLock<Result<RemoteSuite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
-        let bins = binaries::locate().map_err(|e| e.to_string())?;
-        let outcome = suite::run_vmm_scenario(
-            "snapshot",
-            &[("PVRDMA_REMOTE_BIN", bins.remote.display().to_string())],
-            // Typically ~5 min: two boots, two 512 MiB snapshots and restores at TCG speed.
-            Duration::from_secs(1200),
-            1,
-        )?;
-        let env = suite::key_values(&outcome, "snapshot.env")?;
-        Ok(Suite { outcome, env })
+        // Typically ~4 min: two boots, two 512 MiB snapshots and restores at TCG speed.
+        RemoteSuite::run("snapshot", Duration::from_secs(1200), LOGS)
     })
 }
 
@@ -47,34 +31,6 @@ const LOGS: &[&str] = &[
     "snapshot-b2-vmm.log",
     "snapshot-remote.log",
 ];
-
-impl Suite {
-    fn fail(&self, what: &str) -> ! {
-        let logs: Vec<String> = LOGS.iter().map(|s| (*s).to_string()).collect();
-        panic!("{}", self.outcome.failure(what, &logs, 30));
-    }
-
-    fn expect_value(&self, key: &str, want: &str) {
-        let got = self.env.get(key);
-        if got != Some(want) {
-            self.fail(&format!("{key}: expected {want}, got {got:?}"));
-        }
-    }
-
-    fn text(&self, name: &str) -> String {
-        std::fs::read_to_string(self.outcome.file(name))
-            .unwrap_or_else(|e| self.fail(&format!("cannot read {name}: {e}")))
-    }
-
-    /// The `qpns=[..] keys=[..]` part of the device's line starting with `prefix`.
-    fn peer_ids(&self, log: &str, prefix: &str) -> String {
-        let text = self.text(log);
-        let line = text
-            .lines()
-            .find_map(|l| l.split_once(prefix).map(|(_, ids)| ids.trim().to_string()));
-        line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
-    }
-}
 
 #[test]
 fn traffic_resumes_after_both_peers_are_restored() {
@@ -110,8 +66,8 @@ fn traffic_resumes_after_both_peers_are_restored() {
     }
     e2e::announce(&format!(
         "snapshot: two 512 MiB guests written in {} s, restored in {} s",
-        s.env.get("snapshot_seconds").unwrap_or("?"),
-        s.env.get("restore_seconds").unwrap_or("?")
+        s.get("snapshot_seconds").unwrap_or("?"),
+        s.get("restore_seconds").unwrap_or("?")
     ));
 }
 
