@@ -48,6 +48,28 @@ pub(crate) struct RingPos {
     pub(crate) gen: bool,
 }
 
+impl RingPos {
+    /// The start of a ring: entry 0, generation 1.
+    const START: RingPos = RingPos { next: 0, gen: true };
+
+    /// The position `count` entries on in a ring of `size` (`next < size`
+    /// and `count <= size`, so the sum cannot overflow u32): past the end
+    /// it wraps and the generation flips.
+    fn ahead(self, count: u32, size: u32) -> RingPos {
+        let pos = self.next.wrapping_add(count);
+        match pos.checked_sub(size) {
+            Some(wrapped) => RingPos {
+                next: wrapped,
+                gen: !self.gen,
+            },
+            None => RingPos {
+                next: pos,
+                gen: self.gen,
+            },
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("Position {next} is not below the ring size {size}")]
 pub(crate) struct PosError {
@@ -103,10 +125,9 @@ fn entry_addr(base: GuestAddress, index: u32) -> GuestAddress {
 pub(crate) struct CmdRing {
     base: GuestAddress,
     size: u32,
-    /// Next entry the device looks at.
-    next: u32,
-    /// The generation an entry must carry to be the device's.
-    gen: bool,
+    /// Next entry the device looks at, and the generation an entry must
+    /// carry to be the device's.
+    pos: RingPos,
     /// The generation bit within dword 2.
     gen_mask: u32,
 }
@@ -118,8 +139,7 @@ impl CmdRing {
         CmdRing {
             base,
             size,
-            next: 0,
-            gen: true,
+            pos: RingPos::START,
             gen_mask: 1u32.checked_shl(gen_bit).unwrap_or(0),
         }
     }
@@ -129,16 +149,12 @@ impl CmdRing {
     }
 
     pub(crate) fn pos(&self) -> RingPos {
-        RingPos {
-            next: self.next,
-            gen: self.gen,
-        }
+        self.pos
     }
 
     /// Moves to a saved position.
     pub(crate) fn set_pos(&mut self, pos: RingPos) -> Result<(), PosError> {
-        let RingPos { next, gen } = check_pos(pos, self.size)?;
-        (self.next, self.gen) = (next, gen);
+        self.pos = check_pos(pos, self.size)?;
         Ok(())
     }
 
@@ -154,12 +170,7 @@ impl CmdRing {
         if ahead >= self.size {
             return Ok(None);
         }
-        // next < size and ahead < size, so the sum cannot overflow u32.
-        let pos = self.next.wrapping_add(ahead);
-        let (index, gen) = match pos.checked_sub(self.size) {
-            Some(wrapped) => (wrapped, !self.gen),
-            None => (pos, self.gen),
-        };
+        let RingPos { next: index, gen } = self.pos.ahead(ahead, self.size);
         let addr = entry_addr(self.base, index);
         let err = |source| RingError {
             index,
@@ -179,14 +190,7 @@ impl CmdRing {
 
     /// Gives `count` (at most a ring) entries back to the driver.
     pub(crate) fn advance(&mut self, count: u32) {
-        let pos = self.next.wrapping_add(count.min(self.size));
-        match pos.checked_sub(self.size) {
-            Some(wrapped) => {
-                self.next = wrapped;
-                self.gen = !self.gen;
-            }
-            None => self.next = pos,
-        }
+        self.pos = self.pos.ahead(count.min(self.size), self.size);
     }
 }
 
@@ -195,8 +199,8 @@ impl CmdRing {
 pub(crate) struct CompRing {
     base: GuestAddress,
     size: u32,
-    next: u32,
-    gen: bool,
+    /// Next entry the device writes, and the generation it writes there.
+    pos: RingPos,
 }
 
 impl CompRing {
@@ -204,22 +208,17 @@ impl CompRing {
         CompRing {
             base,
             size,
-            next: 0,
-            gen: true,
+            pos: RingPos::START,
         }
     }
 
     pub(crate) fn pos(&self) -> RingPos {
-        RingPos {
-            next: self.next,
-            gen: self.gen,
-        }
+        self.pos
     }
 
     /// Moves to a saved position.
     pub(crate) fn set_pos(&mut self, pos: RingPos) -> Result<(), PosError> {
-        let RingPos { next, gen } = check_pos(pos, self.size)?;
-        (self.next, self.gen) = (next, gen);
+        self.pos = check_pos(pos, self.size)?;
         Ok(())
     }
 
@@ -232,7 +231,7 @@ impl CompRing {
         desc: [u32; 4],
     ) -> Result<(), RingError> {
         let [d0, d1, d2, d3] = desc;
-        let index = self.next;
+        let index = self.pos.next;
         let addr = entry_addr(self.base, index);
         let err = |source| RingError {
             index,
@@ -245,18 +244,14 @@ impl CompRing {
         }
         mem.write_slice(&head, addr).map_err(err)?;
         fence(Ordering::Release);
-        let d3 = if self.gen {
+        let d3 = if self.pos.gen {
             d3 | COMP_GEN
         } else {
             d3 & !COMP_GEN
         };
         mem.write_obj(d3.to_le(), GuestAddress(addr.0.wrapping_add(DWORD3)))
             .map_err(err)?;
-        self.next = self.next.wrapping_add(1);
-        if self.next >= self.size {
-            self.next = 0;
-            self.gen = !self.gen;
-        }
+        self.pos = self.pos.ahead(1, self.size);
         Ok(())
     }
 }
