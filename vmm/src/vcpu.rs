@@ -59,6 +59,14 @@ impl Control {
     fn lock(&self) -> MutexGuard<'_, RunState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Waits for the vCPU thread to change `state`, or a kick interval.
+    fn wait_a_while<'a>(&self, state: MutexGuard<'a, RunState>) -> MutexGuard<'a, RunState> {
+        self.changed
+            .wait_timeout(state, KICK_INTERVAL)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
 }
 
 /// Reports vCPU-side VM exits to the event loop.
@@ -154,12 +162,7 @@ impl VcpuHandle {
             if Instant::now() > deadline {
                 return Err(VcpuError::PauseTimeout(self.id, PAUSE_TIMEOUT));
             }
-            state = self
-                .control
-                .changed
-                .wait_timeout(state, KICK_INTERVAL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.control.wait_a_while(state);
         }
         Ok(())
     }
@@ -185,12 +188,7 @@ impl VcpuHandle {
                     "the vCPU thread did not answer".into(),
                 ));
             }
-            state = self
-                .control
-                .changed
-                .wait_timeout(state, KICK_INTERVAL)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.control.wait_a_while(state);
         }
     }
 
