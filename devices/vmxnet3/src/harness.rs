@@ -329,11 +329,7 @@ impl Harness {
             self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
             self.mem.write_obj(dw3, GuestAddress(at + 12)).unwrap();
             last = side.fill;
-            side.fill += 1;
-            if side.fill == self.layout.ring_size {
-                side.fill = 0;
-                side.gen = !side.gen;
-            }
+            step(&mut side.fill, &mut side.gen, self.layout.ring_size);
         }
         let at = GuestAddress(ring + 16 * u64::from(sop_index) + 8);
         let dw2: u32 = self.mem.read_obj(at).unwrap();
@@ -368,11 +364,7 @@ impl Harness {
             }
             assert_eq!(dw3 >> 24 & 0x7f, 0, "TXCOMP type");
             done.push(self.mem.read_obj::<u32>(GuestAddress(at)).unwrap() & 0xfff);
-            side.comp += 1;
-            if side.comp == self.layout.ring_size {
-                side.comp = 0;
-                side.comp_gen = !side.comp_gen;
-            }
+            step(&mut side.comp, &mut side.comp_gen, self.layout.ring_size);
         }
     }
 
@@ -411,11 +403,7 @@ impl Harness {
                 .write_obj(Self::rx_buf(ring, idx), GuestAddress(at))
                 .unwrap();
             self.mem.write_obj(dw2, GuestAddress(at + 8)).unwrap();
-            side.fill[ring] += 1;
-            if side.fill[ring] == size {
-                side.fill[ring] = 0;
-                side.gen[ring] = !side.gen[ring];
-            }
+            step(&mut side.fill[ring], &mut side.gen[ring], size);
         }
     }
 
@@ -441,11 +429,7 @@ impl Harness {
                 sop: dw0 & 1 << 15 != 0,
                 eop: dw0 & 1 << 14 != 0,
             });
-            side.comp += 1;
-            if side.comp == size {
-                side.comp = 0;
-                side.comp_gen = !side.comp_gen;
-            }
+            step(&mut side.comp, &mut side.comp_gen, size);
         }
     }
 
@@ -486,5 +470,15 @@ impl Harness {
 impl Default for Harness {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The driver's side of a generation ring: one entry on, flipping the
+/// generation at the wrap.
+fn step(pos: &mut u32, gen: &mut bool, size: u32) {
+    *pos += 1;
+    if *pos == size {
+        *pos = 0;
+        *gen = !*gen;
     }
 }
