@@ -379,33 +379,33 @@ impl FromStr for PvrdmaConfig {
             })
         };
         for (k, v) in rest {
-            if k == "max_qp" {
-                cfg.budget.max_qp = Some(count("max_qp", v)?);
-            } else if k == "max_cq" {
-                cfg.budget.max_cq = Some(count("max_cq", v)?);
-            } else if k == "max_mr" {
-                cfg.budget.max_mr = Some(count("max_mr", v)?);
-            } else if k == "mapped" {
-                cfg.budget.mapped = Some(parse_size(v)?);
-            } else if k == "gid" {
-                cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
-                    key: "gid",
-                    value: v.to_string(),
-                    expected: "roce-v2 or roce-v1",
-                })?;
-            } else {
-                cfg.local = match v {
-                    "off" => None,
-                    "on" => Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
-                    dir if dir.starts_with('/') => Some(PathBuf::from(dir)),
-                    _ => {
-                        return Err(ConfigError::BadValue {
-                            key: "local",
-                            value: v.to_string(),
-                            expected: "on, off or an absolute directory",
-                        })
-                    }
-                };
+            match k {
+                "max_qp" => cfg.budget.max_qp = Some(count("max_qp", v)?),
+                "max_cq" => cfg.budget.max_cq = Some(count("max_cq", v)?),
+                "max_mr" => cfg.budget.max_mr = Some(count("max_mr", v)?),
+                "mapped" => cfg.budget.mapped = Some(parse_size(v)?),
+                "gid" => {
+                    cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
+                        key: "gid",
+                        value: v.to_string(),
+                        expected: "roce-v2 or roce-v1",
+                    })?;
+                }
+                // parse_nic returns only the keys allowed above: this is `local`.
+                _ => {
+                    cfg.local = match v {
+                        "off" => None,
+                        "on" => Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
+                        dir if dir.starts_with('/') => Some(PathBuf::from(dir)),
+                        _ => {
+                            return Err(ConfigError::BadValue {
+                                key: "local",
+                                value: v.to_string(),
+                                expected: "on, off or an absolute directory",
+                            })
+                        }
+                    };
+                }
             }
         }
         cfg.budget.limits()?;
