@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::VmFd;
 use legacy_devices::{
@@ -91,7 +91,7 @@ impl IoBus {
     }
 
     fn pci(&self) -> std::sync::MutexGuard<'_, PciBus> {
-        self.pci.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.pci)
     }
 }
 
@@ -100,12 +100,12 @@ struct PciConfigIo(Arc<Mutex<PciBus>>);
 
 impl DevicePio for PciConfigIo {
     fn pio_read(&self, base: PioAddress, offset: PioAddressOffset, data: &mut [u8]) {
-        let bus = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let bus = crate::lock(&self.0);
         bus.pio_read(base.0 + offset, data);
     }
 
     fn pio_write(&self, base: PioAddress, offset: PioAddressOffset, data: &[u8]) {
-        let mut bus = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut bus = crate::lock(&self.0);
         bus.pio_write(base.0 + offset, data);
     }
 }
@@ -225,7 +225,7 @@ impl DeviceManager {
             };
             let block = Block::new(&cfg, mem.clone(), hooks.clone())
                 .map_err(|e| DeviceError::Disk(disk.path.display().to_string(), e))?;
-            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut bus = crate::lock(&pci);
             let slot = bus
                 .next_free_slot()
                 .ok_or(DeviceError::NoSlot("virtio-blk"))?;
@@ -238,11 +238,11 @@ impl DeviceManager {
             );
         }
         for net in &config.nets {
-            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut bus = crate::lock(&pci);
             add_vmxnet3(&mut bus, net, false, mem, &hooks)?;
         }
         if let Some(rdma) = &config.pvrdma {
-            let mut bus = pci.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut bus = crate::lock(&pci);
             // One converged slot: the NIC at function 0 owns the port, PVRDMA
             // at function 1 follows it (the guest driver pairs them by slot).
             let (slot, port, tap) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
@@ -306,7 +306,7 @@ impl DeviceManager {
     }
 
     fn serial(&self) -> std::sync::MutexGuard<'_, Serial> {
-        self.serial.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.serial)
     }
 
     /// Readable when the guest has emptied the serial receive FIFO.

@@ -13,6 +13,13 @@ pub mod sandbox;
 pub mod vcpu;
 pub mod vmm;
 
+/// Locks `m`, poisoned or not: a thread that panicked while holding it
+/// took the process down (`panic = "abort"`), so the data is as it was
+/// left and there is nothing to recover.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// "outer: inner: innermost", for one-line error messages.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use api::{MigrationDirection, MigrationInfo, MigrationStatus};
@@ -93,11 +93,7 @@ pub enum MigrationError {
 pub type Progress = Arc<Mutex<Option<MigrationInfo>>>;
 
 fn update(progress: &Progress, f: impl FnOnce(&mut MigrationInfo)) {
-    if let Some(info) = progress
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .as_mut()
-    {
+    if let Some(info) = crate::lock(progress).as_mut() {
         f(info);
     }
 }

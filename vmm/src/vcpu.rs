@@ -57,7 +57,7 @@ struct Control {
 
 impl Control {
     fn lock(&self) -> MutexGuard<'_, RunState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock(&self.state)
     }
 
     /// Waits for the vCPU thread to change `state`, or a kick interval.
@@ -78,10 +78,7 @@ pub struct ExitReporter {
 
 impl ExitReporter {
     fn report(&self, reason: VcpuExitReason) {
-        self.reason
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get_or_insert(reason);
+        crate::lock(&self.reason).get_or_insert(reason);
         if let Err(e) = self.evt.write(1) {
             log::error!("Failed to signal a vCPU exit: {e}");
         }

@@ -27,6 +27,7 @@ use crate::arch::{self, acpi, boot, cpu, layout};
 use crate::config::{SerialConfig, VmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
 use crate::kvm::{KvmError, Vm};
+use crate::lock;
 use crate::memory::{self, GuestMemory, MemoryError};
 use crate::migration::{
     self, ControlLink, HostSettings, Progress, Source, SourceRequest, VmSnapshot,
@@ -989,10 +990,6 @@ fn start_receiver(
         .map_err(|e| ActionError::Failed(format!("cannot start the receiver thread: {e}")))?;
     log::info!("Listening for a migration on {url}");
     Ok(ResponseBody::Empty)
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What `vmm.ping` lists.
