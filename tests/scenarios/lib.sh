@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # GUEST_CMDLINE, GUEST_SCRIPTS, WORK, EXIT_STATUS, VMM_PID: set here for the scenarios
+# shellcheck disable=SC2034 # GUEST_CMDLINE, GUEST_SCRIPTS, WORK, EXIT_STATUS, VMM_PID, t0: set here for the scenarios
 # Helpers for scenario scripts, sourced by the wrapper e2e::testhost generates (set -euo pipefail,
 # OUT and PVRDMA_ASSETS_ENV exported). Results go to $OUT/<name>.env as key=value lines that the
 # Rust test reads; waits are polls with a deadline, never open-ended.
@@ -30,6 +30,18 @@ since() {
 }
 
 log() { echo "[scenario +$SECONDS s] $*"; }
+
+# start_clock LIMIT: sets t0 (now, for `since`) and the scenario's deadline, LIMIT seconds on.
+start_clock() {
+  t0=$(now_us)
+  SCENARIO_DEADLINE=$((t0 + $1 * 1000000))
+}
+
+# remaining: seconds left until start_clock's deadline (at least 1), for waits that share it.
+remaining() {
+  local r=$(((SCENARIO_DEADLINE - $(now_us)) / 1000000))
+  echo $((r > 0 ? r : 1))
+}
 
 # record NAME key=value...: results for the Rust side, in $OUT/NAME.env.
 record() {

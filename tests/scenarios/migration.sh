@@ -23,12 +23,7 @@ RPING_COUNT=${RPING_COUNT:-2000}
 MAC_A=52:54:00:14:00:01
 MAC_B=52:54:00:14:00:02
 
-t0=$(now_us)
-deadline=$(($(now_us) + MIGRATION_LIMIT * 1000000))
-remaining() {
-  local r=$(((deadline - $(now_us)) / 1000000))
-  echo $((r > 0 ? r : 1))
-}
+start_clock "$MIGRATION_LIMIT"
 
 l1_bridge br0
 ip addr add 10.14.0.254/24 dev br0

@@ -46,13 +46,7 @@ SIG_PORT=8000
 SIG=$WORK/sig
 RETRY_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 
-t0=$(now_us)
-deadline=$(($(now_us) + RDMA_LIMIT * 1000000))
-# remaining: seconds left of RDMA_LIMIT (at least 1).
-remaining() {
-  local r=$(((deadline - $(now_us)) / 1000000))
-  echo $((r > 0 ? r : 1))
-}
+start_clock "$RDMA_LIMIT"
 
 l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0

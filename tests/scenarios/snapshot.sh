@@ -15,12 +15,7 @@ SNAPSHOT_LIMIT=${SNAPSHOT_LIMIT:-900}
 PP_ITERS=${PP_ITERS:-6000}
 RPING_COUNT=${RPING_COUNT:-1500}
 
-t0=$(now_us)
-deadline=$(($(now_us) + SNAPSHOT_LIMIT * 1000000))
-remaining() {
-  local r=$(((deadline - $(now_us)) / 1000000))
-  echo $((r > 0 ? r : 1))
-}
+start_clock "$SNAPSHOT_LIMIT"
 
 l1_bridge br0
 ip addr add 10.15.0.254/24 dev br0
