@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Stage "userspace": the guest's user land, unpacked from Debian's packages: busybox (static) and
 # rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, with every
-# library they load; plus pvrdma-verbs-check (guest/verbs-check.c) compiled against libibverbs-dev.
+# library they load; plus pvrdma-verbs-check (guest/verbs-check.c) and pvrdma-write-check
+# (guest/write-check.c) compiled against libibverbs-dev and librdmacm-dev.
 # Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version": unpacked whole), PICK_PACKAGES (lines
 # "pkg version") and PICKS ("pkg:path" words: only these files of those packages), BUILD_PACKAGES
 # (lines "pkg version": headers to compile against, not shipped). Output: OUT/root/, a guest root tree.
@@ -28,8 +29,9 @@ for pick in $PICKS; do
   install -D -m 0755 "$work/pick-$pkg/$path" "$root/$path"
 done
 
-# pvrdma-verbs-check: compiled against the -dev headers, linked to the tree's own libibverbs.so.1
-# (by path, so that its DT_NEEDED is the soname the guest resolves).
+# pvrdma-verbs-check and pvrdma-write-check: compiled against the -dev headers, linked to the tree's
+# own libibverbs.so.1 (and librdmacm.so.1) by path, so that their DT_NEEDED are the sonames the
+# guest resolves.
 while read -r pkg ver; do
   [[ -n $pkg ]] || continue
   dpkg-deb -x "$(fetch_deb "$DEBS" "$pkg" "$ver")" "$work/dev"
@@ -37,6 +39,10 @@ done <<<"$BUILD_PACKAGES"
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-verbs-check" \
   "$RES/guest/verbs-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
   || die "compiling guest/verbs-check.c failed"
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-write-check" \
+  "$RES/guest/write-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
+  "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1" \
+  || die "compiling guest/write-check.c failed"
 
 # What a guest without systemd/udev/locales never uses; keeps the initramfs small (TCG boots
 # decompress it at ~50x native cost). The two daemons also need libsystemd, which we do not ship.
@@ -61,6 +67,7 @@ unresolved=$(find "$root" -type f \( -perm -u+x -o -name '*.so*' \) -print0 | wh
 done)
 [[ -z $unresolved ]] || die "libraries resolved outside the guest tree (add their packages):"$'\n'"$unresolved"
 for f in bin/busybox etc/libibverbs.d/vmw_pvrdma.driver 'usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so' \
-         usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check; do
+         usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check \
+         usr/bin/pvrdma-write-check; do
   compgen -G "$root/$f" >/dev/null || die "expected $f in the guest tree"
 done

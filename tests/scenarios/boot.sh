@@ -95,7 +95,7 @@ lifecycle_steps() {
   ((window >= 5)) || window=5
   record $r "tick_period_ms=$period_ms" "pause_window_s=$window"
 
-  rc=$(remote $r "$sock" pause)
+  rc=$(remote_cmd $r --api-socket "$sock" pause)
   record $r "pause_exit=$rc"
   if [[ $rc == 0 ]]; then
     n_paused=$(last_tick "$serial")
@@ -103,7 +103,7 @@ lifecycle_steps() {
     sleep "$window"
     n_after=$(last_tick "$serial")
     record $r "tick_at_pause=$n_paused" "tick_after_window=$n_after"
-    rc=$(remote $r "$sock" resume)
+    rc=$(remote_cmd $r --api-socket "$sock" resume)
     record $r "resume_exit=$rc"
     if [[ $rc == 0 ]] && wait_for_line "$serial" "PVRDMA-VMM-TICK n=$((n_after + 2)) " 60 "$pid"; then
       record $r "tick_after_resume=$(last_tick "$serial")"
@@ -116,9 +116,9 @@ lifecycle_steps() {
     "http_wrong_method=$(http_status "$sock" GET /api/v1/vm.pause)" \
     "http_bad_json=$(http_status "$sock" PUT /api/v1/vm.pause '{"oops":')" \
     "http_unknown_field=$(http_status "$sock" PUT /api/v1/vm.pause '{"force":true}')" \
-    "ping_after_bad_requests=$(remote $r "$sock" ping)"
+    "ping_after_bad_requests=$(remote_cmd $r --api-socket "$sock" ping)"
   kill -0 "$pid" 2>/dev/null || { record $r "failed=VMM exited before shutdown"; return 1; }
-  rc=$(remote $r "$sock" shutdown)
+  rc=$(remote_cmd $r --api-socket "$sock" shutdown)
   record $r "shutdown_exit=$rc"
   return 0
 }

@@ -144,11 +144,34 @@ wait_for_path() {
   done
 }
 
-# remote NAME SOCKET COMMAND: pvrdma-remote COMMAND (bounded), output appended to $OUT/NAME-remote.log;
-# prints its exit status.
-remote() {
-  local rc=0
-  echo "\$ pvrdma-remote $3" >> "$OUT/$1-remote.log"
-  timeout 60 "$PVRDMA_REMOTE_BIN" --api-socket "$2" "$3" >> "$OUT/$1-remote.log" 2>&1 || rc=$?
+# remote_cmd LOG ARGS...: pvrdma-remote ARGS, bounded (REMOTE_LIMIT s, default 600: a migration
+# takes minutes at TCG speed), its output appended to $OUT/LOG-remote.log; prints its exit status.
+remote_cmd() {
+  local log=$1 rc=0
+  shift
+  echo "\$ pvrdma-remote $*" >> "$OUT/$log-remote.log"
+  timeout "${REMOTE_LIMIT:-600}" "$PVRDMA_REMOTE_BIN" "$@" >> "$OUT/$log-remote.log" 2>&1 || rc=$?
   echo "$rc"
+}
+
+# ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs.
+ipv4_mapped_gid() {
+  local a b c d
+  IFS=. read -r a b c d <<< "$1"
+  printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n' "$a" "$b" "$c" "$d"
+}
+
+# rxe_gid_index DEV IP: the index of Soft-RoCE device DEV's RoCE v2 GID of IP, once its port is
+# active; fails before.
+rxe_gid_index() {
+  local port=/sys/class/infiniband/$1/ports/1 want f i
+  grep -q ACTIVE "$port/state" 2>/dev/null || return 1
+  want=$(ipv4_mapped_gid "$2")
+  for f in "$port"/gids/*; do
+    i=${f##*/}
+    [[ $(cat "$f" 2>/dev/null) == "$want" && $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]] || continue
+    echo "$i"
+    return 0
+  done
+  return 1
 }

@@ -50,16 +50,6 @@ receiver() {
   wait_for_path "$WORK/$1.api" 30
 }
 
-# remote_cmd NAME ARGS...: pvrdma-remote (bounded), output to $OUT/migration-NAME-remote.log;
-# prints its exit status.
-remote_cmd() {
-  local name=$1 rc=0
-  shift
-  echo "\$ pvrdma-remote $*" >> "$OUT/migration-$name-remote.log"
-  timeout 600 "$PVRDMA_REMOTE_BIN" "$@" >> "$OUT/migration-$name-remote.log" 2>&1 || rc=$?
-  echo "$rc"
-}
-
 if ! wait_for_line "$OUT/migration-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then
   record migration "traffic=never-started"
 fi
@@ -68,8 +58,8 @@ sleep 5
 # 1. A destination that refuses: the source must report the failure and keep the VM.
 receiver bx
 pid_bx=$VMM_PID
-record migration "refused_receive_rc=$(remote_cmd bx --api-socket "$WORK/bx.api" receive-migration "unix:$WORK/bx.sock" --tap 52:54:00:99:99:99=tapbx --no-wait)"
-record migration "refused_send_rc=$(remote_cmd refused --api-socket "$WORK/b.api" send-migration "unix:$WORK/bx.sock")"
+record migration "refused_receive_rc=$(remote_cmd migration-bx --api-socket "$WORK/bx.api" receive-migration "unix:$WORK/bx.sock" --tap 52:54:00:99:99:99=tapbx --no-wait)"
+record migration "refused_send_rc=$(remote_cmd migration-refused --api-socket "$WORK/b.api" send-migration "unix:$WORK/bx.sock")"
 record migration "refused_source_alive=$(kill -0 "$pid_b" 2>/dev/null && echo yes || echo no)"
 record migration "refused_source_state=$(timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/b.api" info | grep -o '"state": "[A-Za-z]*"' | head -n1 | cut -d'"' -f4)"
 timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bx.api" shutdown > /dev/null 2>&1 || true
@@ -82,19 +72,19 @@ source_state() {
     head -n1 | cut -d'"' -f4
 }
 
-# send_in_background NAME ARGS...: remote_cmd NAME send-migration ARGS... in the background; its
+# send_in_background NAME ARGS...: remote_cmd migration-NAME send-migration ARGS... in the background; its
 # exit status lands in $WORK/NAME.rc. Sets SEND_PID.
 send_in_background() {
   local name=$1
   shift
-  (remote_cmd "$name" --api-socket "$WORK/b.api" send-migration "$@" > "$WORK/$name.rc") &
+  (remote_cmd "migration-$name" --api-socket "$WORK/b.api" send-migration "$@" > "$WORK/$name.rc") &
   SEND_PID=$!
 }
 
 # 2a. The destination dies mid-transfer (after its first memory batch).
 receiver by
 pid_by=$VMM_PID
-remote_cmd by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+remote_cmd migration-by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
 send_in_background died "unix:$WORK/by.sock"
 wait_for_line "$OUT/migration-by-vmm.log" 'Migration from|virtio-blk' 60 "$pid_by" || true
 sleep 4
@@ -105,13 +95,13 @@ record migration "died_send_rc=$(cat "$WORK/died.rc")" "died_source_state=$(sour
 # 2b. A timeout, then 2c. a cancel, both to one receiver.
 receiver bz
 pid_bz=$VMM_PID
-remote_cmd bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
-record migration "timeout_send_rc=$(remote_cmd timeout --api-socket "$WORK/b.api" send-migration "unix:$WORK/bz.sock" --timeout-s 3)"
+remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+record migration "timeout_send_rc=$(remote_cmd migration-timeout --api-socket "$WORK/b.api" send-migration "unix:$WORK/bz.sock" --timeout-s 3)"
 record migration "timeout_source_state=$(source_state)"
-record migration "rereceive_rc=$(remote_cmd bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait)"
+record migration "rereceive_rc=$(remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait)"
 send_in_background cancelled "unix:$WORK/bz.sock"
 sleep 4
-record migration "cancel_rc=$(remote_cmd cancel --api-socket "$WORK/b.api" cancel-migration)"
+record migration "cancel_rc=$(remote_cmd migration-cancel --api-socket "$WORK/b.api" cancel-migration)"
 wait "$SEND_PID" || true
 record migration "cancelled_send_rc=$(cat "$WORK/cancelled.rc")" "cancelled_source_state=$(source_state)"
 timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bz.api" shutdown > /dev/null 2>&1 || true
@@ -122,8 +112,8 @@ record migration "failures_receiver_exit=$EXIT_STATUS"
 receiver b2
 pid_b2=$VMM_PID
 t_mig=$(now_us)
-record migration "receive_rc=$(remote_cmd b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --no-wait)"
-record migration "send_rc=$(remote_cmd send --api-socket "$WORK/b.api" send-migration "tcp:127.0.0.1:6700" --downtime-ms 300)"
+record migration "receive_rc=$(remote_cmd migration-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --no-wait)"
+record migration "send_rc=$(remote_cmd migration-send --api-socket "$WORK/b.api" send-migration "tcp:127.0.0.1:6700" --downtime-ms 300)"
 record migration "migration_seconds=$(since "$t_mig")"
 wait_for_exit "$pid_b" 30
 record migration "source_exit=$EXIT_STATUS"

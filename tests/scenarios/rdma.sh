@@ -105,31 +105,10 @@ VMM_CPUS=1 start_vmm rdma-c --cmdline "$cmdline" --disk "path=$WORK/rdma-c-run.i
   --serial "file=$OUT/rdma-c-serial.log" --pvrdma "tap=tapc,mac=$MAC_C,local=off"
 pid_c=$VMM_PID
 
-# ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs.
-ipv4_mapped_gid() {
-  local a b c d
-  IFS=. read -r a b c d <<< "$1"
-  printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n' "$a" "$b" "$c" "$d"
-}
-
-# rxe_gid_index: the index of rxe0's RoCE v2 GID of HOST_IP, once the port is active.
-rxe_gid_index() {
-  local port=/sys/class/infiniband/rxe0/ports/1 want f i
-  grep -q ACTIVE "$port/state" 2>/dev/null || return 1
-  want=$(ipv4_mapped_gid "$HOST_IP")
-  for f in "$port"/gids/*; do
-    i=${f##*/}
-    [[ $(cat "$f" 2>/dev/null) == "$want" && $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]] || continue
-    echo "$i"
-    return 0
-  done
-  return 1
-}
-
 RXE_GIDX=''
 if ((rxe_ok)); then
   end=$(($(now_us) + 120 * 1000000))
-  until RXE_GIDX=$(rxe_gid_index); do
+  until RXE_GIDX=$(rxe_gid_index rxe0 "$HOST_IP"); do
     (($(now_us) < end)) || break
     sleep 0.5
   done

@@ -26,16 +26,6 @@ guest=$E2E_RESOURCES/../scripts/demo-guest.sh
 guest_script_disk "$WORK/snapshot-a-run.img" "ROLE=server MY_IP=10.15.0.1 PEER_IP=10.15.0.2 $iters" "$guest"
 guest_script_disk "$WORK/snapshot-b-run.img" "ROLE=client MY_IP=10.15.0.2 PEER_IP=10.15.0.1 $iters" "$guest"
 
-# remote NAME ARGS...: pvrdma-remote on $WORK/NAME.api (bounded), output appended to
-# $OUT/snapshot-remote.log; prints its exit status.
-remote() {
-  local name=$1 rc=0
-  shift
-  echo "\$ pvrdma-remote [$name] $*" >> "$OUT/snapshot-remote.log"
-  timeout 300 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/$name.api" "$@" >> "$OUT/snapshot-remote.log" 2>&1 || rc=$?
-  echo "$rc"
-}
-
 cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
 VMM_CPUS=1 start_vmm snapshot-a --cmdline "$cmdline" --disk "path=$WORK/snapshot-a-run.img,readonly=on" \
   --serial "file=$OUT/snapshot-a-serial.log" --pvrdma "tap=tapa,mac=52:54:00:15:00:01" --api-socket "$WORK/a.api"
@@ -50,15 +40,15 @@ fi
 sleep 5
 
 # Pause both (their QPs' timers stop), then snapshot each.
-record snapshot "pause_a_rc=$(remote a pause)" "pause_b_rc=$(remote b pause)"
+record snapshot "pause_a_rc=$(remote_cmd snapshot --api-socket "$WORK/a.api" pause)" "pause_b_rc=$(remote_cmd snapshot --api-socket "$WORK/b.api" pause)"
 t_snap=$(now_us)
 for g in a b; do
-  record snapshot "snapshot_${g}_rc=$(remote "$g" snapshot "file://$WORK/snap-$g")"
+  record snapshot "snapshot_${g}_rc=$(remote_cmd snapshot --api-socket "$WORK/$g.api" snapshot "file://$WORK/snap-$g")"
 done
 record snapshot "snapshot_seconds=$(since "$t_snap")"
 for g in a b; do
   pid_var=pid_$g
-  record snapshot "shutdown_${g}_rc=$(remote "$g" shutdown)"
+  record snapshot "shutdown_${g}_rc=$(remote_cmd snapshot --api-socket "$WORK/$g.api" shutdown)"
   wait_for_exit "${!pid_var}" 60
   record snapshot "${g}_exit=$EXIT_STATUS"
 done
@@ -76,7 +66,7 @@ for g in a b; do
 done
 record snapshot "restore_seconds=$(since "$t_restore")"
 record snapshot "restored_state_a=$(timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/a2.api" info | grep -o '"state": "[A-Za-z]*"' | head -n1 | cut -d'"' -f4)"
-record snapshot "resume_a_rc=$(remote a2 resume)" "resume_b_rc=$(remote b2 resume)"
+record snapshot "resume_a_rc=$(remote_cmd snapshot --api-socket "$WORK/a2.api" resume)" "resume_b_rc=$(remote_cmd snapshot --api-socket "$WORK/b2.api" resume)"
 
 # Both programs finish (their guests then power off, which ends the VMMs).
 for g in a2 b2; do

@@ -857,9 +857,13 @@ impl Vmm {
                         receiving = false;
                         match result {
                             Ok(machine) => {
+                                let t0 = Instant::now();
                                 let vmm =
                                     Self::start(machine, Some(api), progress, StartAs::Resumed)?;
-                                log::info!("Migration received; the VM runs here now");
+                                log::info!(
+                                    "Migration received; the VM runs here now (started in {} ms)",
+                                    t0.elapsed().as_millis()
+                                );
                                 return Ok(Some(vmm));
                             }
                             Err(e) => log::error!("Incoming migration failed: {e}"),

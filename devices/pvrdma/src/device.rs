@@ -223,6 +223,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
             if let Err(e) = local.claim() {
                 log::warn!("pvrdma: cannot take over the MAC's same-host socket ({e}); peers on this host reach the VM over the wire");
             }
+            local.announce(self.rc_peer_macs());
         }
         self.shared.paused.store(false, Ordering::Release);
         self.shared.env.wire.inbox.set_discard(false);
@@ -252,7 +253,8 @@ impl<M: GuestAddressSpace> Snapshottable for Pvrdma<M> {
 
 impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
     /// The counters that moved, for the VMM's log: what the device did and
-    /// what the guest or peers got wrong.
+    /// what the guest or peers got wrong; then where each live QP and
+    /// same-host ring stands.
     fn drop(&mut self) {
         let moved: Vec<String> = self
             .metrics()
@@ -261,10 +263,33 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         log::info!("pvrdma: counters: {}", moved.join(" "));
+        let state = self.shared.lock();
+        for qp in state.session.iter().flat_map(|s| s.objects.qps.values()) {
+            if let Some(engine) = qp.engine.as_ref() {
+                log::info!("pvrdma: QP at exit: {engine}");
+            }
+        }
+        drop(state);
+        if let Some(local) = self.shared.env.wire.local.as_ref() {
+            local.log_rings();
+        }
     }
 }
 
 impl<M: GuestAddressSpace> Pvrdma<M> {
+    /// The next-hop MACs of the connected QPs.
+    fn rc_peer_macs(&self) -> Vec<[u8; 6]> {
+        let state = self.shared.lock();
+        state
+            .session
+            .iter()
+            .flat_map(|s| s.objects.qps.values())
+            .filter_map(|qp| qp.engine.as_ref().map(|e| e.attrs()))
+            .filter(|a| !a.ud)
+            .map(|a| a.addr.dst_mac)
+            .collect()
+    }
+
     /// The device's counters, by name (see the `metrics` module).
     pub fn metrics(&self) -> Vec<(&'static str, u64)> {
         self.shared.env.metrics.snapshot()

@@ -236,19 +236,33 @@ impl LocalChannel {
         })
     }
 
+    /// Our ring towards `mac`, handed over now if there is none yet; `None`
+    /// when no VMM of this host owns the MAC (or too many peers).
+    fn peer<'p>(&self, peers: &'p mut HashMap<[u8; 6], Peer>, mac: [u8; 6]) -> Option<&'p Peer> {
+        if !peers.contains_key(&mac) {
+            if peers.len() >= MAX_PEERS {
+                return None;
+            }
+            peers.insert(mac, self.connect(mac)?);
+        }
+        peers.get(&mac)
+    }
+
+    /// Hands a ring to the VMM owning each of `macs` before any frame needs
+    /// one. After a migration our SETUP tells those peers at once that the
+    /// VM runs here, so that their retransmissions stop going into the
+    /// source's ring while the VM has nothing to send them.
+    pub(crate) fn announce(&self, macs: impl IntoIterator<Item = [u8; 6]>) {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        for mac in macs {
+            let _ = self.peer(&mut peers, mac);
+        }
+    }
+
     /// Offers `frame` to the VMM owning `dst_mac` on this host.
     pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if !peers.contains_key(&dst_mac) {
-            if peers.len() >= MAX_PEERS {
-                return Sent::NotLocal;
-            }
-            let Some(peer) = self.connect(dst_mac) else {
-                return Sent::NotLocal;
-            };
-            peers.insert(dst_mac, peer);
-        }
-        let Some(peer) = peers.get(&dst_mac) else {
+        let Some(peer) = self.peer(&mut peers, dst_mac) else {
             return Sent::NotLocal;
         };
         match peer.ring.push(frame) {
@@ -380,6 +394,30 @@ impl LocalChannel {
             }
         }
         out
+    }
+
+    /// Logs every ring's positions: a ring whose consumer sleeps with
+    /// data in it (or whose producer stopped) shows here.
+    pub(crate) fn log_rings(&self) {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        for (mac, p) in peers.iter() {
+            log::info!(
+                "pvrdma: same-host ring to {} (instance {}): {}",
+                sock_name(*mac),
+                p.instance,
+                p.ring
+            );
+        }
+        drop(peers);
+        let inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        for (mac, r) in inbound.iter() {
+            log::info!(
+                "pvrdma: same-host ring from {} (instance {}): {}",
+                sock_name(*mac),
+                r.instance,
+                r.ring
+            );
+        }
     }
 }
 
@@ -541,6 +579,30 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
         assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_destination_that_announces_itself_gets_the_next_frame() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-ann-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], false).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"one"), Sent::Local);
+        assert_eq!(old.recv(8), vec![b"one".to_vec()]);
+        // The source is paused for good (and still lingers); the destination
+        // runs the VM but has nothing to send.
+        let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], true).unwrap();
+        new.claim().unwrap();
+        new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
+        assert!(a.recv(8).is_empty());
+        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"retransmitted"), Sent::Local);
+        assert_eq!(new.recv(8), vec![b"retransmitted".to_vec()]);
+        assert!(old.recv(8).is_empty(), "nothing more went to the source");
+        // A ring it already has is kept.
+        new.announce([[2, 0, 0, 0, 6, 1]]);
+        assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"back"), Sent::Local);
+        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -179,6 +179,20 @@ impl ShmRing {
     }
 }
 
+/// Positions for logs: bytes written, bytes read, and whether the
+/// consumer announced a sleep.
+impl std::fmt::Display for ShmRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "head={} tail={} waiting={}",
+            self.load(HEAD),
+            self.load(TAIL),
+            self.load(WAITING)
+        )
+    }
+}
+
 /// A fresh memfd-backed ring of `cap` bytes, and the file to hand over.
 pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
     use std::os::fd::FromRawFd;

@@ -376,6 +376,15 @@ pub(crate) fn handle_destroy_qp<M>(
     objects.sub_pages(qp.pages);
     objects.qpns.remove(&qp.qpn);
     free_ids(&mut cx.s.ns, handle, qp.qpn);
+    if let Some(engine) = qp.engine.as_ref() {
+        // A QP that failed says where its transport stood.
+        let level = if engine.is_error() {
+            log::Level::Info
+        } else {
+            log::Level::Debug
+        };
+        log::log!(level, "pvrdma: destroyed QP: {engine}");
+    }
     Ok(DestroyQpResp {
         events_reported: qp.events,
         ..Default::default()

@@ -57,6 +57,24 @@ pub struct CompState {
     pub rnr_until: Option<u64>,
 }
 
+/// Shortest retransmission timeout, as a Local ACK Timeout exponent:
+/// 4.096 µs × 2^16 ≈ 268 ms. Shorter ones are rounded up, as hardware with
+/// a timer floor does (ConnectX parts enforce one), so that the blackout
+/// of a peer's live migration, hundreds of milliseconds under nested
+/// virtualisation, costs retries rather than the QP: `ibv_rc_pingpong`
+/// asks for 14 (67 ms), which with 7 retries gives up after about half a
+/// second. A lost packet at the tail of a message waits this long.
+pub const MIN_ACK_TIMEOUT: u8 = 16;
+
+/// The retransmission timeout (ns) the completer uses for the QP's Local
+/// ACK Timeout `t`; `None` (0) waits forever.
+pub fn retransmit_ns(t: u8) -> Option<u64> {
+    if t == 0 {
+        return None;
+    }
+    ack_timeout_ns(t.max(MIN_ACK_TIMEOUT))
+}
+
 impl CompState {
     /// A fresh state at `psn` with full retry budgets.
     pub fn new(psn: Psn, a: &CompAttrs) -> Self {
@@ -72,7 +90,7 @@ impl CompState {
     /// Re-arms the ACK timer at `now` if PSNs are outstanding.
     pub fn rearm(&mut self, a: &CompAttrs, now: u64, outstanding: bool) {
         self.deadline = if outstanding {
-            ack_timeout_ns(a.timeout).map(|t| now.saturating_add(t))
+            retransmit_ns(a.timeout).map(|t| now.saturating_add(t))
         } else {
             None
         };
@@ -484,7 +502,11 @@ mod tests {
         }
         let mut st = CompState::new(Psn::new(0), &A);
         st.arm(&A, 0);
-        let t = ack_timeout_ns(A.timeout).unwrap();
+        // 14 is below the floor: the timer runs for 2^16 × 4.096 µs.
+        let t = retransmit_ns(A.timeout).unwrap();
+        assert_eq!(t, ack_timeout_ns(MIN_ACK_TIMEOUT).unwrap());
+        assert_eq!(retransmit_ns(20), ack_timeout_ns(20));
+        assert_eq!(retransmit_ns(0), None);
         assert_eq!(comp_timer(&mut st, t - 1, true), None);
         assert_eq!(comp_timer(&mut st, t, true), Some(CompStep::Retry));
         st.arm(&A, t);

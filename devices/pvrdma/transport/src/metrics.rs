@@ -1,38 +1,57 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Per-QP transport counters, named after rxe's `rxe_counters` so the
 //! numbers read the same as `rdma statistic` on a Soft-RoCE host. Only
-//! events the engine actually observes are counted; the device sums them
-//! into its port counters.
+//! events the engine actually observes are counted; the device logs them
+//! with each QP's sequence state when it goes away.
 
 use serde::{Deserialize, Serialize};
 
-/// Transport event counters of one QP (all saturating).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Metrics {
+/// Declares the counters once: the struct and the name table.
+macro_rules! metrics {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// Transport event counters of one QP (all saturating).
+        #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct Metrics {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl Metrics {
+            /// The counters that are not zero, by name, in declaration order.
+            pub fn moved(&self) -> Vec<(&'static str, u64)> {
+                [$( (stringify!($name), self.$name) ),*]
+                    .into_iter()
+                    .filter(|(_, v)| *v != 0)
+                    .collect()
+            }
+        }
+    };
+}
+
+metrics! {
     /// Duplicate requests received (PSN below the expected one).
-    pub rx_dup_req: u64,
+    rx_dup_req,
     /// Out-of-sequence requests (PSN above the expected one).
-    pub out_of_seq_req: u64,
+    out_of_seq_req,
     /// RNR NAKs sent (no receive WQE).
-    pub rnr_nak_sent: u64,
+    rnr_nak_sent,
     /// RNR NAKs received.
-    pub rnr_nak_rcvd: u64,
+    rnr_nak_rcvd,
     /// Sends that exhausted the transport retry count.
-    pub retry_exceeded: u64,
+    retry_exceeded,
     /// Sends that exhausted the RNR retry count.
-    pub rnr_retry_exceeded: u64,
+    rnr_retry_exceeded,
     /// Retransmissions started by the completer (timeout, NAK, gap).
-    pub completer_retry: u64,
+    completer_retry,
     /// Requests not acknowledged at once (ACK coalescing).
-    pub ack_deferred: u64,
+    ack_deferred,
     /// Fatal NAKs sent (invalid request, remote access/operational).
-    pub nak_sent: u64,
+    nak_sent,
     /// Responses dropped by the completer (stale, duplicate, hostile).
-    pub comp_dropped: u64,
+    comp_dropped,
     /// UD packets dropped for a Q_Key mismatch.
-    pub qkey_violation: u64,
+    qkey_violation,
     /// UD packets dropped for want of a receive WQE.
-    pub ud_no_wqe: u64,
+    ud_no_wqe,
 }
 
 /// Adds one to a counter, saturating.

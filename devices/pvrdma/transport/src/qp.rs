@@ -223,6 +223,38 @@ impl std::fmt::Debug for Qp {
     }
 }
 
+/// One line for logs: where each role stands and the counters that moved,
+/// e.g. why a peer stopped answering.
+impl std::fmt::Display for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (req, comp, resp) = (&self.req, &self.comp, &self.resp);
+        write!(
+            f,
+            "qpn={:#x} error={} req_psn={:#x} una={:#x} comp_psn={:#x} retries_left={} \
+             deadline={:?} rnr_until={:?} resp_psn={:#x} psn_nak_sent={} unacked={} sq={} \
+             next={} rq={}",
+            self.attrs.qpn,
+            self.error,
+            req.psn.get(),
+            req.una.get(),
+            comp.psn.get(),
+            comp.retries_left,
+            comp.deadline,
+            comp.rnr_until,
+            resp.psn.get(),
+            resp.sent_psn_nak,
+            resp.unacked,
+            self.sq.len(),
+            self.next,
+            self.rq.0.len(),
+        )?;
+        for (name, v) in self.metrics.moved() {
+            write!(f, " {name}={v}")?;
+        }
+        Ok(())
+    }
+}
+
 /// The completer's view of the oldest WQE, if it was sent.
 fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
     let s = sq.front()?;

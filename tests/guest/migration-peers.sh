@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=sh
+# shellcheck disable=SC2153 # ROLE, MY_IP...: prepended by the scenario
+# Guest side of tests/scenarios/migration-peers.sh (issue 6): the peers of a guest B that is
+# live-migrated twice while it carries RDMA traffic. The scenario prepends:
+#   ROLE              a | b
+#   MY_IP PEER_IP HOST_IP   eth0's address, the other guest's, and the test host's bridge
+#                     (which runs Soft-RoCE, rxe0) (/24)
+#   PP_ITERS RPING_COUNT    rounds of ibv_rc_pingpong -c and rping -V against rxe0 (B)
+#   WRITE_MIB WRITE_SECONDS pvrdma-write-check's buffer size and duration
+# B, phase 1: ibv_rc_pingpong (data checked) and rping (data verified) against Soft-RoCE on the
+#   test host, both at once; the scenario migrates B meanwhile. Then
+# B, phase 2: pvrdma-write-check server: A streams RDMA WRITEs into B's memory and B's CPU writes
+#   memory of its own, every round verified by checksum and pattern; the scenario migrates B again.
+# A: pvrdma-write-check client towards B, retried until B listens (B gets there after phase 1).
+# Lines: MIGPEER-TRAFFIC (B's programs started), MIGPEER-RXE-DONE pp_rc=N rping_rc=N,
+# the programs' own WRITE-CHECK-* lines, MIGPEER-WRITE-DONE rc=N, MIGPEER-OK or MIGPEER-FAIL why.
+DEV=vmw_pvrdma0
+fail() { echo "MIGPEER-FAIL $*"; exit 1; }
+now() { cut -d. -f1 /proc/uptime; }
+
+ip link set lo up
+ip link set eth0 up && ip addr add "$MY_IP/24" dev eth0 || fail "network set-up"
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$MY_IP" | tr . ' '))
+end=$(($(now) + 120))
+while [ "$(now)" -lt $end ]; do
+  for f in /sys/class/infiniband/$DEV/ports/1/gids/*; do
+    [ "$(cat "$f" 2>/dev/null)" = "$want" ] && GIDX=${f##*/}
+  done
+  [ -n "${GIDX:-}" ] && break
+  sleep 1
+done
+[ -n "${GIDX:-}" ] || fail "no RoCE v2 GID of $MY_IP on $DEV"
+
+# again SECS CMD...: runs CMD until it succeeds, for at most SECS seconds (its server may not
+# listen yet).
+again() {
+  _end=$(($(now) + $1))
+  shift
+  until "$@"; do
+    [ "$(now)" -lt $_end ] || return 1
+    sleep 2
+  done
+}
+
+if [ "$ROLE" = b ]; then
+  (again 120 timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 -p 18801 "$HOST_IP") \
+    > /tmp/pp.log 2>&1 &
+  pp=$!
+  (again 120 timeout 900 rping -c -a "$HOST_IP" -p 18802 -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
+  rp=$!
+  sleep 5
+  echo "MIGPEER-TRAFFIC ibv_rc_pingpong and rping towards Soft-RoCE running"
+  wait $pp; pp_rc=$?
+  wait $rp; rp_rc=$?
+  grep -E 'local address|remote address|bytes in|iters in|Failed status|Completion with error' /tmp/pp.log
+  tail -n 2 /tmp/rping.log
+  echo "MIGPEER-RXE-DONE pp_rc=$pp_rc rping_rc=$rp_rc"
+  timeout 900 pvrdma-write-check server 18803 "$WRITE_MIB" "$WRITE_SECONDS"
+  wc_rc=$?
+  echo "MIGPEER-WRITE-DONE rc=$wc_rc"
+  [ $pp_rc = 0 ] || fail "ibv_rc_pingpong rc=$pp_rc: $(grep -E 'Failed status|failed' /tmp/pp.log | head -n 3)"
+  [ $rp_rc = 0 ] || fail "rping rc=$rp_rc: $(tail -n 3 /tmp/rping.log)"
+  [ $wc_rc = 0 ] || fail "pvrdma-write-check server rc=$wc_rc"
+else
+  # B listens only after its phase 1: try again while the client could not connect, but never
+  # once it ran (a failure then is the result).
+  end=$(($(now) + 600))
+  while :; do
+    timeout 900 pvrdma-write-check client "$PEER_IP" 18803 "$WRITE_MIB" "$WRITE_SECONDS" > /tmp/wc.log 2>&1
+    wc_rc=$?
+    cat /tmp/wc.log
+    [ $wc_rc = 0 ] && break
+    grep -q WRITE-CHECK-RUNNING /tmp/wc.log && break
+    [ "$(now)" -lt $end ] || break
+  done
+  echo "MIGPEER-WRITE-DONE rc=$wc_rc"
+  [ $wc_rc = 0 ] || fail "pvrdma-write-check client rc=$wc_rc"
+fi
+echo "MIGPEER-OK $ROLE"
