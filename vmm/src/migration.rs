@@ -45,7 +45,7 @@ pub struct VmSnapshot {
 }
 
 const VM_ID: &str = "vm";
-const VM_VERSION: u32 = 1;
+const VM_VERSION: u32 = 2;
 
 impl VmSnapshot {
     pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
