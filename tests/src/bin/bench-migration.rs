@@ -13,11 +13,11 @@
 //! [--qps N,...] [--size BYTES] [--tx-depth N] [--qp-timeout N] [--downtime-ms N]` (defaults: 1
 //! round, 256 and 1024 MiB, 0,1,16,256 QPs, ib_write_bw -s 4096 -t 8 -u 20, --downtime-ms 300).
 //! Each round migrates B once per QP count, in the order given. The traffic is sized so that the
-//! nested test host carries it without a migration: 256 QPs x 8 WQEs x 4 KiB in flight drain in
-//! about a second at its ~10 MB/s, and `-u 20` (an ACK timeout of 4.3 s instead of perftest's
-//! 67 ms) scales RC's timer to a guest that runs ~50x slower than native. Inside the test host
-//! the copy runs at TCG speed: the absolute times say nothing about a real host, the ratios a
-//! little.
+//! nested test host carries it: 256 QPs x 8 WQEs x 4 KiB in flight drain in a second or two at
+//! the 5-10 MB/s ib_write_bw gets there, and `-u 20` (an ACK timeout of 4.3 s instead of
+//! perftest's 67 ms) scales RC's timer to a guest that runs ~50x slower than native. Inside the
+//! test host the copy runs at TCG speed: the absolute times say nothing about a real host, the
+//! ratios a little. docs/benchmarks.md has the figures and their reading.
 
 use std::collections::BTreeMap;
 use std::fs;
