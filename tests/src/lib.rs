@@ -18,6 +18,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub mod assets;
+pub mod bench;
 pub mod binaries;
 pub mod host;
 pub mod results;

@@ -11,6 +11,7 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use e2e::bench::median;
 use e2e::testhost::{self, Scenario};
 use e2e::{assets, binaries};
 
@@ -124,16 +125,6 @@ fn measured_samples(tsv: &str) -> BTreeMap<String, Vec<f64>> {
     samples
 }
 
-/// Median of a sorted, non-empty slice.
-fn median(sorted: &[f64]) -> f64 {
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,11 +136,5 @@ mod tests {
         let s = measured_samples(tsv);
         assert_eq!(s["qemu-microvm"], vec![2.0, 3.0]);
         assert_eq!(s["pvrdma-vmm"], vec![4.0]);
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
     }
 }

@@ -19,13 +19,13 @@
 //! test host the copy runs at TCG speed: the absolute times say nothing about a real host, the
 //! ratios a little. docs/benchmarks.md has the figures and their reading.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use e2e::bench::{loadavg, median, parse_env};
 use e2e::testhost::{self, Scenario};
-use e2e::{assets, binaries};
+use e2e::{assets, bench, binaries};
 
 /// The QP count of the baseline cell.
 const BASELINE_QPS: u32 = 0;
@@ -238,14 +238,6 @@ fn parse_tsv(tsv: &str) -> Vec<Migration> {
                 source_exit: (*source_exit).to_string(),
             })
         })
-        .collect()
-}
-
-/// bench.env: key=value lines.
-fn parse_env(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
 
@@ -491,38 +483,11 @@ fn run() -> Result<(), String> {
         "  (MiB sent: the source's count, vCPU and device state included, printed with one decimal \
          of GiB above 1 GiB; MiB received: guest memory the destination received, exact)"
     );
-    if failures.is_empty() {
-        return Ok(());
-    }
-    println!(
-        "!!! FAILED: {} problem(s), the figures above are incomplete:",
-        failures.len()
-    );
-    for f in &failures {
-        println!("!!!   {f}");
-    }
-    Err(format!(
-        "{} migration(s), traffic run(s) or guest(s) failed (logs: {})",
-        failures.len(),
-        outcome.out.display()
-    ))
-}
-
-/// This host's /proc/loadavg (its three load averages).
-fn loadavg() -> String {
-    fs::read_to_string("/proc/loadavg").map_or("?".to_string(), |s| {
-        s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    })
-}
-
-/// Median of a sorted, non-empty slice.
-fn median(sorted: &[f64]) -> f64 {
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
+    bench::report_failures(
+        &failures,
+        "migration(s), traffic run(s) or guest(s)",
+        &outcome.out,
+    )
 }
 
 #[cfg(test)]
@@ -618,11 +583,5 @@ mod tests {
         let e = parse_env("256.a_exit=0\n256.fail=\nx\n");
         assert_eq!(e["256.a_exit"], "0");
         assert_eq!(e["256.fail"], "");
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
     }
 }

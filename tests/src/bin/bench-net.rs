@@ -14,6 +14,7 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use e2e::bench::median;
 use e2e::testhost::{self, Scenario};
 use e2e::{assets, binaries};
 
@@ -179,16 +180,6 @@ fn parse_tsv(tsv: &str) -> BTreeMap<String, Vec<Round>> {
     rounds
 }
 
-/// Median of a sorted, non-empty slice.
-fn median(sorted: &[f64]) -> f64 {
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,11 +229,5 @@ mod tests {
         assert_eq!(r["qemu"].len(), 1);
         assert!(!r["qemu"][0].intact);
         assert_eq!(r["qemu"][0].csum_errors, None);
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
     }
 }

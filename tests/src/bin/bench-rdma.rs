@@ -17,8 +17,9 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use e2e::bench::{loadavg, median, parse_env};
 use e2e::testhost::{self, Scenario};
-use e2e::{assets, binaries};
+use e2e::{assets, bench, binaries};
 
 /// The configurations, in the order the scenario runs them: (name in the scenario, label).
 const CONFIGS: [(&str, &str); 3] = [
@@ -135,14 +136,6 @@ fn parse_tsv(tsv: &str) -> BTreeMap<(String, String), Vec<Round>> {
         }
     }
     rounds
-}
-
-/// bench.env: key=value lines.
-fn parse_env(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
 }
 
 /// What one configuration's program gave: its sorted figures, the rounds that ran but have no
@@ -339,38 +332,7 @@ fn run() -> Result<(), String> {
             }
         }
     }
-    if failures.is_empty() {
-        return Ok(());
-    }
-    println!(
-        "!!! FAILED: {} problem(s), the figures above are incomplete:",
-        failures.len()
-    );
-    for f in &failures {
-        println!("!!!   {f}");
-    }
-    Err(format!(
-        "{} program run(s) or guest(s) failed (logs: {})",
-        failures.len(),
-        outcome.out.display()
-    ))
-}
-
-/// This host's /proc/loadavg (its three load averages).
-fn loadavg() -> String {
-    fs::read_to_string("/proc/loadavg").map_or("?".to_string(), |s| {
-        s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-    })
-}
-
-/// Median of a sorted, non-empty slice.
-fn median(sorted: &[f64]) -> f64 {
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 1 {
-        sorted[mid]
-    } else {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    }
+    bench::report_failures(&failures, "program run(s) or guest(s)", &outcome.out)
 }
 
 #[cfg(test)]
@@ -432,11 +394,5 @@ mod tests {
         let e = parse_env("rxe.a_exit=0\nrxe.fail=\nx\n");
         assert_eq!(e["rxe.a_exit"], "0");
         assert_eq!(e["rxe.fail"], "");
-    }
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&[1.0, 2.0, 9.0]), 2.0);
-        assert_eq!(median(&[1.0, 2.0, 4.0, 9.0]), 3.0);
     }
 }
