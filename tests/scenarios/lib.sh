@@ -175,3 +175,13 @@ rxe_gid_index() {
   done
   return 1
 }
+
+# wait_rxe_gid DEV IP SECONDS: rxe_gid_index DEV IP once it succeeds (the port goes active once
+# its netdev has carrier), for at most SECONDS; fails after.
+wait_rxe_gid() {
+  local end=$(($(now_us) + $3 * 1000000))
+  until rxe_gid_index "$1" "$2"; do
+    (($(now_us) < end)) || return 1
+    sleep 0.5
+  done
+}

@@ -51,11 +51,7 @@ pid_b=$VMM_PID
 # carrier once a VMM is on a TAP).
 RXE_GIDX=''
 if ((rxe_ok)); then
-  end=$(($(now_us) + 120 * 1000000))
-  until RXE_GIDX=$(rxe_gid_index rxe0 "$HOST_IP"); do
-    (($(now_us) < end)) || break
-    sleep 0.5
-  done
+  RXE_GIDX=$(wait_rxe_gid rxe0 "$HOST_IP" 120) || RXE_GIDX=''
 fi
 record migration-peers "rxe_gid_index=${RXE_GIDX:-none}"
 if [[ -n $RXE_GIDX ]]; then

@@ -107,11 +107,7 @@ pid_c=$VMM_PID
 
 RXE_GIDX=''
 if ((rxe_ok)); then
-  end=$(($(now_us) + 120 * 1000000))
-  until RXE_GIDX=$(rxe_gid_index rxe0 "$HOST_IP"); do
-    (($(now_us) < end)) || break
-    sleep 0.5
-  done
+  RXE_GIDX=$(wait_rxe_gid rxe0 "$HOST_IP" 120) || RXE_GIDX=''
   { rdma link show; ibv_devinfo -v -d rxe0; } > "$OUT/rxe-devinfo.txt" 2>&1 || true
   if [[ -n $RXE_GIDX ]]; then
     record rdma "rxe_setup=ok" "rxe_gid_index=$RXE_GIDX" "rxe_gid=$(cat "/sys/class/infiniband/rxe0/ports/1/gids/$RXE_GIDX")"
