@@ -107,7 +107,7 @@ KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
 key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $(gcc --version | head -n1)" \
-  recipes/userspace.sh guest/verbs-check.c guest/write-check.c lib/common.sh)
+  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
   PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"

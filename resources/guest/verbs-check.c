@@ -25,6 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define FAIL_TAG "VERBS-FAIL"
+#include "check.h"
+
 #define PORT 1
 #define CQE 64
 #define MR_LEN (64 * 1024)
@@ -50,33 +53,6 @@ static void ok(const char *step, const char *fmt, ...)
 	}
 	putchar('\n');
 	fflush(stdout);
-}
-
-static void __attribute__((noreturn)) fail(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("VERBS-FAIL %s: ", step);
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	exit(1);
-}
-
-/* libibverbs calls that return an int report the error as that value (errno for some). */
-static void check_rc(const char *step, int rc)
-{
-	if (rc)
-		fail(step, "%s (%d)", strerror(rc > 0 ? rc : errno), rc);
-}
-
-static void *check_ptr(const char *step, void *p)
-{
-	if (!p)
-		fail(step, "%s", strerror(errno ? errno : EINVAL));
-	return p;
 }
 
 static const char *qp_state_name(enum ibv_qp_state s)

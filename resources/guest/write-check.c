@@ -65,6 +65,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#define FAIL_TAG "WRITE-CHECK-FAIL"
+#include "check.h"
+
 #define MIB_BYTES (1024u * 1024u)
 #define PAGE 4096u
 #define PAGE_WORDS (PAGE / 8)
@@ -151,34 +154,6 @@ static void __attribute__((format(printf, 1, 2))) say(const char *fmt, ...)
 	va_end(ap);
 	putchar('\n');
 	fflush(stdout);
-}
-
-static void __attribute__((noreturn, format(printf, 2, 3))) fail(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	printf("WRITE-CHECK-FAIL %s: ", step);
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-	exit(1);
-}
-
-/* libibverbs calls that return an int report the error as that value (errno for some);
- * librdmacm's return -1 and set errno. */
-static void check_rc(const char *step, int rc)
-{
-	if (rc)
-		fail(step, "%s (%d)", strerror(rc > 0 ? rc : errno), rc);
-}
-
-static void *check_ptr(const char *step, void *p)
-{
-	if (!p)
-		fail(step, "%s", strerror(errno ? errno : EINVAL));
-	return p;
 }
 
 static int64_t now_ms(void)
