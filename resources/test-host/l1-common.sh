@@ -32,3 +32,16 @@ l1_tap() {
   ip tuntap add dev "$1" mode tap && ip link set "$1" up
   if [[ -n ${2:-} ]]; then ip link set "$1" master "$2"; fi
 }
+
+# l1_link BRIDGE: the cable to the other test host of a pair (run-l1.sh --link: eth0, virtio-net)
+# up on BRIDGE, which then spans both hosts.
+l1_link() {
+  modprobe virtio_net || { echo "l1_link: modprobe virtio_net failed" >&2; return 1; }
+  local i
+  for ((i = 0; i < 50; i++)); do
+    [[ -e /sys/class/net/eth0 ]] && break
+    sleep 0.1
+  done
+  [[ -e /sys/class/net/eth0 ]] || { echo "l1_link: no eth0 (was L1 started with run-l1.sh --link?)" >&2; return 1; }
+  ip link set eth0 master "$1" && ip link set eth0 up
+}

@@ -5,10 +5,17 @@
 # OUT shared read-write as /out. L1 runs SCRIPT (a host path) with bash and powers off.
 #
 # Usage: run-l1.sh --script PATH --out DIR [--timeout SECS] [--smp N] [--mem MIB] [--assets DIR]
+#                  [--link LOCAL:REMOTE --share DIR --no-lock]
 #   --smp: use 1 when the script runs more than one L2 guest (several nested guests under
 #          multi-threaded TCG hung or reset in 3 of 5 runs; single-threaded was 4 of 4 fine).
+#   --link: a second machine's cable: a virtio-net NIC (eth0 in L1, MAC 52:54:00:1f + LOCAL) whose
+#          frames travel as UDP datagrams from 127.0.0.1:LOCAL to 127.0.0.1:REMOTE, where the other
+#          test host's --link listens (QEMU's dgram netdev).
+#   --share: DIR shared read-write as /share too (both hosts of a pair see the same directory).
+#   --no-lock: the caller holds the L1 lock for this run (run-l1-pair.sh runs two L1s under it).
 # Output: the L1 console on stdout and in OUT/console.log (lines prefixed with host seconds since
-# start), QEMU's own messages in OUT/qemu-l1.stderr, the script's exit status in OUT/l1-rc.
+# start), QEMU's own messages in OUT/qemu-l1.stderr, the script's exit status in OUT/l1-rc, and
+# while QEMU runs its PID in OUT/qemu-l1.pid.
 # Exit status: the script's; 124 if L1 hit the timeout; 125 if L1 ended without reporting one;
 # 126 if L1 stalled: no console line (l1-init prints a heartbeat every 30 s) for STALL_LIMIT s, or
 # L1's kernel reports a CPU stuck for SOFTLOCKUP_LIMIT s or more (a soft lockup: seen with a nested
@@ -20,9 +27,12 @@ set -euo pipefail
 RES=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=../lib/common.sh
 . "$RES/lib/common.sh"
+# shellcheck source=l1-lock.sh
+. "$RES/test-host/l1-lock.sh"
 LOG_TAG=run-l1
 
-script='' out='' timeout=900 smp=2 mem=4096 assets=''
+script='' out='' timeout=900 smp=2 mem=4096 assets='' link='' share='' lock=1
+usage='usage: run-l1.sh --script PATH --out DIR [--timeout SECS] [--smp N] [--mem MIB] [--assets DIR] [--link LOCAL:REMOTE] [--share DIR] [--no-lock]'
 while [[ $# -gt 0 ]]; do
   case $1 in
     --script) script=$2; shift 2 ;;
@@ -31,12 +41,28 @@ while [[ $# -gt 0 ]]; do
     --smp) smp=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --assets) assets=$2; shift 2 ;;
-    *) die "unknown argument '$1' (usage: run-l1.sh --script PATH --out DIR [--timeout SECS] [--smp N] [--mem MIB] [--assets DIR])" ;;
+    --link) link=$2; shift 2 ;;
+    --share) share=$2; shift 2 ;;
+    --no-lock) lock=0; shift ;;
+    *) die "unknown argument '$1' ($usage)" ;;
   esac
 done
 [[ $script == /* && -r $script ]] || die "--script must be an absolute path to a readable file (L1 sees the host root at /): '$script'"
 [[ -n $out ]] || die "--out DIR is required"
 [[ $timeout =~ ^[0-9]+$ && $smp =~ ^[0-9]+$ && $mem =~ ^[0-9]+$ ]] || die "--timeout, --smp and --mem take whole numbers"
+extra=() append=''
+if [[ -n $link ]]; then
+  if ! [[ $link =~ ^([1-9][0-9]{0,4}):([1-9][0-9]{0,4})$ ]] || ((BASH_REMATCH[1] > 65535 || BASH_REMATCH[2] > 65535)); then
+    die "--link takes LOCAL:REMOTE UDP ports, got '$link'"
+  fi
+  extra+=(-netdev "dgram,id=link,local.type=inet,local.host=127.0.0.1,local.port=${BASH_REMATCH[1]},remote.type=inet,remote.host=127.0.0.1,remote.port=${BASH_REMATCH[2]}"
+    -device "virtio-net-pci,netdev=link,mac=$(printf '52:54:00:1f:%02x:%02x' $((BASH_REMATCH[1] >> 8)) $((BASH_REMATCH[1] & 255)))")
+fi
+if [[ -n $share ]]; then
+  [[ -d $share ]] || die "--share: no directory '$share'"
+  extra+=(-virtfs "local,path=$(cd "$share" && pwd),mount_tag=share,security_model=none")
+  append=' l1share=1'
+fi
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found (resources/build-assets.sh installs qemu-system-x86)"
 [[ -n $assets ]] || assets=$("$RES/build-assets.sh")
 [[ -f $assets/assets.env ]] || die "$assets/assets.env not found (run resources/build-assets.sh)"
@@ -48,16 +74,13 @@ rm -f "$out/l1-rc" "$out/l1-stalled" "$out/qemu-l1.stderr"
 STALL_LIMIT=${STALL_LIMIT:-180}
 SOFTLOCKUP_LIMIT=${SOFTLOCKUP_LIMIT:-120}
 
-# L1 takes most of a CPU per vCPU for its whole run: one at a time per machine.
-exec 8>/tmp/pvrdma-vmm-l1.lock
-if ! flock -n 8; then
-  log "another L1 is running (lock /tmp/pvrdma-vmm-l1.lock); waiting up to 1 h"
-  flock -w 3600 8 || die "timed out waiting for the other L1"
-fi
+# L1 takes most of a CPU per vCPU for its whole run: one at a time per machine (or one pair).
+((lock == 0)) || l1_lock
 
-log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out"
+log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out${link:+ link=$link}${share:+ share=$share}"
 t0=${EPOCHREALTIME/./}
-pidfile=$(mktemp)
+# QEMU's PID while it runs (run-l1-pair.sh stops one L1 of a pair with it).
+pidfile=$out/qemu-l1.pid
 trap 'rm -f "$pidfile"' EXIT
 set +e
 # This shell's own stderr goes to the QEMU log while the pipeline runs: bash reports a pipeline
@@ -70,9 +93,9 @@ timeout --foreground -k 15 "$timeout" qemu-system-x86_64 -name pvrdma-l1,debug-t
   -display none -monitor none -no-reboot -nodefaults \
   -chardev stdio,id=con,signal=off -serial chardev:con \
   -kernel "$PVRDMA_KERNEL" -initrd "$PVRDMA_L1_INITRAMFS" \
-  -append "console=ttyS0 panic=-1 quiet l1script=$script l1modules=$PVRDMA_MODULES" \
+  -append "console=ttyS0 panic=-1 quiet l1script=$script l1modules=$PVRDMA_MODULES$append" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-  -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+  -virtfs "local,path=$out,mount_tag=out,security_model=none" "${extra[@]}" \
   < /dev/null \
   | while :; do
       if IFS= read -r -t "$STALL_LIMIT" line; then

@@ -37,6 +37,11 @@ impl KeyValues {
         }
     }
 
+    /// Adds the values of `other` (e.g. the results of a second machine), which win on a clash.
+    pub fn extend(&mut self, other: KeyValues) {
+        self.values.extend(other.values);
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.values.get(key).map(String::as_str)
     }

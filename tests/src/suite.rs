@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::results::{KeyValues, SerialLog};
-use crate::testhost::{self, Outcome, Scenario};
+use crate::testhost::{self, Hosts, Outcome, Scenario};
 use crate::{assets, binaries};
 
 /// Why a suite could not be set up: a message for every test of the file.
@@ -28,13 +28,13 @@ where
         .unwrap_or_else(|e| panic!("e2e setup failed: {e}"))
 }
 
-/// Runs `tests/scenarios/<name>.sh` with the VMM under test (`PVRDMA_VMM_BIN`) plus `env`, in an
-/// L1 of `l1_cpus` vCPUs (TEST-HOST mode) and at most `timeout`; the scenario must exit 0.
+/// Runs `tests/scenarios/<name>.sh` with the VMM under test (`PVRDMA_VMM_BIN`) plus `env`, on
+/// `hosts` and for at most `timeout`; the scenario must exit 0.
 pub fn run_vmm_scenario(
     name: &str,
     env: &[(&str, String)],
     timeout: Duration,
-    l1_cpus: u32,
+    hosts: Hosts,
 ) -> Result<Outcome, SetupError> {
     let assets = assets::get().map_err(|e| e.to_string())?;
     let vmm = binaries::vmm().map_err(|e| e.to_string())?;
@@ -44,7 +44,7 @@ pub fn run_vmm_scenario(
         name: name.to_string(),
         env: vars,
         timeout,
-        l1_cpus,
+        hosts,
     };
     let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
     if outcome.exit_code != Some(0) {
@@ -73,11 +73,13 @@ pub struct RemoteSuite {
 }
 
 impl RemoteSuite {
-    /// Runs `tests/scenarios/<name>.sh` with `PVRDMA_REMOTE_BIN` set, in a 1-vCPU L1, and reads
-    /// `<name>.env`.
+    /// Runs `tests/scenarios/<name>.sh` with `PVRDMA_REMOTE_BIN` set, on `hosts` (several L2
+    /// guests per L1: one vCPU, see [`Hosts::One`]), and reads `<name>.env` (a pair's hosts:
+    /// `<name>-a.env` and `<name>-b.env`).
     pub fn run(
         name: &str,
         timeout: Duration,
+        hosts: Hosts,
         logs: &'static [&'static str],
     ) -> Result<Self, SetupError> {
         let bins = binaries::locate().map_err(|e| e.to_string())?;
@@ -85,9 +87,17 @@ impl RemoteSuite {
             name,
             &[("PVRDMA_REMOTE_BIN", bins.remote.display().to_string())],
             timeout,
-            1,
+            hosts,
         )?;
-        let env = key_values(&outcome, &format!("{name}.env"))?;
+        // A pair of hosts records a file each: `<name>-a.env` and `<name>-b.env`.
+        let env = match hosts {
+            Hosts::One { .. } => key_values(&outcome, &format!("{name}.env"))?,
+            Hosts::Pair => {
+                let mut env = key_values(&outcome, &format!("{name}-a.env"))?;
+                env.extend(key_values(&outcome, &format!("{name}-b.env"))?);
+                env
+            }
+        };
         Ok(Self { outcome, env, logs })
     }
 
@@ -124,5 +134,41 @@ impl RemoteSuite {
             .lines()
             .find_map(|l| l.split_once(prefix).map(|(_, ids)| ids.trim().to_string()));
         line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
+    }
+
+    /// The QPNs and keys a guest's device saved (its log `saved_log`) and restored
+    /// (`restored_log`); fails unless they are the same.
+    pub fn expect_same_ids(&self, saved_log: &str, restored_log: &str) -> String {
+        let saved = self.peer_ids(saved_log, "pvrdma: saved ");
+        let restored = self.peer_ids(restored_log, "pvrdma: restored ");
+        if saved != restored {
+            self.fail(&format!(
+                "{saved_log}: saved {saved} but {restored_log}: restored {restored}"
+            ));
+        }
+        restored
+    }
+
+    /// Fails unless the QPN of its peer that `ibv_rc_pingpong` printed when it connected
+    /// ("remote address: ..., QPN 0x..") on the console `serial` is among the `restored` ones
+    /// ([`RemoteSuite::expect_same_ids`]): the peer's QP still talks to the QP it knew.
+    pub fn expect_pingpong_peer_among(&self, restored: &str, serial: &str) {
+        let qpn = self
+            .text(serial)
+            .lines()
+            .find(|l| l.contains("remote address:"))
+            .and_then(|l| l.split("QPN ").nth(1))
+            .and_then(|q| q.split(',').next())
+            .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
+            .unwrap_or_else(|| {
+                self.fail(&format!(
+                    "no 'remote address: ... QPN' line of ibv_rc_pingpong in {serial}"
+                ))
+            });
+        if !restored.contains(&format!("{qpn:#x}")) {
+            self.fail(&format!(
+                "the pingpong peer's QPN {qpn:#x} ({serial}) is not among the restored {restored}"
+            ));
+        }
     }
 }

@@ -7,6 +7,11 @@
 //! loads kvm_amd through `resources/test-host/l1-common.sh`, and `run-l1.sh` boots L1 to run it.
 //! Each run gets `target/e2e-runs/<name>/` (replaced by the next run of the same scenario):
 //! `scenario.sh`, `run.log` (TEST-HOST: run-l1.sh's messages) and `out/` (results, `console.log`).
+//!
+//! A scenario on two hosts ([`Hosts::Pair`]) always runs in two test hosts joined by a cable
+//! (`resources/test-host/run-l1-pair.sh`), in either mode: the wrapper of host `a` and of host `b`
+//! (`scenario-a.sh`, `scenario-b.sh`) export `PVRDMA_HOST`, and `OUT` is `/share`, the directory
+//! both see (`out/share/`; each L1's console is in `out/l1-a/` and `out/l1-b/`).
 
 use std::fs::{self, File};
 use std::os::unix::process::CommandExt;
@@ -35,9 +40,18 @@ pub struct Scenario {
     pub env: Vec<(String, String)>,
     /// Hard limit for the script (L1 is killed when it is reached).
     pub timeout: Duration,
-    /// vCPUs of L1. Use 1 when the scenario runs more than one L2 guest: nested guests under
-    /// multi-threaded TCG hung or reset in 3 of 5 runs (resources/test-host/run-l1.sh).
-    pub l1_cpus: u32,
+    pub hosts: Hosts,
+}
+
+/// The machines a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hosts {
+    /// This host (DIRECT) or one test host with `l1_cpus` vCPUs. Use 1 when the scenario runs
+    /// more than one L2 guest: nested guests under multi-threaded TCG hung or reset in 3 of 5
+    /// runs (resources/test-host/run-l1.sh).
+    One { l1_cpus: u32 },
+    /// Two test hosts (one vCPU each) joined by a cable, host `a` and host `b`.
+    Pair,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +64,8 @@ pub struct Outcome {
     /// The script's exit status (None if it was killed by a signal).
     pub exit_code: Option<i32>,
     pub elapsed: Duration,
+    /// Where each machine's `console.log` is (TEST-HOST: also run-l1.sh's `l1-stalled`).
+    pub machines: Vec<PathBuf>,
 }
 
 impl Outcome {
@@ -72,23 +88,31 @@ impl Outcome {
         msg + &self.context()
     }
 
-    /// Where to look, for failure messages: mode, run directory, the end of the console and of
+    /// Where to look, for failure messages: mode, run directory, the end of each console and of
     /// the runner's messages (TEST-HOST mode: why L1 ended).
     pub fn context(&self) -> String {
         let mut s = format!(
-            "[mode {}, run dir {}, scenario exit {:?} after {:.0} s]\n{}",
+            "[mode {}, run dir {}, scenario exit {:?} after {:.0} s]",
             self.mode,
             self.dir.display(),
             self.exit_code,
             self.elapsed.as_secs_f64(),
-            tail_of(&self.file("console.log"), 40)
         );
+        for machine in &self.machines {
+            s.push('\n');
+            s += &tail_of(&machine.join("console.log"), 40);
+        }
         let runner_log = self.dir.join("run.log");
         if runner_log.exists() {
             s.push('\n');
             s += &tail_of(&runner_log, 4);
         }
         s
+    }
+
+    /// Whether a test host stopped making progress (run-l1.sh's `l1-stalled`).
+    fn stalled(&self) -> bool {
+        self.machines.iter().any(|m| m.join("l1-stalled").exists())
     }
 }
 
@@ -99,12 +123,18 @@ impl Outcome {
 /// stopped making progress, a known hazard of nested guests under TCG, and no verdict on the code
 /// under test) is run once more; its logs stay in `target/e2e-runs/<name>.stalled/`.
 pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
-    let mode = host::mode()?;
+    let mode = match (host::mode()?, scenario.hosts) {
+        (Mode::Direct, Hosts::Pair) => {
+            announce(&format!(
+                "scenario {}: two machines, so two test hosts (TEST-HOST mode) even here",
+                scenario.name
+            ));
+            Mode::TestHost
+        }
+        (mode, _) => mode,
+    };
     let outcome = run_once(scenario, assets, mode)?;
-    if mode != Mode::TestHost
-        || outcome.exit_code != Some(L1_STALLED)
-        || outcome.file("l1-rc").exists()
-    {
+    if outcome.exit_code != Some(L1_STALLED) || !outcome.stalled() {
         return Ok(outcome);
     }
     let kept = runs_dir().join(format!("{}.stalled", scenario.name));
@@ -127,37 +157,55 @@ fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome>
         fs::remove_dir_all(&dir).map_err(|e| io_error("remove old run dir", &dir, &e))?;
     }
     fs::create_dir_all(&out).map_err(|e| io_error("create", &out, &e))?;
-    let script = dir.join("scenario.sh");
-    fs::write(&script, wrapper(scenario, mode, assets, &out)?)
-        .map_err(|e| io_error("write", &script, &e))?;
-    // Where the runner's output goes: in TEST-HOST mode run-l1.sh's own messages (it copies the L1
-    // console to out/console.log itself); in DIRECT mode the script's output is the console.
-    let (mut cmd, log_path) = match mode {
-        Mode::TestHost => {
+    let runner = resources_dir().join("test-host");
+    // The runner's command, where its output goes (TEST-HOST: run-l1.sh's own messages, as it
+    // copies each L1 console itself; DIRECT: the script's output is the console), where the
+    // scenario's results land and where each machine's console is.
+    let (mut cmd, log_path, results, machines) = match (mode, scenario.hosts) {
+        (Mode::TestHost, Hosts::One { l1_cpus }) => {
+            let script = write_wrapper(scenario, mode, assets, &dir, "", Path::new("/out"))?;
             let mut c = Command::new("bash");
-            c.arg(resources_dir().join("test-host/run-l1.sh"))
+            c.arg(runner.join("run-l1.sh"))
                 .arg("--script")
                 .arg(&script)
                 .arg("--out")
                 .arg(&out)
-                .arg("--timeout")
-                .arg(scenario.timeout.as_secs().to_string())
                 .arg("--smp")
-                .arg(scenario.l1_cpus.to_string())
-                .arg("--assets")
-                .arg(&assets.dir);
-            (c, dir.join("run.log"))
+                .arg(l1_cpus.to_string());
+            (c, dir.join("run.log"), out.clone(), vec![out.clone()])
         }
-        Mode::Direct => {
+        (Mode::TestHost, Hosts::Pair) => {
+            let share = Path::new("/share");
+            let a = write_wrapper(scenario, mode, assets, &dir, "a", share)?;
+            let b = write_wrapper(scenario, mode, assets, &dir, "b", share)?;
+            let mut c = Command::new("bash");
+            c.arg(runner.join("run-l1-pair.sh"))
+                .arg("--script-a")
+                .arg(&a)
+                .arg("--script-b")
+                .arg(&b)
+                .arg("--out")
+                .arg(&out);
+            let machines = vec![out.join("l1-a"), out.join("l1-b")];
+            (c, dir.join("run.log"), out.join("share"), machines)
+        }
+        (Mode::Direct, _) => {
+            let script = write_wrapper(scenario, mode, assets, &dir, "", &out)?;
             let mut c = Command::new("timeout");
             c.arg("-k")
                 .arg("15")
                 .arg(scenario.timeout.as_secs().to_string())
                 .arg("bash")
                 .arg(&script);
-            (c, out.join("console.log"))
+            (c, out.join("console.log"), out.clone(), vec![out.clone()])
         }
     };
+    if mode == Mode::TestHost {
+        cmd.arg("--timeout")
+            .arg(scenario.timeout.as_secs().to_string())
+            .arg("--assets")
+            .arg(&assets.dir);
+    }
     let log = File::create(&log_path).map_err(|e| io_error("create", &log_path, &e))?;
     let log2 = log
         .try_clone()
@@ -187,9 +235,10 @@ fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome>
     let outcome = Outcome {
         mode,
         dir,
-        out,
+        out: results,
         exit_code: status.code(),
         elapsed: start.elapsed(),
+        machines,
     };
     announce(&format!(
         "scenario {}: exit {:?} after {:.0} s",
@@ -227,16 +276,21 @@ fn runs_dir() -> PathBuf {
         .join("e2e-runs")
 }
 
-fn wrapper(scenario: &Scenario, mode: Mode, assets: &Assets, out: &Path) -> Result<String> {
+/// Writes `<dir>/scenario[-<host>].sh`, the script a machine runs: `host` (empty for a scenario
+/// on one machine) is exported as `PVRDMA_HOST`, `out` (as the machine sees it) as `OUT`.
+fn write_wrapper(
+    scenario: &Scenario,
+    mode: Mode,
+    assets: &Assets,
+    dir: &Path,
+    host: &str,
+    out: &Path,
+) -> Result<PathBuf> {
     let scenarios = workspace_root().join("tests/scenarios");
     let body = scenarios.join(format!("{}.sh", scenario.name));
     if !body.is_file() {
         return Err(Error::new(format!("no scenario script {}", body.display())));
     }
-    let out_in_runner = match mode {
-        Mode::TestHost => Path::new("/out"),
-        Mode::Direct => out,
-    };
     let mut s = format!(
         "#!/bin/bash\n# Generated by e2e::testhost for scenario {name} ({mode} mode).\nset -euo pipefail\n",
         name = scenario.name
@@ -245,14 +299,17 @@ fn wrapper(scenario: &Scenario, mode: Mode, assets: &Assets, out: &Path) -> Resu
         Mode::TestHost => "test-host",
         Mode::Direct => "direct",
     };
-    let vars = [
+    let mut vars = vec![
         ("PVRDMA_E2E_MODE".to_string(), mode_name.to_string()),
-        ("OUT".to_string(), out_in_runner.display().to_string()),
+        ("OUT".to_string(), out.display().to_string()),
         (
             "PVRDMA_ASSETS_ENV".to_string(),
             assets.env_file().display().to_string(),
         ),
     ];
+    if !host.is_empty() {
+        vars.push(("PVRDMA_HOST".to_string(), host.to_string()));
+    }
     for (key, value) in vars.iter().chain(&scenario.env) {
         s += &format!("export {key}={}\n", shell_quote(value));
     }
@@ -266,7 +323,14 @@ fn wrapper(scenario: &Scenario, mode: Mode, assets: &Assets, out: &Path) -> Resu
     for file in [scenarios.join("lib.sh"), body] {
         s += &format!(". {}\n", shell_quote(&file.display().to_string()));
     }
-    Ok(s)
+    let name = if host.is_empty() {
+        "scenario.sh".to_string()
+    } else {
+        format!("scenario-{host}.sh")
+    };
+    let path = dir.join(name);
+    fs::write(&path, s).map_err(|e| io_error("write", &path, &e))?;
+    Ok(path)
 }
 
 /// Single-quotes `s` for bash.

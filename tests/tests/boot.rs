@@ -12,7 +12,7 @@ use std::time::Duration;
 use e2e::assets::{self, Assets};
 use e2e::binaries::{self, VmmBinaries};
 use e2e::results::{tail_of, KeyValues, SerialLog};
-use e2e::testhost::{self, Outcome, Scenario};
+use e2e::testhost::{self, Hosts, Outcome, Scenario};
 
 struct Suite {
     assets: Assets,
@@ -45,8 +45,8 @@ fn suite() -> &'static Suite {
             env,
             // Typically ~70 s; each guest has 240 s (scenarios/boot.sh), the whole run 10 min.
             timeout: Duration::from_secs(600),
-            // More than one L2 guest in this L1: single-threaded TCG (see Scenario::l1_cpus).
-            l1_cpus: 1,
+            // More than one L2 guest in this L1: single-threaded TCG (see Hosts::One).
+            hosts: Hosts::One { l1_cpus: 1 },
         };
         let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
         if outcome.exit_code != Some(0) {

@@ -12,13 +12,19 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::suite::{self, RemoteSuite, SetupError};
+use e2e::testhost::Hosts;
 
 fn suite() -> &'static RemoteSuite {
     static SUITE: OnceLock<Result<RemoteSuite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
         // Typically ~5 min: two boots, four migration attempts and a 512 MiB migration at TCG
         // speed, the traffic.
-        RemoteSuite::run("migration", Duration::from_secs(1200), LOGS)
+        RemoteSuite::run(
+            "migration",
+            Duration::from_secs(1200),
+            Hosts::One { l1_cpus: 1 },
+            LOGS,
+        )
     })
 }
 
@@ -67,26 +73,10 @@ fn traffic_runs_to_completion_across_the_migration() {
 #[test]
 fn queue_pair_numbers_and_keys_survive() {
     let s = suite();
-    let saved = s.peer_ids("migration-b-vmm.log", "pvrdma: saved ");
-    let restored = s.peer_ids("migration-b2-vmm.log", "pvrdma: restored ");
-    if saved != restored {
-        s.fail(&format!("saved {saved} but restored {restored}"));
-    }
+    let restored = s.expect_same_ids("migration-b-vmm.log", "migration-b2-vmm.log");
     // A's pingpong printed B's QPN when it connected, before the migration: it must be one of
     // the QPNs the destination serves.
-    let a = s.text("migration-a-serial.log");
-    let remote_qpn = a
-        .lines()
-        .find(|l| l.contains("remote address:"))
-        .and_then(|l| l.split("QPN ").nth(1))
-        .and_then(|q| q.split(',').next())
-        .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
-        .unwrap_or_else(|| s.fail("no 'remote address: ... QPN' line in A's pingpong output"));
-    if !restored.contains(&format!("{remote_qpn:#x}")) {
-        s.fail(&format!(
-            "B's pingpong QPN {remote_qpn:#x} is not among the restored {restored}"
-        ));
-    }
+    s.expect_pingpong_peer_among(&restored, "migration-a-serial.log");
     e2e::announce(&format!(
         "migration: B's device before and after: {restored}"
     ));

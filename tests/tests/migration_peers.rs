@@ -13,12 +13,18 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::suite::{self, RemoteSuite, SetupError};
+use e2e::testhost::Hosts;
 
 fn suite() -> &'static RemoteSuite {
     static SUITE: OnceLock<Result<RemoteSuite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
         // Typically ~6 min: two boots, two 512 MiB migrations at TCG speed, the traffic.
-        RemoteSuite::run("migration-peers", Duration::from_secs(1200), LOGS)
+        RemoteSuite::run(
+            "migration-peers",
+            Duration::from_secs(1200),
+            Hosts::One { l1_cpus: 1 },
+            LOGS,
+        )
     })
 }
 

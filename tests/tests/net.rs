@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
 use e2e::suite::{self, SetupError};
-use e2e::testhost::Outcome;
+use e2e::testhost::{Hosts, Outcome};
 
 const NEW_MAC_B: &str = "52:54:00:0b:00:99";
 const OLD_MAC_B: &str = "52:54:00:0b:00:02";
@@ -31,8 +31,8 @@ fn suite() -> &'static Suite {
             &[],
             // Typically ~3 min; the guests have 480 s (scenarios/net.sh).
             Duration::from_secs(660),
-            // Two L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
-            1,
+            // Two L2 guests in this L1: single-threaded TCG (see Hosts::One).
+            Hosts::One { l1_cpus: 1 },
         )?;
         Ok(Suite {
             env: suite::key_values(&outcome, "net.env")?,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use e2e::results::{vmm_log_problems, KeyValues, Section, SerialLog};
 use e2e::suite::{self, SetupError};
-use e2e::testhost::Outcome;
+use e2e::testhost::{Hosts, Outcome};
 
 const IPV4: &str = "10.11.0.1";
 const IPV6: &str = "fd00:11::1";
@@ -115,7 +115,7 @@ fn suite() -> &'static Suite {
             Duration::from_secs(420),
             // Single-threaded TCG even for one L2 guest: with -smp 2, a 2-vCPU guest once wedged
             // both L1 CPUs before printing anything (soft lockups in its vCPU threads).
-            1,
+            Hosts::One { l1_cpus: 1 },
         )?;
         Ok(Suite {
             env: suite::key_values(&outcome, "pvrdma.env")?,

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
 use e2e::suite::{self, SetupError};
-use e2e::testhost::Outcome;
+use e2e::testhost::{Hosts, Outcome};
 
 const IP_A: &str = "10.12.0.1";
 const IP_B: &str = "10.12.0.2";
@@ -152,8 +152,8 @@ fn suite() -> &'static Suite {
             // Typically ~4 min; the guests have 1500 s (scenarios/rdma.sh), which only a data
             // path that hangs in every program needs.
             Duration::from_secs(1620),
-            // Three L2 guests in this L1: single-threaded TCG (see Scenario::l1_cpus).
-            1,
+            // Three L2 guests in this L1: single-threaded TCG (see Hosts::One).
+            Hosts::One { l1_cpus: 1 },
         )?;
         Ok(Suite {
             env: suite::key_values(&outcome, "rdma.env")?,

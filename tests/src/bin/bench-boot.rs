@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use e2e::bench::median;
-use e2e::testhost::{self, Scenario};
+use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, binaries};
 
 const QEMU: &str = "qemu-microvm";
@@ -60,8 +60,8 @@ fn run() -> Result<(), String> {
         name: "bench-boot".to_string(),
         env,
         timeout: Duration::from_secs(60 + boots * 300),
-        // Several L2 guests in one L1: single-threaded TCG (see Scenario::l1_cpus).
-        l1_cpus: 1,
+        // Several L2 guests in one L1: single-threaded TCG (see Hosts::One).
+        hosts: Hosts::One { l1_cpus: 1 },
     };
     let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
     if outcome.exit_code != Some(0) {

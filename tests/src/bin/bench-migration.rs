@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use e2e::bench::{loadavg, median, parse_env};
-use e2e::testhost::{self, Scenario};
+use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
 /// The QP count of the baseline cell.
@@ -339,8 +339,8 @@ fn run() -> Result<(), String> {
         env,
         timeout: Duration::from_secs(60 + args.memory.len() as u64 * per_pair),
         // Two L2 guests at a time (three during a migration): single-threaded TCG (see
-        // Scenario::l1_cpus).
-        l1_cpus: 1,
+        // Hosts::One).
+        hosts: Hosts::One { l1_cpus: 1 },
     };
     let load_before = loadavg();
     let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;

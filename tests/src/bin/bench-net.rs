@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use e2e::bench::median;
-use e2e::testhost::{self, Scenario};
+use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, binaries};
 
 const QEMU: &str = "qemu";
@@ -95,8 +95,8 @@ fn run() -> Result<(), String> {
             .chain([("BENCH_LIMIT".to_string(), per_pair.to_string())])
             .collect(),
         timeout: Duration::from_secs(60 + 2 * (per_pair + 60)),
-        // Two L2 guests at a time: single-threaded TCG (see Scenario::l1_cpus).
-        l1_cpus: 1,
+        // Two L2 guests at a time: single-threaded TCG (see Hosts::One).
+        hosts: Hosts::One { l1_cpus: 1 },
     };
     let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
     if outcome.exit_code != Some(0) {

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use e2e::bench::{loadavg, median, parse_env};
-use e2e::testhost::{self, Scenario};
+use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
 /// The configurations, in the order the scenario runs them: (name in the scenario, label).
@@ -203,8 +203,8 @@ fn run() -> Result<(), String> {
         name: "bench-rdma".to_string(),
         env,
         timeout: Duration::from_secs(60 + configs.len() as u64 * (per_pair + 120)),
-        // Two L2 guests at a time: single-threaded TCG (see Scenario::l1_cpus).
-        l1_cpus: 1,
+        // Two L2 guests at a time: single-threaded TCG (see Hosts::One).
+        hosts: Hosts::One { l1_cpus: 1 },
     };
     let load_before = loadavg();
     let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
