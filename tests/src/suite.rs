@@ -136,6 +136,30 @@ impl RemoteSuite {
         line.unwrap_or_else(|| self.fail(&format!("no '{prefix}' line in {log}")))
     }
 
+    /// Fails unless `scripts/demo-guest.sh`'s programs (ibv_rc_pingpong and rping) ran across
+    /// B's migration: started on B's source (console `<b>-serial.log`), finished on the
+    /// destination (`<b2>-serial.log`) and on A (`<a>-serial.log`) with their data checked.
+    pub fn expect_demo_across_migration(&self, a: &str, b: &str, b2: &str) {
+        if !self
+            .text(&format!("{b}-serial.log"))
+            .contains("DEMO-TRAFFIC")
+        {
+            self.fail("B's traffic never started before the migration");
+        }
+        if !self
+            .text(&format!("{a}-serial.log"))
+            .contains("DEMO-OK server")
+        {
+            self.fail("guest A's ibv_rc_pingpong or rping failed");
+        }
+        if !self
+            .text(&format!("{b2}-serial.log"))
+            .contains("DEMO-OK client")
+        {
+            self.fail("guest B's programs did not finish on the destination");
+        }
+    }
+
     /// The QPNs and keys a guest's device saved (its log `saved_log`) and restored
     /// (`restored_log`); fails unless they are the same.
     pub fn expect_same_ids(&self, saved_log: &str, restored_log: &str) -> String {
