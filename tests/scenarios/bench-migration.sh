@@ -51,24 +51,17 @@ mkdir -p "$SIG"
 "$PVRDMA_USERSPACE/bin/busybox" httpd -f -p "$HOST_IP:$SIG_PORT" -h "$SIG" &
 signal() { : > "$SIG/$1"; }
 
-# boot NAME MEMORY TAP MAC ARGS...: one guest in the background, as start_vmm but with MEMORY
-# (start_vmm's is fixed) and one vCPU; its pid in VMM_PID.
+# boot NAME MEMORY TAP MAC ARGS...: one guest with one vCPU and MEMORY in the background
+# (start_vmm); its pid in VMM_PID.
 boot() {
   local name=$1 memory=$2 tap=$3 mac=$4
   shift 4
-  "$PVRDMA_VMM_BIN" --kernel "$PVRDMA_KERNEL" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus 1 --memory "$memory" \
-    --cmdline "$cmdline" --disk "path=$WORK/$name-run.img,readonly=on" --serial "file=$OUT/$name-serial.log" \
-    --pvrdma "tap=$tap,mac=$mac" "$@" > "$OUT/$name-vmm.log" 2>&1 &
-  VMM_PID=$!
+  VMM_CPUS=1 VMM_MEMORY=$memory start_vmm "$name" --cmdline "$cmdline" --disk "path=$WORK/$name-run.img,readonly=on" \
+    --serial "file=$OUT/$name-serial.log" --pvrdma "tap=$tap,mac=$mac" "$@"
 }
 
-# receiver NAME: a VMM with only an API socket ($WORK/NAME.api), waiting for a migration.
-receiver() {
-  "$PVRDMA_VMM_BIN" --api-socket "$WORK/$1.api" --serial "file=$OUT/$1-serial.log" \
-    > "$OUT/$1-vmm.log" 2>&1 &
-  VMM_PID=$!
-  wait_for_path "$WORK/$1.api" 30
-}
+# receiver NAME: start_receiver with the API socket $WORK/NAME.api.
+receiver() { start_receiver "$1" "$WORK/$1.api"; }
 
 # marker PREFIX ERE: the first line of the pair's B consoles (whichever VMM ran B when it was
 # printed) matching ERE, without the carriage return.

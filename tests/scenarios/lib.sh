@@ -94,14 +94,23 @@ last_tick() {
 }
 
 # start_vmm NAME ARGS...: our VMM in the background with the stock guest kernel and initramfs,
-# VMM_CPUS vCPUs (default 2) and 512 MiB; its stdout/stderr in $OUT/NAME-vmm.log. Sets VMM_PID.
+# VMM_CPUS vCPUs (default 2) and VMM_MEMORY (default 512M); its stdout/stderr in
+# $OUT/NAME-vmm.log. Sets VMM_PID.
 start_vmm() {
   local name=$1
   shift
   [[ -x ${PVRDMA_VMM_BIN:-} ]] || { log "PVRDMA_VMM_BIN is not set to an executable"; return 1; }
-  "$PVRDMA_VMM_BIN" --kernel "${KERNEL:-$PVRDMA_KERNEL}" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus "${VMM_CPUS:-2}" --memory 512M \
-    "$@" > "$OUT/$name-vmm.log" 2>&1 &
+  "$PVRDMA_VMM_BIN" --kernel "${KERNEL:-$PVRDMA_KERNEL}" --initramfs "$PVRDMA_GUEST_INITRAMFS" --cpus "${VMM_CPUS:-2}" \
+    --memory "${VMM_MEMORY:-512M}" "$@" > "$OUT/$name-vmm.log" 2>&1 &
   VMM_PID=$!
+}
+
+# start_receiver NAME SOCKET: a VMM with only an API socket (SOCKET), waiting for a migration; its
+# console in $OUT/NAME-serial.log, its log in $OUT/NAME-vmm.log. Sets VMM_PID once SOCKET exists.
+start_receiver() {
+  "$PVRDMA_VMM_BIN" --api-socket "$2" --serial "file=$OUT/$1-serial.log" > "$OUT/$1-vmm.log" 2>&1 &
+  VMM_PID=$!
+  wait_for_path "$2" 30
 }
 
 # isolate_network: first call of a scenario that makes bridges and TAPs (l1_bridge, l1_tap). In

@@ -92,10 +92,8 @@ host_a() {
 host_b() {
   ip addr add "$HOST_B_IP/24" dev br0
   l1_tap tapb br0
-  "$PVRDMA_VMM_BIN" --api-socket "$WORK/b2.api" --serial "file=$OUT/hosts-b2-serial.log" \
-    > "$OUT/hosts-b2-vmm.log" 2>&1 &
-  local pid_b2=$!
-  wait_for_path "$WORK/b2.api" 30
+  start_receiver hosts-b2 "$WORK/b2.api"
+  local pid_b2=$VMM_PID
   local rc
   rc=$(remote_cmd hosts-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:$HOST_B_IP:$PORT" --no-wait)
   rec "receive_rc=$rc"

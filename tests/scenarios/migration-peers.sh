@@ -66,10 +66,7 @@ fi
 # TO's process.
 migrate() {
   local from=$1 to=$2 url=$3
-  "$PVRDMA_VMM_BIN" --api-socket "$WORK/peers-$to.api" --serial "file=$OUT/peers-$to-serial.log" \
-    > "$OUT/peers-$to-vmm.log" 2>&1 &
-  VMM_PID=$!
-  wait_for_path "$WORK/peers-$to.api" 30
+  start_receiver "peers-$to" "$WORK/peers-$to.api"
   record migration-peers "${to}_receive_rc=$(remote_cmd "peers-$to" --api-socket "$WORK/peers-$to.api" receive-migration "$url" --tap "$MAC_B=tap$to" --no-wait)"
   record migration-peers "${to}_send_rc=$(remote_cmd "peers-$from-to-$to" --api-socket "$WORK/peers-$from.api" send-migration "$url" --downtime-ms 300)"
 }

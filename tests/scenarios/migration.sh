@@ -42,13 +42,8 @@ VMM_CPUS=1 start_vmm migration-b --cmdline "$cmdline" --disk "path=$WORK/migrati
   --serial "file=$OUT/migration-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
 pid_b=$VMM_PID
 
-# receiver NAME: a VMM with only an API socket ($WORK/NAME.api), waiting for a migration.
-receiver() {
-  "$PVRDMA_VMM_BIN" --api-socket "$WORK/$1.api" --serial "file=$OUT/migration-$1-serial.log" \
-    > "$OUT/migration-$1-vmm.log" 2>&1 &
-  VMM_PID=$!
-  wait_for_path "$WORK/$1.api" 30
-}
+# receiver NAME: start_receiver with the API socket $WORK/NAME.api.
+receiver() { start_receiver "migration-$1" "$WORK/$1.api"; }
 
 if ! wait_for_line "$OUT/migration-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then
   record migration "traffic=never-started"
