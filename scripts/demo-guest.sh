@@ -1,36 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=sh
 # shellcheck disable=SC2153 # ROLE, MY_IP, PEER_IP: prepended by scripts/demo.sh
-# Guest side of scripts/demo.sh: bring up eth0, find the RoCE v2 GID of its address on
-# vmw_pvrdma0, then run ibv_rc_pingpong (data checked) and rping (rdma_cm, data verified) against
-# the other guest, both at once: ROLE=server serves, ROLE=client connects (trying again while the
-# server is not listening yet). Prints DEMO-OK or DEMO-FAIL at the end.
+# Guest side of scripts/demo.sh, run after tests/guest/lib.sh (eth0_up_with_gid, again): bring up
+# eth0, find the RoCE v2 GID of its address on vmw_pvrdma0, then run ibv_rc_pingpong (data
+# checked) and rping (rdma_cm, data verified) against the other guest, both at once: ROLE=server
+# serves, ROLE=client connects (trying again while the server is not listening yet). Prints
+# DEMO-OK or DEMO-FAIL at the end.
 DEV=vmw_pvrdma0
 fail() { echo "DEMO-FAIL $*"; exit 1; }
-ip link set lo up
-ip link set eth0 up && ip addr add "$MY_IP/24" dev eth0 || fail "network set-up"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$MY_IP" | tr . ' '))
-i=0
-while [ $i -lt 120 ]; do
-  for f in /sys/class/infiniband/$DEV/ports/1/gids/*; do
-    [ "$(cat "$f" 2>/dev/null)" = "$want" ] && GIDX=${f##*/}
-  done
-  [ -n "${GIDX:-}" ] && break
-  sleep 1
-  i=$((i + 1))
-done
-[ -n "${GIDX:-}" ] || fail "no RoCE v2 GID of $MY_IP on $DEV"
+eth0_up_with_gid
 echo "demo: $DEV port $(cat /sys/class/infiniband/$DEV/ports/1/state), GID[$GIDX] = ::ffff:$MY_IP"
 
-# again CMD...: runs CMD until it succeeds, for at most 120 s (the server may not listen yet).
-again() {
-  n=0
-  until "$@"; do
-    n=$((n + 1))
-    [ $n -lt 60 ] || return 1
-    sleep 2
-  done
-}
 # Both programs run at once, for PP_ITERS and RPING_COUNT rounds: long enough for the client's
 # VM to be live-migrated while they run (scripts/demo.sh watches for DEMO-TRAFFIC).
 if [ "$ROLE" = server ]; then
@@ -40,9 +20,9 @@ if [ "$ROLE" = server ]; then
   rp=$!
 else
   sleep 3
-  (again timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 "$PEER_IP") > /tmp/pp.log 2>&1 &
+  (again 120 timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 "$PEER_IP") > /tmp/pp.log 2>&1 &
   pp=$!
-  (again timeout 900 rping -c -a "$PEER_IP" -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
+  (again 120 timeout 900 rping -c -a "$PEER_IP" -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
   rp=$!
   sleep 5
   echo "DEMO-TRAFFIC ibv_rc_pingpong and rping running"

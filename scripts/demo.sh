@@ -19,11 +19,12 @@ work=$(mktemp -d "$PWD/target/demo.XXXXXX")
 vmm=$PWD/target/release/pvrdma-vmm
 remote=$PWD/target/release/pvrdma-remote
 
-# One script disk per guest: the role's variables, then the guest script, NUL-padded to sectors.
+# One script disk per guest: the role's variables, the guest helpers, then the guest script,
+# NUL-padded to sectors.
 iters="PP_ITERS=${PP_ITERS:-20000} RPING_COUNT=${RPING_COUNT:-3000}"
 for g in a b; do
   if [[ $g == a ]]; then vars="ROLE=server MY_IP=10.77.0.1 PEER_IP=10.77.0.2 $iters"; else vars="ROLE=client MY_IP=10.77.0.2 PEER_IP=10.77.0.1 $iters"; fi
-  { printf '%s\n' $vars; cat scripts/demo-guest.sh; } > "$work/guest-$g.img"
+  { printf '%s\n' $vars; cat tests/guest/lib.sh scripts/demo-guest.sh; } > "$work/guest-$g.img"
   truncate -s %512 "$work/guest-$g.img"
 done
 

@@ -17,31 +17,8 @@
 # the programs' own WRITE-CHECK-* lines, MIGPEER-WRITE-DONE rc=N, MIGPEER-OK or MIGPEER-FAIL why.
 DEV=vmw_pvrdma0
 fail() { echo "MIGPEER-FAIL $*"; exit 1; }
-now() { cut -d. -f1 /proc/uptime; }
 
-ip link set lo up
-ip link set eth0 up && ip addr add "$MY_IP/24" dev eth0 || fail "network set-up"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' $(echo "$MY_IP" | tr . ' '))
-end=$(($(now) + 120))
-while [ "$(now)" -lt $end ]; do
-  for f in /sys/class/infiniband/$DEV/ports/1/gids/*; do
-    [ "$(cat "$f" 2>/dev/null)" = "$want" ] && GIDX=${f##*/}
-  done
-  [ -n "${GIDX:-}" ] && break
-  sleep 1
-done
-[ -n "${GIDX:-}" ] || fail "no RoCE v2 GID of $MY_IP on $DEV"
-
-# again SECS CMD...: runs CMD until it succeeds, for at most SECS seconds (its server may not
-# listen yet).
-again() {
-  _end=$(($(now) + $1))
-  shift
-  until "$@"; do
-    [ "$(now)" -lt $_end ] || return 1
-    sleep 2
-  done
-}
+eth0_up_with_gid
 
 if [ "$ROLE" = b ]; then
   (again 120 timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 -p 18801 "$HOST_IP") \

@@ -30,18 +30,7 @@ fail() {
   echo "$(tcp_counters) $(ip_frag_counters)"
   exit 1
 }
-now() { cut -d. -f1 /proc/uptime; }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
-
-# retry SECS CMD...: runs CMD until it succeeds, for at most SECS seconds.
-retry() {
-  _end=$(($(now) + $1))
-  shift
-  until "$@" > /dev/null 2>&1; do
-    [ "$(now)" -lt "$_end" ] || return 1
-    sleep 0.2
-  done
-}
 
 pings() { ping -c 1 -W 1 "$@"; }
 unreachable() { ! ping -c 1 -W 1 "$1"; }

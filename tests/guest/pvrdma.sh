@@ -15,19 +15,8 @@ DEV=vmw_pvrdma0
 say() { echo "RDMA-$*"; }
 fail() {
   say "FAIL $*"
-  dmesg | grep -E 'vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20
+  driver_log
   exit 1
-}
-now() { cut -d. -f1 /proc/uptime; }
-
-# retry SECS CMD...: runs CMD until it succeeds, for at most SECS seconds.
-retry() {
-  _end=$(($(now) + $1))
-  shift
-  until "$@" > /dev/null 2>&1; do
-    [ "$(now)" -lt "$_end" ] || return 1
-    sleep 0.2
-  done
 }
 
 # section NAME CMD...: CMD's output (stdout and stderr) framed for the test; returns CMD's status.
@@ -42,7 +31,6 @@ section() {
 }
 
 port_state_is() { ibv_devinfo -d "$DEV" | grep -q "state:.*$1"; }
-carrier_up() { [ "$(cat /sys/class/net/eth0/carrier 2> /dev/null)" = 1 ]; }
 # Both RoCE v2 GIDs of eth0's addresses are in the table (ib_core adds them asynchronously).
 gids_ready() {
   _info=$(ibv_devinfo -v -d "$DEV") || return 1

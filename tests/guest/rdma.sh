@@ -50,41 +50,8 @@ RETRY_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 say() { echo "RDMA-$*"; }
 fail() {
   say "FAIL role=$ROLE $*"
-  dmesg | grep -E 'vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20
+  driver_log
   exit 1
-}
-now() { cut -d. -f1 /proc/uptime; }
-
-# retry SECS CMD...: runs CMD until it succeeds, for at most SECS seconds.
-retry() {
-  _end=$(($(now) + $1))
-  shift
-  until "$@" > /dev/null 2>&1; do
-    [ "$(now)" -lt "$_end" ] || return 1
-    sleep 0.2
-  done
-}
-
-carrier_up() { [ "$(cat /sys/class/net/eth0/carrier 2> /dev/null)" = 1 ]; }
-
-# ipv4_mapped_gid IP: ::ffff:IP as sysfs prints GIDs (0000:...:ffff:0a0c:0001).
-ipv4_mapped_gid() {
-  echo "$1" | awk -F. '{ printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n", $1, $2, $3, $4 }'
-}
-
-# find_gid: GIDX := the index of the RoCE v2 GID of MY_IP in port 1's table (not hard-coded:
-# ib_core fills the table asynchronously, in the order addresses appear).
-find_gid() {
-  _want=$(ipv4_mapped_gid "$MY_IP")
-  _port=/sys/class/infiniband/$DEV/ports/1
-  for _f in "$_port"/gids/*; do
-    _i=${_f##*/}
-    [ "$(cat "$_f" 2> /dev/null)" = "$_want" ] || continue
-    [ "$(cat "$_port/gid_attrs/types/$_i" 2> /dev/null)" = "RoCE v2" ] || continue
-    GIDX=$_i
-    return 0
-  done
-  return 1
 }
 
 ip_of() {
