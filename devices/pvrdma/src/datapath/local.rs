@@ -96,6 +96,34 @@ fn sock_name(mac: [u8; 6]) -> String {
     format!("{a:02x}-{b:02x}-{c:02x}-{d:02x}-{e:02x}-{f:02x}.sock")
 }
 
+/// A destination's socket file waits as `<mac>.sock.incoming-<pid>` until
+/// its VM runs ([`LocalChannel::claim`]).
+const INCOMING: &str = ".incoming-";
+
+/// Removes the waiting socket files of `mac` that nobody answers on: left
+/// by a destination VMM that was killed before its VM ran there (a VMM
+/// that exits removes its own).
+fn remove_stale_incoming(dir: &Path, mac: [u8; 6]) {
+    let prefix = format!("{}{INCOMING}", sock_name(mac));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let path = entry.path();
+        let answers = UnixDatagram::unbound().is_ok_and(|probe| probe.connect(&path).is_ok());
+        if !answers {
+            log::info!(
+                "pvrdma: removing {}, left by a VMM that is gone",
+                path.display()
+            );
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
 /// Our ring towards one peer.
 #[derive(Debug)]
 struct Peer {
@@ -153,8 +181,9 @@ impl LocalChannel {
             .create(dir)?;
         let home = dir.join(sock_name(mac));
         let own = if take_over {
+            remove_stale_incoming(dir, mac);
             dir.join(format!(
-                "{}.incoming-{}",
+                "{}{INCOMING}{}",
                 sock_name(mac),
                 std::process::id()
             ))
@@ -498,6 +527,28 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
         assert_eq!(c.recv(8), vec![b"again".to_vec()]);
         drop((a, c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_destination_removes_the_waiting_sockets_of_killed_ones() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-s-{}", std::process::id()));
+        let mac = [2, 0, 0, 0, 5, 2];
+        std::fs::create_dir_all(&dir).unwrap();
+        let waiting = |pid: u32| dir.join(format!("{}{INCOMING}{pid}", sock_name(mac)));
+        // A killed receiver's file (nobody bound any more), a live one's,
+        // and another MAC's killed one.
+        drop(UnixDatagram::bind(waiting(1)).unwrap());
+        let live = UnixDatagram::bind(waiting(2)).unwrap();
+        let other = dir.join(format!("{}{INCOMING}1", sock_name([2, 0, 0, 0, 5, 3])));
+        drop(UnixDatagram::bind(&other).unwrap());
+
+        let new = LocalChannel::bind(&dir, mac, true).unwrap();
+        assert!(!waiting(1).exists(), "the stale file is gone");
+        assert!(waiting(2).exists(), "a live receiver keeps its file");
+        assert!(other.exists(), "other MACs are not ours to clean");
+        assert!(waiting(std::process::id()).exists());
+        drop((new, live));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
