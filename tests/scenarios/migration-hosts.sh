@@ -12,8 +12,8 @@
 # Hosts meet in $OUT (/share, seen by both): b writes hosts-b2-listening once its VMM receives;
 # a writes hosts-a-sent (send-migration's exit status) and hosts-a-done when A has finished.
 # Results: $OUT/migration-hosts-{a,b}.env (each host's records: two machines appending to one file
-# over 9p could overwrite each other's lines), the consoles hosts-{a,b,b2}-serial.log, the VMM logs hosts-*-vmm.log, pvrdma-remote's output
-# hosts-*-remote.log.
+# over 9p could overwrite each other's lines), the consoles hosts-{a,b,b2}-serial.log, the VMM
+# logs hosts-*-vmm.log, pvrdma-remote's output hosts-*-remote.log.
 
 HOSTS_LIMIT=${HOSTS_LIMIT:-900}
 PP_ITERS=${PP_ITERS:-12000}
