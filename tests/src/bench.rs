@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! What the benchmark binaries (`src/bin/bench-*.rs`) share: the median of their samples, the
-//! host's load around a run, the scenario's `bench.env`, and the closing list of failures that
-//! makes a bench exit non-zero.
+//! host's load around a run, the failures a pair of guests recorded in the scenario's `bench.env`
+//! (read with [`crate::results::KeyValues`]), and the closing list of failures that makes a bench
+//! exit non-zero.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Median of a sorted, non-empty slice.
@@ -23,12 +23,23 @@ pub fn loadavg() -> String {
     })
 }
 
-/// bench.env: key=value lines.
-pub fn parse_env(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+/// What went wrong with one pair of guests (`label`), from its `bench.env` results as `get`
+/// gives them ("?" when missing): either VMM's exit status (`a_exit`, `b_exit`), VMM panics
+/// (`panics`) and a guest set-up failure (`fail`).
+pub fn pair_failures<'a>(label: &str, get: impl Fn(&str) -> &'a str) -> Vec<String> {
+    let mut failures = Vec::new();
+    for key in ["a_exit", "b_exit"] {
+        if get(key) != "0" {
+            failures.push(format!("{label}: VMM {key} = {}", get(key)));
+        }
+    }
+    if get("panics") != "0" {
+        failures.push(format!("{label}: {} VMM panics", get("panics")));
+    }
+    if !get("fail").is_empty() {
+        failures.push(format!("{label}: guest set-up failed: {}", get("fail")));
+    }
+    failures
 }
 
 /// Prints `failures` below the figures and turns them into the bench's error: "N `what` failed
@@ -62,12 +73,23 @@ mod tests {
     }
 
     #[test]
-    fn env_lines_without_an_equals_sign_are_skipped() {
-        let e = parse_env("a=1\nb=\nx\nc=d=e\n");
-        assert_eq!(e.get("a").map(String::as_str), Some("1"));
-        assert_eq!(e.get("b").map(String::as_str), Some(""));
-        assert_eq!(e.get("c").map(String::as_str), Some("d=e"));
-        assert_eq!(e.len(), 3);
+    fn a_pair_fails_on_exits_panics_and_set_up() {
+        let ok = |k: &str| if k == "fail" { "" } else { "0" };
+        assert!(pair_failures("p", ok).is_empty());
+        let bad = |k: &str| match k {
+            "b_exit" => "?",
+            "panics" => "2",
+            "fail" => "no GID",
+            _ => "0",
+        };
+        assert_eq!(
+            pair_failures("p", bad),
+            [
+                "p: VMM b_exit = ?",
+                "p: 2 VMM panics",
+                "p: guest set-up failed: no GID"
+            ]
+        );
     }
 
     #[test]

@@ -191,8 +191,14 @@ mod tests {
 
     #[test]
     fn key_values_parse_and_later_lines_win() {
-        let kv = KeyValues::parse(Path::new("x.env"), "rc=1\nname = boot\nrc=0\ngarbage\n");
+        let kv = KeyValues::parse(
+            Path::new("x.env"),
+            "rc=1\nname = boot\nrc=0\ngarbage\nfail=\nkv=a=b\n",
+        );
         assert_eq!(kv.int("rc"), Ok(0));
+        assert_eq!(kv.get("fail"), Some(""));
+        assert_eq!(kv.get("kv"), Some("a=b"));
+        assert_eq!(kv.get("garbage"), None);
         assert_eq!(kv.get("name"), Some("boot"));
         assert!(kv.int("name").is_err());
         assert!(kv

@@ -23,7 +23,8 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use e2e::bench::{loadavg, median, parse_env};
+use e2e::bench::{loadavg, median, pair_failures};
+use e2e::results::KeyValues;
 use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
@@ -353,7 +354,7 @@ fn run() -> Result<(), String> {
         fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let migrations = parse_tsv(&read("bench.tsv").unwrap_or_default());
-    let env = parse_env(&read("bench.env")?);
+    let env = KeyValues::read(&outcome.file("bench.env")).map_err(|e| e.to_string())?;
 
     println!(
         "Live migration of guest B over TCP to a new VMM in the same test host, {} round(s) per cell, \
@@ -371,10 +372,7 @@ fn run() -> Result<(), String> {
     println!("  this host's load average (1/5/15 min) before: {load_before}; after: {load_after}");
     let mut failures = Vec::new();
     for memory in &args.memory {
-        let get = |k: &str| {
-            env.get(&format!("{memory}.{k}"))
-                .map_or("?", String::as_str)
-        };
+        let get = |k: &str| env.get(&format!("{memory}.{k}")).unwrap_or("?");
         println!(
             "  {memory} MiB: boot and set-up {} s; VMM exits at the end a={} b={} (B ended on {}); {} s",
             get("boot_seconds"),
@@ -383,20 +381,7 @@ fn run() -> Result<(), String> {
             get("b_last"),
             get("seconds")
         );
-        for key in ["a_exit", "b_exit"] {
-            if get(key) != "0" {
-                failures.push(format!("{memory} MiB: VMM {key} = {}", get(key)));
-            }
-        }
-        if get("panics") != "0" {
-            failures.push(format!("{memory} MiB: {} VMM panics", get("panics")));
-        }
-        if !get("fail").is_empty() {
-            failures.push(format!(
-                "{memory} MiB: guest set-up failed: {}",
-                get("fail")
-            ));
-        }
+        failures.extend(pair_failures(&format!("{memory} MiB"), get));
     }
     println!("Each migration:");
     for m in &migrations {
@@ -576,12 +561,5 @@ mod tests {
         assert_eq!((failed.with_figures, failed.ran), (0, 1));
         assert_eq!(ratio(failed.blackout_ms, base.blackout_ms), "n/a");
         assert_eq!(summarize(&m, 1024, 0).ran, 0);
-    }
-
-    #[test]
-    fn env_lines() {
-        let e = parse_env("256.a_exit=0\n256.fail=\nx\n");
-        assert_eq!(e["256.a_exit"], "0");
-        assert_eq!(e["256.fail"], "");
     }
 }

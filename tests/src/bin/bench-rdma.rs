@@ -17,7 +17,8 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use e2e::bench::{loadavg, median, parse_env};
+use e2e::bench::{loadavg, median, pair_failures};
+use e2e::results::KeyValues;
 use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
@@ -217,7 +218,7 @@ fn run() -> Result<(), String> {
         fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
     let rounds = parse_tsv(&read("bench.tsv").unwrap_or_default());
-    let env = parse_env(&read("bench.env")?);
+    let env = KeyValues::read(&outcome.file("bench.env")).map_err(|e| e.to_string())?;
 
     println!(
         "RDMA between two guests (A serves, B connects), {} rounds per configuration, mode {}, {:.0} s; \
@@ -231,10 +232,7 @@ fn run() -> Result<(), String> {
     println!("  this host's load average (1/5/15 min) before: {load_before}; after: {load_after}");
     let mut failures = Vec::new();
     for (config, label) in CONFIGS {
-        let get = |k: &str| {
-            env.get(&format!("{config}.{k}"))
-                .map_or("?", String::as_str)
-        };
+        let get = |k: &str| env.get(&format!("{config}.{k}")).unwrap_or("?");
         println!(
             "  {label}: VMM exits a={} b={}; RoCE v2 frames sent to tapa/tapb: {}/{}; {} s",
             get("a_exit"),
@@ -243,17 +241,7 @@ fn run() -> Result<(), String> {
             get("tapb_roce_frames"),
             get("seconds")
         );
-        for key in ["a_exit", "b_exit"] {
-            if get(key) != "0" {
-                failures.push(format!("{label}: VMM {key} = {}", get(key)));
-            }
-        }
-        if get("panics") != "0" {
-            failures.push(format!("{label}: {} VMM panics", get("panics")));
-        }
-        if !get("fail").is_empty() {
-            failures.push(format!("{label}: guest set-up failed: {}", get("fail")));
-        }
+        failures.extend(pair_failures(label, get));
     }
     let progs = [
         (
@@ -387,12 +375,5 @@ mod tests {
         let r = parse_tsv("rxe\tbw\t1\t1\t0\tNOCLOCK\n");
         let s = summarize(&r[&("rxe".to_string(), "bw".to_string())], 1);
         assert_eq!((s.no_clock.len(), s.problems.len()), (0, 1));
-    }
-
-    #[test]
-    fn env_lines() {
-        let e = parse_env("rxe.a_exit=0\nrxe.fail=\nx\n");
-        assert_eq!(e["rxe.a_exit"], "0");
-        assert_eq!(e["rxe.fail"], "");
     }
 }
