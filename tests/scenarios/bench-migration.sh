@@ -39,7 +39,6 @@ IP_B=10.16.0.2
 HOST_IP=10.16.0.254
 SIG_PORT=8000
 SIG=$WORK/sig
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
 
 l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0
@@ -52,12 +51,11 @@ mkdir -p "$SIG"
 signal() { : > "$SIG/$1"; }
 
 # boot NAME MEMORY TAP MAC ARGS...: one guest with one vCPU and MEMORY in the background
-# (start_vmm); its pid in VMM_PID.
+# (run_guest of $WORK/NAME-run.img); its pid in VMM_PID.
 boot() {
   local name=$1 memory=$2 tap=$3 mac=$4
   shift 4
-  VMM_CPUS=1 VMM_MEMORY=$memory start_vmm "$name" --cmdline "$cmdline" --disk "path=$WORK/$name-run.img,readonly=on" \
-    --serial "file=$OUT/$name-serial.log" --pvrdma "tap=$tap,mac=$mac" "$@"
+  VMM_MEMORY=$memory run_guest "$name" "$WORK/$name-run.img" --pvrdma "tap=$tap,mac=$mac" "$@"
 }
 
 # receiver NAME: start_receiver with the API socket $WORK/NAME.api.

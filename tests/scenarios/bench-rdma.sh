@@ -23,7 +23,6 @@ READY_WAIT=${READY_WAIT:-240}
 IP_A=10.13.0.1
 IP_B=10.13.0.2
 HOST_IP=10.13.0.254
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
 
 l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0
@@ -66,8 +65,7 @@ launch() {
   guest_script_disk "$WORK/$name-run.img" "ROLE=$role KIND=$kind MY_IP=$ip PEER_IP=$peer HOST_IP=$HOST_IP ROUNDS=${ROUNDS:?}
 PP_ITERS=${PP_ITERS:?} PP_SIZE=${PP_SIZE:?} BW_ITERS=${BW_ITERS:?} BW_SIZE=${BW_SIZE:?} PORT_BASE=18900
 LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT" "$GUEST_SCRIPTS/bench-rdma.sh"
-  VMM_CPUS=1 start_vmm "$name" --cmdline "$cmdline" --disk "path=$WORK/$name-run.img,readonly=on" \
-    --serial "file=$OUT/$name-serial.log" "${nic[@]}"
+  run_guest "$name" "$WORK/$name-run.img" "${nic[@]}"
   GUEST_PID=$VMM_PID
 }
 

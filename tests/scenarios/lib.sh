@@ -105,6 +105,16 @@ start_vmm() {
   VMM_PID=$!
 }
 
+# run_guest NAME IMG ARGS...: start_vmm NAME for a `pvtest=run` guest that runs the script disk
+# IMG (guest_script_disk), with VMM_CPUS vCPUs (default 1 here: most scenarios run several guests
+# in a 1-vCPU test host) and its console in $OUT/NAME-serial.log; ARGS add its NICs and the rest.
+run_guest() {
+  local name=$1 img=$2
+  shift 2
+  VMM_CPUS=${VMM_CPUS:-1} start_vmm "$name" --cmdline "$GUEST_CMDLINE pvtest=run pvrun=/dev/vda" \
+    --disk "path=$img,readonly=on" --serial "file=$OUT/$name-serial.log" "$@"
+}
+
 # start_receiver NAME SOCKET: a VMM with only an API socket (SOCKET), waiting for a migration; its
 # console in $OUT/NAME-serial.log, its log in $OUT/NAME-vmm.log. Sets VMM_PID once SOCKET exists.
 start_receiver() {

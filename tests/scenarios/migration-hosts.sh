@@ -56,12 +56,9 @@ host_a() {
   guest_script_disk "$WORK/hosts-a-run.img" "ROLE=server MY_IP=10.15.0.1 PEER_IP=10.15.0.2 $iters" "$guest"
   mkdir -p "$OUT/disks"
   guest_script_disk "$OUT/disks/hosts-b-run.img" "ROLE=client MY_IP=10.15.0.2 PEER_IP=10.15.0.1 $iters" "$guest"
-  local cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
-  VMM_CPUS=1 start_vmm hosts-a --cmdline "$cmdline" --disk "path=$WORK/hosts-a-run.img,readonly=on" \
-    --serial "file=$OUT/hosts-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
+  run_guest hosts-a "$WORK/hosts-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
   local pid_a=$VMM_PID
-  VMM_CPUS=1 start_vmm hosts-b --cmdline "$cmdline" --disk "path=$OUT/disks/hosts-b-run.img,readonly=on" \
-    --serial "file=$OUT/hosts-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
+  run_guest hosts-b "$OUT/disks/hosts-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
   local pid_b=$VMM_PID
 
   if wait_for_line "$OUT/hosts-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then

@@ -39,12 +39,9 @@ header="HOST_IP=$HOST_IP PP_ITERS=$PP_ITERS RPING_COUNT=$RPING_COUNT WRITE_MIB=$
 guest_script_disk "$WORK/peers-a-run.img" "$header ROLE=a MY_IP=10.16.0.1 PEER_IP=10.16.0.2" "$GUEST_SCRIPTS/migration-peers.sh"
 guest_script_disk "$WORK/peers-b-run.img" "$header ROLE=b MY_IP=10.16.0.2 PEER_IP=10.16.0.1" "$GUEST_SCRIPTS/migration-peers.sh"
 
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
-VMM_CPUS=1 start_vmm peers-a --cmdline "$cmdline" --disk "path=$WORK/peers-a-run.img,readonly=on" \
-  --serial "file=$OUT/peers-a-serial.log" --pvrdma "tap=tapa,mac=52:54:00:16:00:01"
+run_guest peers-a "$WORK/peers-a-run.img" --pvrdma "tap=tapa,mac=52:54:00:16:00:01"
 pid_a=$VMM_PID
-VMM_CPUS=1 start_vmm peers-b --cmdline "$cmdline" --disk "path=$WORK/peers-b-run.img,readonly=on" \
-  --serial "file=$OUT/peers-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/peers-b.api"
+run_guest peers-b "$WORK/peers-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/peers-b.api"
 pid_b=$VMM_PID
 
 # Soft-RoCE's servers, once its port is active with the RoCE v2 GID of HOST_IP (the bridge has

@@ -34,12 +34,9 @@ guest=$E2E_RESOURCES/../scripts/demo-guest.sh
 guest_script_disk "$WORK/migration-a-run.img" "ROLE=server MY_IP=10.14.0.1 PEER_IP=10.14.0.2 $iters" "$guest"
 guest_script_disk "$WORK/migration-b-run.img" "ROLE=client MY_IP=10.14.0.2 PEER_IP=10.14.0.1 $iters" "$guest"
 
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
-VMM_CPUS=1 start_vmm migration-a --cmdline "$cmdline" --disk "path=$WORK/migration-a-run.img,readonly=on" \
-  --serial "file=$OUT/migration-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
+run_guest migration-a "$WORK/migration-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
 pid_a=$VMM_PID
-VMM_CPUS=1 start_vmm migration-b --cmdline "$cmdline" --disk "path=$WORK/migration-b-run.img,readonly=on" \
-  --serial "file=$OUT/migration-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
+run_guest migration-b "$WORK/migration-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
 pid_b=$VMM_PID
 
 # receiver NAME: start_receiver with the API socket $WORK/NAME.api.

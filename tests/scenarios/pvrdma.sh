@@ -15,8 +15,7 @@ t0=$(now_us)
 l1_tap tap0
 ip addr add 10.11.0.254/24 dev tap0
 guest_script_disk "$WORK/pvrdma-run.img" "MY_IP=10.11.0.1 MY_IP6=fd00:11::1 HOST_IP=10.11.0.254" "$GUEST_SCRIPTS/pvrdma.sh"
-start_vmm pvrdma --cmdline "$GUEST_CMDLINE pvtest=run pvrun=/dev/vda" --disk "path=$WORK/pvrdma-run.img,readonly=on" \
-  --serial "file=$OUT/pvrdma-serial.log" --pvrdma "tap=tap0,mac=$MAC"
+VMM_CPUS=2 run_guest pvrdma "$WORK/pvrdma-run.img" --pvrdma "tap=tap0,mac=$MAC"
 wait_for_exit "$VMM_PID" "$PVRDMA_LIMIT"
 record pvrdma "exit=$EXIT_STATUS" "seconds=$(since "$t0")"
 log "pvrdma: $(tr '\n' ' ' < "$OUT/pvrdma.env")"

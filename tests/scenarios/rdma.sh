@@ -94,15 +94,11 @@ guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SC
 guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/rdma.sh"
 
 # One vCPU each: the guests share L1's single vCPU.
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
-VMM_CPUS=1 start_vmm rdma-a --cmdline "$cmdline" --disk "path=$WORK/rdma-a-run.img,readonly=on" \
-  --serial "file=$OUT/rdma-a-serial.log" --pvrdma "tap=tapa,mac=$MAC_A"
+run_guest rdma-a "$WORK/rdma-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
 pid_a=$VMM_PID
-VMM_CPUS=1 start_vmm rdma-b --cmdline "$cmdline" --disk "path=$WORK/rdma-b-run.img,readonly=on" \
-  --serial "file=$OUT/rdma-b-serial.log" --pvrdma "tap=tapb,mac=$MAC_B"
+run_guest rdma-b "$WORK/rdma-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B"
 pid_b=$VMM_PID
-VMM_CPUS=1 start_vmm rdma-c --cmdline "$cmdline" --disk "path=$WORK/rdma-c-run.img,readonly=on" \
-  --serial "file=$OUT/rdma-c-serial.log" --pvrdma "tap=tapc,mac=$MAC_C,local=off"
+run_guest rdma-c "$WORK/rdma-c-run.img" --pvrdma "tap=tapc,mac=$MAC_C,local=off"
 pid_c=$VMM_PID
 
 RXE_GIDX=''

@@ -26,12 +26,9 @@ guest=$E2E_RESOURCES/../scripts/demo-guest.sh
 guest_script_disk "$WORK/snapshot-a-run.img" "ROLE=server MY_IP=10.15.0.1 PEER_IP=10.15.0.2 $iters" "$guest"
 guest_script_disk "$WORK/snapshot-b-run.img" "ROLE=client MY_IP=10.15.0.2 PEER_IP=10.15.0.1 $iters" "$guest"
 
-cmdline="$GUEST_CMDLINE pvtest=run pvrun=/dev/vda"
-VMM_CPUS=1 start_vmm snapshot-a --cmdline "$cmdline" --disk "path=$WORK/snapshot-a-run.img,readonly=on" \
-  --serial "file=$OUT/snapshot-a-serial.log" --pvrdma "tap=tapa,mac=52:54:00:15:00:01" --api-socket "$WORK/a.api"
+run_guest snapshot-a "$WORK/snapshot-a-run.img" --pvrdma "tap=tapa,mac=52:54:00:15:00:01" --api-socket "$WORK/a.api"
 pid_a=$VMM_PID
-VMM_CPUS=1 start_vmm snapshot-b --cmdline "$cmdline" --disk "path=$WORK/snapshot-b-run.img,readonly=on" \
-  --serial "file=$OUT/snapshot-b-serial.log" --pvrdma "tap=tapb,mac=52:54:00:15:00:02" --api-socket "$WORK/b.api"
+run_guest snapshot-b "$WORK/snapshot-b-run.img" --pvrdma "tap=tapb,mac=52:54:00:15:00:02" --api-socket "$WORK/b.api"
 pid_b=$VMM_PID
 
 if ! wait_for_line "$OUT/snapshot-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then
