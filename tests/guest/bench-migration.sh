@@ -154,11 +154,7 @@ retry 30 carrier_up || fail "eth0 has no carrier after 30 s"
 retry 120 ping -c 1 -W 1 "$HOST_IP" || fail "no ping answer from the test host $HOST_IP"
 
 DEV=vmw_pvrdma0
-[ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV"
-retry 60 port_active || fail "$DEV port 1 not ACTIVE after 60 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
-retry 60 find_gid || fail "no RoCE v2 GID of $MY_IP on $DEV after 60 s"
-find_gid
-say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
+device_ready
 retry "$READY_WAIT" ping -c 1 -W 1 "$PEER_IP" || fail "no ping answer from the peer $PEER_IP"
 say "READY role=$ROLE"
 

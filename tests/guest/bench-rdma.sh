@@ -93,11 +93,7 @@ case $KIND in
     ;;
   *) fail "unknown KIND $KIND" ;;
 esac
-[ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV"
-retry 60 port_active || fail "$DEV port 1 not ACTIVE after 60 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
-retry 60 find_gid || fail "no RoCE v2 GID of $MY_IP on $DEV after 60 s"
-find_gid
-say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
+device_ready
 # Both guests up before the first round (B's client tries again anyway; this keeps the first
 # server's wait short when B is the one that booted first).
 retry "$READY_WAIT" ping -c 1 -W 1 "$PEER_IP" || fail "no ping answer from the peer $PEER_IP"

@@ -53,6 +53,16 @@ find_gid() {
   return 1
 }
 
+# device_ready: DEV is there, its port 1 ACTIVE and GIDX := the RoCE v2 GID of MY_IP (up to 60 s
+# each), said as "GID dev=D idx=N gid=G mtu=M"; fails with a message.
+device_ready() {
+  [ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV"
+  retry 60 port_active || fail "$DEV port 1 not ACTIVE after 60 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
+  retry 60 find_gid || fail "no RoCE v2 GID of $MY_IP on $DEV after 60 s"
+  find_gid
+  say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
+}
+
 # eth0_up_with_gid: eth0 up with MY_IP/24, then GIDX := its RoCE v2 GID on DEV (ib_core adds it
 # asynchronously: up to 120 s); fails with a message.
 eth0_up_with_gid() {
