@@ -113,8 +113,8 @@ fn remove_stale_incoming(dir: &Path, mac: [u8; 6]) {
             continue;
         }
         let path = entry.path();
-        let answers = UnixDatagram::unbound().is_ok_and(|probe| probe.connect(&path).is_ok());
-        if !answers {
+        // Only a file that surely refuses: a failed probe proves nothing.
+        if matches!(answers(&path), Ok(false)) {
             log::info!(
                 "pvrdma: removing {}, left by a VMM that is gone",
                 path.display()
@@ -122,6 +122,12 @@ fn remove_stale_incoming(dir: &Path, mac: [u8; 6]) {
             let _ = std::fs::remove_file(&path);
         }
     }
+}
+
+/// Whether a VMM is bound to the socket file at `path` (a file left by one
+/// that is gone refuses connections).
+fn answers(path: &Path) -> io::Result<bool> {
+    Ok(UnixDatagram::unbound()?.connect(path).is_ok())
 }
 
 /// Our ring towards one peer.
@@ -190,14 +196,11 @@ impl LocalChannel {
         } else {
             home.clone()
         };
-        if home.exists() && !take_over {
-            let probe = UnixDatagram::unbound()?;
-            if probe.connect(&home).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("{} belongs to a running VMM (same MAC?)", home.display()),
-                ));
-            }
+        if home.exists() && !take_over && answers(&home)? {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} belongs to a running VMM (same MAC?)", home.display()),
+            ));
         }
         if own.exists() {
             std::fs::remove_file(&own)?;
