@@ -48,9 +48,10 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # build needs no libc).
 # rdma-core and its tools: the test host runs this host's binaries, and the e2e rdma suite runs
 # Soft-RoCE (rxe) there as the native endpoint the guests talk to (rdma link, libibverbs with the
-# rxe provider, ibv_rc_pingpong, perftest, rping). iputils-ping: two test hosts check their cable.
+# rxe provider, ibv_rc_pingpong, perftest, rping). iproute2: the scenarios' bridges and TAPs
+# (ip) and the free ports of a test-host pair (ss); iputils-ping: two test hosts check their cable.
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iputils-ping)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)
