@@ -21,8 +21,8 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use pci::PciBus;
 use pvrdma::sim_driver::endpoint::rc_pair;
+use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::SimDriver;
-use pvrdma_abi::wqe::send_opcode;
 use pvrdma_vmm_fuzz::virtio_blk::{self as blk, VirtioBlk};
 use pvrdma_vmm_fuzz::Input;
 use serde_json::{json, Map, Value};
@@ -149,9 +149,9 @@ fn disk() -> Reference {
 fn rdma() -> Reference {
     let (a, b) = rc_pair();
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, send_opcode::SEND, &[a.sge(0, 5000)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     let remote = (b.sge(0, 0).addr, b.key);
-    a.send(2, send_opcode::RDMA_READ, &[a.sge(0, 100)], remote, 0);
+    a.send(2, wr::RDMA_READ, &[a.sge(0, 100)], remote, 0);
     Reference::new(&a.sim.bus, pages(&*a.sim.mem, pvrdma::sim_driver::MEM_SIZE))
 }
 

@@ -15,9 +15,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use pvrdma::sim_driver::endpoint::{connect, Endpoint, GID_A, GID_B, IOVA, MAC_A, MAC_B};
+use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::{QpSpec, SimDriver};
 use pvrdma::PvrdmaConfig;
-use pvrdma_abi::wqe::{send_opcode, wc_status, Cqe};
+use pvrdma_abi::wqe::{wc_status, Cqe};
 use vmm_sys_util::eventfd::EventFd;
 
 const MSG: u32 = 64 << 10;
@@ -58,7 +59,7 @@ fn write_bandwidth(a: &Endpoint, b: &Endpoint) -> f64 {
         while posted < WRITES && posted - done < DEPTH {
             a.send(
                 posted as u64,
-                send_opcode::RDMA_WRITE,
+                wr::RDMA_WRITE,
                 &[a.sge(0, MSG)],
                 (IOVA, b.key),
                 0,
@@ -88,7 +89,7 @@ fn write_latency(a: &Endpoint, b: &Endpoint) -> Duration {
         let t0 = Instant::now();
         a.send(
             i as u64,
-            send_opcode::RDMA_WRITE_WITH_IMM,
+            wr::RDMA_WRITE_WITH_IMM,
             &[a.sge(0, 8)],
             (IOVA, b.key),
             1,

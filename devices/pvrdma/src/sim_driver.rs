@@ -29,8 +29,10 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod endpoint;
+pub mod ib;
 mod verbs;
 mod work;
+use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};
 
 /// Guest memory as the VMM passes it.
@@ -88,6 +90,8 @@ pub struct SimWq {
 pub struct SimCq {
     pub handle: u32,
     pub cqe: u32,
+    /// Who reads its CQEs (the kernel's CQs are context 0's).
+    pub writer: Writer,
     /// UAR page of its context.
     pub page: u32,
     pub ring: DeviceRing,
@@ -97,6 +101,8 @@ pub struct SimCq {
 pub struct SimQp {
     pub handle: u32,
     pub qpn: u32,
+    /// Who writes its WQEs (the kernel's QPs are those of its PDs).
+    pub writer: Writer,
     pub page: u32,
     pub header: u64,
     pub sq: SimWq,

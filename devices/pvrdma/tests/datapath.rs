@@ -10,10 +10,11 @@ use std::sync::atomic::Ordering;
 use pvrdma::sim_driver::endpoint::{
     connect, rc_pair, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B, MR_LEN,
 };
+use pvrdma::sim_driver::ib::{wc, wr};
 use pvrdma::sim_driver::{QpSpec, SimDriver, SimQp, SimSrq};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::verbs::{qp_state, qp_type};
-use pvrdma_abi::wqe::{send_flags, send_opcode, wc_flags, wc_opcode, wc_status, Cqe, SqWqeHdr};
+use pvrdma_abi::wqe::{send_flags, wc_flags, wc_status, Cqe, SqWqeHdr};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
@@ -31,16 +32,16 @@ fn rc_send_spans_packets_and_lands_in_the_receive_buffer() {
     let data = pattern(3000, 7);
     a.write(0, &data);
     b.sim.post_recv_sges(&b.qp, 77, &[b.sge(100, 4000)]);
-    a.send(5, send_opcode::SEND, &[a.sge(0, 3000)], (0, 0), 0);
+    a.send(5, wr::SEND, &[a.sge(0, 3000)], (0, 0), 0);
     let sent = a.cqes(1);
     let got = b.cqes(1);
     assert_eq!(
         sent.iter().map(summary).collect::<Vec<_>>(),
-        vec![(5, wc_opcode::SEND, wc_status::SUCCESS, 3000)]
+        vec![(5, wc::SEND, wc_status::SUCCESS, 3000)]
     );
     assert_eq!(
         got.iter().map(summary).collect::<Vec<_>>(),
-        vec![(77, wc_opcode::RECV, wc_status::SUCCESS, 3000)]
+        vec![(77, wc::RECV, wc_status::SUCCESS, 3000)]
     );
     assert_eq!(got[0].qp, u64::from(b.qp.handle), "CQE names the QP handle");
     assert_eq!(b.read(100, 3000), data);
@@ -59,7 +60,7 @@ fn rdma_write_with_immediate_read_and_atomics() {
     // immediate consumes a receive.
     a.send(
         10,
-        send_opcode::RDMA_WRITE_WITH_IMM,
+        wr::RDMA_WRITE_WITH_IMM,
         &[a.sge(0, 5000)],
         (IOVA + 8192, b.key),
         0x1234_5678u32.swap_bytes(),
@@ -67,7 +68,7 @@ fn rdma_write_with_immediate_read_and_atomics() {
     let got = b.cqes(1);
     assert_eq!(
         got.iter().map(summary).collect::<Vec<_>>(),
-        vec![(1, wc_opcode::RECV_RDMA_WITH_IMM, wc_status::SUCCESS, 5000)]
+        vec![(1, wc::RECV_RDMA_WITH_IMM, wc_status::SUCCESS, 5000)]
     );
     assert_ne!(got[0].wc_flags & wc_flags::WITH_IMM, 0);
     assert_eq!(
@@ -83,14 +84,14 @@ fn rdma_write_with_immediate_read_and_atomics() {
     b.write(20_000, &theirs);
     a.send(
         11,
-        send_opcode::RDMA_READ,
+        wr::RDMA_READ,
         &[a.sge(30_000, 2500)],
         (IOVA + 20_000, b.key),
         0,
     );
     assert_eq!(
         a.cqes(1).iter().map(summary).collect::<Vec<_>>(),
-        vec![(11, wc_opcode::RDMA_READ, wc_status::SUCCESS, 2500)]
+        vec![(11, wc::RDMA_READ, wc_status::SUCCESS, 2500)]
     );
     assert_eq!(a.read(30_000, 2500), theirs);
 
@@ -98,7 +99,7 @@ fn rdma_write_with_immediate_read_and_atomics() {
     b.write(40_000, &100u64.to_le_bytes());
     let mut hdr = SqWqeHdr {
         wr_id: 12,
-        opcode: send_opcode::ATOMIC_FETCH_AND_ADD,
+        opcode: wr::ATOMIC_FETCH_AND_ADD,
         send_flags: send_flags::SIGNALED,
         ..SqWqeHdr::default()
     };
@@ -112,7 +113,7 @@ fn rdma_write_with_immediate_read_and_atomics() {
     );
     assert_eq!(b.read(40_000, 8), 105u64.to_le_bytes());
     hdr.wr_id = 13;
-    hdr.opcode = send_opcode::ATOMIC_CMP_AND_SWP;
+    hdr.opcode = wr::ATOMIC_CMP_AND_SWP;
     hdr.wr = [IOVA + 40_000, 105, 7, b.key.into(), 0, 0];
     a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(50_008, 8)]);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
@@ -122,14 +123,8 @@ fn rdma_write_with_immediate_read_and_atomics() {
 #[test]
 fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
     let (a, b) = rc_pair();
-    a.send(
-        1,
-        send_opcode::RDMA_WRITE,
-        &[a.sge(0, 64)],
-        (IOVA, b.key ^ 0x100),
-        0,
-    );
-    a.send(2, send_opcode::SEND, &[a.sge(0, 64)], (0, 0), 0);
+    a.send(1, wr::RDMA_WRITE, &[a.sge(0, 64)], (IOVA, b.key ^ 0x100), 0);
+    a.send(2, wr::SEND, &[a.sge(0, 64)], (0, 0), 0);
     let got = a.cqes(2);
     assert_eq!(
         got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -144,7 +139,7 @@ fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
     let (c, d) = rc_pair();
     c.send(
         3,
-        send_opcode::RDMA_READ,
+        wr::RDMA_READ,
         &[c.sge(0, 64)],
         (IOVA + MR_LEN - 8, d.key),
         0,
@@ -156,7 +151,7 @@ fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
 fn receiver_not_ready_waits_for_a_receive() {
     let (a, b) = rc_pair();
     a.write(0, b"late receive");
-    a.send(1, send_opcode::SEND, &[a.sge(0, 12)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 12)], (0, 0), 0);
     assert!(
         b.sim.wait_until(|s| s.metric("roce_rx") >= 2),
         "request and its retry arrive"
@@ -179,10 +174,10 @@ fn lossy_wire_is_recovered_by_retransmission() {
     let data = pattern(60_000, 1);
     a.write(0, &data);
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 60_000)]);
-    a.send(1, send_opcode::SEND, &[a.sge(0, 60_000)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 60_000)], (0, 0), 0);
     a.send(
         2,
-        send_opcode::RDMA_WRITE,
+        wr::RDMA_WRITE,
         &[a.sge(0, 4096)],
         (IOVA + 61_000, b.key),
         0,
@@ -205,7 +200,7 @@ fn lossy_wire_is_recovered_by_retransmission() {
 #[test]
 fn more_sges_than_the_qp_allows_is_a_local_error() {
     let (a, _b) = rc_pair();
-    a.send(1, send_opcode::SEND, &[a.sge(0, 8), a.sge(8, 8)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 8), a.sge(8, 8)], (0, 0), 0);
     let got = a.cqes(1);
     assert_eq!(got[0].status, wc_status::LOC_QP_OP_ERR);
     assert_eq!(a.sim.metric("wqe_invalid"), 1);
@@ -226,7 +221,7 @@ fn ud_send_carries_the_grh_area_and_source_qpn() {
     a.write(0, b"datagram payload");
     let mut hdr = SqWqeHdr {
         wr_id: 8,
-        opcode: send_opcode::SEND,
+        opcode: wr::SEND,
         send_flags: send_flags::SIGNALED,
         ..SqWqeHdr::default()
     };
@@ -242,10 +237,7 @@ fn ud_send_carries_the_grh_area_and_source_qpn() {
     a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(0, 16)]);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
     let got = b.cqes(1);
-    assert_eq!(
-        summary(&got[0]),
-        (4, wc_opcode::RECV, wc_status::SUCCESS, 56)
-    );
+    assert_eq!(summary(&got[0]), (4, wc::RECV, wc_status::SUCCESS, 56));
     assert_eq!(got[0].src_qp, a.qp.qpn);
     assert_ne!(got[0].wc_flags & wc_flags::GRH, 0);
     // IPv4: the IP header in the last 20 bytes of the GRH area.
@@ -282,8 +274,8 @@ fn srq_receives_complete_with_the_qp_handle() {
     b.sim.post_srq_recv_sges(&srq, 41, &[b.sge(0, 64)]);
     b.sim.post_srq_recv_sges(&srq, 42, &[b.sge(64, 64)]);
     a.write(0, b"first second");
-    a.send(1, send_opcode::SEND, &[a.sge(0, 5)], (0, 0), 0);
-    a.send(2, send_opcode::SEND, &[a.sge(6, 6)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 5)], (0, 0), 0);
+    a.send(2, wr::SEND, &[a.sge(6, 6)], (0, 0), 0);
     let got = b.cqes(2);
     assert_eq!(
         got.iter()
@@ -304,13 +296,13 @@ fn send_with_invalidate_and_fast_registration() {
     b.reg_mr(70, new_key, 0x9000, (list, 2), 8192);
     assert_eq!(
         summary(&b.cqes(1)[0]),
-        (70, wc_opcode::REG_MR, wc_status::SUCCESS, 0)
+        (70, wc::REG_MR, wc_status::SUCCESS, 0)
     );
     // A writes through the new key; the bytes land in B's second page.
     a.write(0, b"through the fast-registered key");
     a.send(
         1,
-        send_opcode::RDMA_WRITE,
+        wr::RDMA_WRITE,
         &[a.sge(0, 31)],
         (0x9000 + 4096, new_key),
         0,
@@ -322,31 +314,67 @@ fn send_with_invalidate_and_fast_registration() {
     );
     // SEND_WITH_INV invalidates it at B: the next write is refused.
     b.sim.post_recv_sges(&b.qp, 80, &[b.sge(0, 64)]);
-    a.send(
-        2,
-        send_opcode::SEND_WITH_INV,
-        &[a.sge(0, 4)],
-        (0, 0),
-        new_key,
-    );
+    a.send(2, wr::SEND_WITH_INV, &[a.sge(0, 4)], (0, 0), new_key);
     let got = b.cqes(1);
     assert_eq!(got[0].status, wc_status::SUCCESS);
     assert_ne!(got[0].wc_flags & wc_flags::WITH_INVALIDATE, 0);
     assert_eq!(got[0].imm_data, new_key);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
-    a.send(
-        3,
-        send_opcode::RDMA_WRITE,
-        &[a.sge(0, 8)],
-        (0x9000, new_key),
-        0,
-    );
+    a.send(3, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x9000, new_key), 0);
     assert_eq!(
         a.cqes(1)[0].status,
         10,
         "remote access error after invalidation"
     );
     let _ = (&mut a.pd, &mut b.pd);
+}
+
+/// A user context's QP speaks ibverbs numbers (rdma-core casts them
+/// through): its SEND_WITH_INV is 9, which from the kernel would be
+/// RDMA_READ_WITH_INV, and REG_MR is the kernel's alone. Against a kernel
+/// peer that fast-registers, as a storage target does.
+#[test]
+fn user_qps_post_in_ibverbs_numbering() {
+    let a = Side::user(GID_A, QpSpec::rc);
+    let b = Side::new(GID_B, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    let (a, mut b) = connect(a, b);
+    let (key, _, list) = b.alloc_frmr(1);
+    b.reg_mr(1, key, 0x4000, (list, 1), 4096);
+    assert_eq!(
+        summary(&b.cqes(1)[0]),
+        (1, wc::REG_MR, wc_status::SUCCESS, 0)
+    );
+    b.sim.post_recv_sges(&b.qp, 2, &[b.sge(0, 64)]);
+    a.send(1, wr::SEND_WITH_INV, &[a.sge(0, 4)], (0, 0), key);
+    assert_eq!(summary(&a.cqes(1)[0]), (1, wc::SEND, wc_status::SUCCESS, 4));
+    let got = b.cqes(1);
+    assert_eq!(summary(&got[0]), (2, wc::RECV, wc_status::SUCCESS, 4));
+    assert_ne!(got[0].wc_flags & wc_flags::WITH_INVALIDATE, 0);
+    a.send(2, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
+    assert_eq!(a.cqes(1)[0].status, 10, "the key was invalidated");
+}
+
+/// A WR the device does not do (LSO from the kernel, REG_MR from a user
+/// context) completes with a local QP operation error and fails the QP.
+#[test]
+fn unsupported_send_opcodes_fail_the_qp() {
+    for (user, op) in [(false, wr::LSO), (false, wr::BIND_MW), (true, wr::REG_MR)] {
+        let a = if user {
+            Side::user(GID_A, QpSpec::rc)
+        } else {
+            Side::new(GID_A, QpSpec::rc)
+        };
+        let b = Side::new(GID_B, QpSpec::rc);
+        SimDriver::connect(&a.sim, &b.sim);
+        let (a, _b) = connect(a, b);
+        a.send(1, op, &[a.sge(0, 4)], (0, 0), 0);
+        assert_eq!(
+            summary(&a.cqes(1)[0]),
+            (1, wc::SEND, wc_status::LOC_QP_OP_ERR, 0),
+            "opcode {op:#x}, user {user}"
+        );
+    }
 }
 
 /// Two devices of one host, their wires not joined: frames reach the peer
@@ -373,7 +401,7 @@ fn same_host_channel_carries_the_traffic_without_the_wire() {
     a.write(0, &data);
     a.send(
         1,
-        send_opcode::RDMA_WRITE,
+        wr::RDMA_WRITE,
         &[a.sge(0, 20_000)],
         (IOVA + 1000, b.key),
         0,
@@ -421,7 +449,7 @@ fn outstanding_reads_and_atomics(loss: u64) {
     for i in 0..100u64 {
         a.send(
             i,
-            send_opcode::RDMA_READ,
+            wr::RDMA_READ,
             &[a.sge(i * 16, 16)],
             (IOVA + i * 16, b.key),
             0,
@@ -437,7 +465,7 @@ fn outstanding_reads_and_atomics(loss: u64) {
     for i in 0..100u64 {
         let mut hdr = SqWqeHdr {
             wr_id: 1000 + i,
-            opcode: send_opcode::ATOMIC_FETCH_AND_ADD,
+            opcode: wr::ATOMIC_FETCH_AND_ADD,
             send_flags: send_flags::SIGNALED,
             ..SqWqeHdr::default()
         };
@@ -459,7 +487,7 @@ fn outstanding_reads_and_atomics(loss: u64) {
 fn arming_a_cq_with_unpolled_completions_notifies_at_once() {
     let (a, b) = rc_pair();
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, send_opcode::SEND, &[a.sge(0, 8)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
     assert!(b.sim.wait_until(|s| s.metric("cqe_posted") >= 1));
     assert!(b.sim.cq_notifications().is_empty(), "not armed yet");
     b.sim.arm_cq(&b.cq, false);
@@ -487,7 +515,7 @@ fn data_path_writes_mark_guest_pages_dirty() {
     // A WRITE into B's third and fourth MR pages.
     a.send(
         1,
-        send_opcode::RDMA_WRITE,
+        wr::RDMA_WRITE,
         &[a.sge(0, 8192)],
         (IOVA + 8192, b.key),
         0,
@@ -503,7 +531,7 @@ fn data_path_writes_mark_guest_pages_dirty() {
     aregion.bitmap().reset();
     a.send(
         2,
-        send_opcode::RDMA_READ,
+        wr::RDMA_READ,
         &[a.sge(6 * 4096, 100)],
         (IOVA + 5 * 4096, b.key),
         0,
@@ -524,11 +552,11 @@ fn local_invalidate() {
     let (key, _, list) = b.alloc_frmr(1);
     b.reg_mr(1, key, 0x4000, (list, 1), 4096);
     assert_eq!(b.cqes(1)[0].status, wc_status::SUCCESS);
-    a.send(1, send_opcode::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
+    a.send(1, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
     let inv = SqWqeHdr {
         wr_id: 2,
-        opcode: send_opcode::LOCAL_INV,
+        opcode: wr::LOCAL_INV,
         send_flags: send_flags::SIGNALED,
         ex: key,
         ..SqWqeHdr::default()
@@ -536,9 +564,9 @@ fn local_invalidate() {
     b.sim.post_send_wqe(&b.qp, inv, &[]);
     assert_eq!(
         summary(&b.cqes(1)[0]),
-        (2, wc_opcode::LOCAL_INV, wc_status::SUCCESS, 0)
+        (2, wc::LOCAL_INV, wc_status::SUCCESS, 0)
     );
-    a.send(2, send_opcode::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
+    a.send(2, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
     assert_eq!(
         a.cqes(1)[0].status,
         10,
@@ -573,7 +601,7 @@ fn srq_limit_event_when_receives_run_low() {
         ..Default::default()
     };
     b.sim.post(CmdCode::ModifySrq, arm).expect("arm the limit");
-    a.send(1, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 4)], (0, 0), 0);
     assert_eq!(b.cqes(1).len(), 1);
     assert!(
         b.sim
@@ -582,7 +610,7 @@ fn srq_limit_event_when_receives_run_low() {
             .all(|e| e.event_type != event::SRQ_LIMIT_REACHED),
         "2 left: not yet"
     );
-    a.send(2, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    a.send(2, wr::SEND, &[a.sge(0, 4)], (0, 0), 0);
     assert_eq!(b.cqes(1).len(), 1);
     let limit: Vec<_> = b
         .sim
@@ -593,7 +621,7 @@ fn srq_limit_event_when_receives_run_low() {
     assert_eq!(limit.len(), 1);
     assert_eq!(limit[0].info, srq.handle);
     // Disarmed: the last receive does not fire it again.
-    a.send(3, send_opcode::SEND, &[a.sge(0, 4)], (0, 0), 0);
+    a.send(3, wr::SEND, &[a.sge(0, 4)], (0, 0), 0);
     assert_eq!(b.cqes(1).len(), 1);
     assert!(b
         .sim
@@ -617,10 +645,10 @@ fn device_migration_keeps_queue_pairs_and_traffic() {
         b.sim.post_recv_sges(&b.qp, i, &[b.sge(0, 30_000)]);
     }
     for i in 0..4u64 {
-        a.send(i, send_opcode::SEND, &[a.sge(0, 30_000)], (0, 0), 0);
+        a.send(i, wr::SEND, &[a.sge(0, 30_000)], (0, 0), 0);
         a.send(
             10 + i,
-            send_opcode::RDMA_WRITE,
+            wr::RDMA_WRITE,
             &[a.sge(0, 16_000)],
             (IOVA + 32_768, key),
             0,
@@ -665,7 +693,7 @@ fn device_migration_keeps_queue_pairs_and_traffic() {
     );
     b.write(60_000, b"back");
     a.sim.post_recv_sges(&a.qp, 99, &[a.sge(40_000, 16)]);
-    b.send(7, send_opcode::SEND, &[b.sge(60_000, 4)], (0, 0), 0);
+    b.send(7, wr::SEND, &[b.sge(60_000, 4)], (0, 0), 0);
     assert_eq!(b.cqes(1)[0].status, wc_status::SUCCESS);
     assert_eq!(a.cqes(1)[0].wr_id, 99);
     assert_eq!(a.read(40_000, 4), b"back");

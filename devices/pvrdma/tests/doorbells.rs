@@ -5,11 +5,12 @@
 mod common;
 
 use common::*;
+use pvrdma::sim_driver::ib::{wc, wr};
 use pvrdma::sim_driver::{QpSpec, SimDriver};
 use pvrdma_abi::cmd::{CmdCode, QueryPortReq, QueryPortResp};
 use pvrdma_abi::regs::{icr, uar, Reg};
 use pvrdma_abi::verbs::{qp_attr_mask as m, qp_state, qp_type, QpAttr};
-use pvrdma_abi::wqe::{event, send_opcode, wc_opcode, wc_status, Eqe};
+use pvrdma_abi::wqe::{event, wc_status, Eqe};
 
 fn to_err(sim: &mut SimDriver, qp: u32) {
     let err = QpAttr {
@@ -24,8 +25,8 @@ fn error_state_flushes_every_work_request() {
     let (mut sim, pd, cq) = with_pd_cq();
     let qp = sim.create_qp(QpSpec::rc(pd, cq.handle)).expect("qp");
     sim.to_rts(qp.handle, qp_type::RC).expect("RTS");
-    sim.post_send(&qp, 10, send_opcode::RDMA_WRITE);
-    sim.post_send(&qp, 11, send_opcode::SEND);
+    sim.post_send(&qp, 10, wr::RDMA_WRITE);
+    sim.post_send(&qp, 11, wr::SEND);
     sim.post_recv(&qp, 20);
     // Send and receive share an eventfd: the worker may see one wakeup.
     assert!(sim.wait_until(|s| s.metric("doorbell_qp") >= 1));
@@ -46,9 +47,9 @@ fn error_state_flushes_every_work_request() {
     assert_eq!(
         got,
         vec![
-            (10, wc_opcode::RDMA_WRITE, flush, h),
-            (11, wc_opcode::SEND, flush, h),
-            (20, wc_opcode::RECV, flush, h),
+            (10, wc::RDMA_WRITE, flush, h),
+            (11, wc::SEND, flush, h),
+            (20, wc::RECV, flush, h),
         ]
     );
     // The guest sees its queues empty again.
@@ -59,7 +60,7 @@ fn error_state_flushes_every_work_request() {
     assert_eq!(sim.metric("wqe_flushed"), 3);
 
     // Work posted in the error state is flushed too (ib_drain_qp).
-    sim.post_send(&qp, 12, send_opcode::SEND);
+    sim.post_send(&qp, 12, wr::SEND);
     assert!(sim.wait_until(|s| s.metric("wqe_flushed") == 4));
     assert_eq!(sim.poll_cq(&cq).first().map(|c| c.wr_id), Some(12));
     assert!(sim.cq_notifications().is_empty(), "not re-armed");
@@ -324,7 +325,7 @@ fn device_writes_mark_pages_dirty() {
     let (mut sim, pd, cq) = with_pd_cq();
     let qp = sim.create_qp(QpSpec::rc(pd, cq.handle)).expect("qp");
     sim.to_rts(qp.handle, qp_type::RC).expect("RTS");
-    sim.post_send(&qp, 1, send_opcode::SEND);
+    sim.post_send(&qp, 1, wr::SEND);
     sim.port.set_carrier(false);
     assert!(sim.wait_until(|s| s.metric("link_change") == 1));
     let mem = sim.mem.clone();

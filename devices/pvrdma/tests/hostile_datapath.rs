@@ -5,8 +5,9 @@
 //! afterwards a fresh QP pair still carries traffic.
 
 use pvrdma::sim_driver::endpoint::{connect, rc_pair, Endpoint as Side, GID_A, GID_B};
+use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::{QpSpec, SimDriver};
-use pvrdma_abi::wqe::{send_flags, send_opcode, wc_status, Sge, SqWqeHdr};
+use pvrdma_abi::wqe::{send_flags, wc_status, Sge, SqWqeHdr};
 
 /// xorshift64*: reproducible noise without a dependency.
 struct Rng(u64);
@@ -39,7 +40,7 @@ fn still_works(a: Side, b: Side) {
     let (a, b) = connect(a, b);
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.write(0, b"alive");
-    a.send(1, send_opcode::SEND, &[a.sge(0, 5)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 5)], (0, 0), 0);
     assert_eq!(
         a.cqes(1).first().map(|c| c.status),
         Some(wc_status::SUCCESS)
@@ -119,17 +120,17 @@ fn frames_for_b() -> Vec<Vec<u8>> {
     let y = Side::on(SimDriver::new(), GID_B, QpSpec::rc);
     let (x, y) = connect(x, y);
     x.write(0, &[7; 3000]);
-    x.send(1, send_opcode::SEND, &[x.sge(0, 3000)], (0, 0), 0);
+    x.send(1, wr::SEND, &[x.sge(0, 3000)], (0, 0), 0);
     x.send(
         2,
-        send_opcode::RDMA_WRITE,
+        wr::RDMA_WRITE,
         &[x.sge(0, 2000)],
         (y.sge(0, 0).addr, y.key),
         0,
     );
     x.send(
         3,
-        send_opcode::RDMA_READ,
+        wr::RDMA_READ,
         &[x.sge(0, 100)],
         (y.sge(0, 0).addr, y.key),
         0,
@@ -194,10 +195,10 @@ fn hostile_snapshots_are_refused_or_harmless() {
 
     let (a, b) = rc_pair();
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, send_opcode::SEND, &[a.sge(0, 5000)], (0, 0), 0);
+    a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     a.send(
         2,
-        send_opcode::RDMA_READ,
+        wr::RDMA_READ,
         &[a.sge(0, 100)],
         (b.sge(0, 0).addr, b.key),
         0,

@@ -9,7 +9,7 @@ wire_struct! {
         pub wr_id: u64,
         /// The QP handle (the guest indexes its QP table with `qp & 0xFFFF`).
         pub qp: u64,
-        /// [`wc_opcode`].
+        /// [`wc_opcode`] for the kernel, [`uverbs_wc_opcode`] for rdma-core.
         pub opcode: u32,
         /// [`wc_status`].
         pub status: u32,
@@ -73,7 +73,8 @@ wire_struct! {
         pub wr_id: u64,
         pub num_sge: u32,
         pub total_len: u32,
-        /// [`send_opcode`] (kernel/uverbs numbering).
+        /// [`send_opcode`] from the kernel, [`uverbs_send_opcode`] above 6 from
+        /// rdma-core.
         pub opcode: u32,
         /// [`send_flags`].
         pub send_flags: u32,
@@ -142,7 +143,9 @@ pub mod wc_status {
     pub const GENERAL_ERR: u32 = 21;
 }
 
-/// `ib_wc_opcode` values.
+/// CQE opcodes as the kernel driver reads them (`enum pvrdma_wc_opcode`,
+/// mapped by `pvrdma_wc_opcode_to_ib`; ABI doc 4.4). rdma-core casts the
+/// value to `ibv_wc_opcode` instead: see [`uverbs_wc_opcode`].
 pub mod wc_opcode {
     pub const SEND: u32 = 0;
     pub const RDMA_WRITE: u32 = 1;
@@ -150,10 +153,21 @@ pub mod wc_opcode {
     pub const COMP_SWAP: u32 = 3;
     pub const FETCH_ADD: u32 = 4;
     pub const BIND_MW: u32 = 5;
-    pub const LOCAL_INV: u32 = 6;
-    pub const REG_MR: u32 = 8;
+    pub const LSO: u32 = 6;
+    pub const LOCAL_INV: u32 = 7;
+    pub const FAST_REG_MR: u32 = 8;
+    pub const MASKED_COMP_SWAP: u32 = 9;
+    pub const MASKED_FETCH_ADD: u32 = 10;
     pub const RECV: u32 = 128;
     pub const RECV_RDMA_WITH_IMM: u32 = 129;
+}
+
+/// CQE opcodes of a user context where they differ from [`wc_opcode`]:
+/// rdma-core's provider casts the CQE's value to `ibv_wc_opcode`, which
+/// agrees with the ABI for 0-5, 128 and 129 only.
+pub mod uverbs_wc_opcode {
+    pub const LOCAL_INV: u32 = 6;
+    pub const TSO: u32 = 7;
 }
 
 /// CQE `wc_flags` (kernel `ib_wc_flags` numbering; rdma-core copies the
@@ -171,7 +185,10 @@ pub mod network_type {
     pub const IPV6: u8 = 2;
 }
 
-/// Send WQE opcodes as the guest writes them (`ib_wr_opcode` numbering).
+/// Send WQE opcodes as the kernel driver writes them (`enum
+/// pvrdma_wr_opcode`: `ib_wr_opcode_to_pvrdma` translates every kernel WR;
+/// ABI doc 4.5). rdma-core casts `ibv_wr_opcode` through instead, which
+/// agrees for 0-6 only: see [`uverbs_send_opcode`].
 pub mod send_opcode {
     pub const RDMA_WRITE: u32 = 0;
     pub const RDMA_WRITE_WITH_IMM: u32 = 1;
@@ -180,11 +197,27 @@ pub mod send_opcode {
     pub const RDMA_READ: u32 = 4;
     pub const ATOMIC_CMP_AND_SWP: u32 = 5;
     pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    pub const LSO: u32 = 7;
+    pub const SEND_WITH_INV: u32 = 8;
+    pub const RDMA_READ_WITH_INV: u32 = 9;
+    pub const LOCAL_INV: u32 = 10;
+    /// Kernel `IB_WR_REG_MR` (fast registration).
+    pub const FAST_REG_MR: u32 = 11;
+    pub const MASKED_ATOMIC_CMP_AND_SWP: u32 = 12;
+    pub const MASKED_ATOMIC_FETCH_AND_ADD: u32 = 13;
+    pub const BIND_MW: u32 = 14;
+    pub const REG_SIG_MR: u32 = 15;
+    /// What the kernel driver writes for a WR it cannot translate.
+    pub const ERROR: u32 = 16;
+}
+
+/// Send WQE opcodes of a user context above 6, where rdma-core's cast of
+/// `ibv_wr_opcode` differs from [`send_opcode`].
+pub mod uverbs_send_opcode {
     pub const LOCAL_INV: u32 = 7;
     pub const BIND_MW: u32 = 8;
     pub const SEND_WITH_INV: u32 = 9;
-    /// Kernel `IB_WR_REG_MR` (fast register).
-    pub const REG_MR: u32 = 0x20;
+    pub const TSO: u32 = 10;
 }
 
 /// Send WQE `send_flags`.

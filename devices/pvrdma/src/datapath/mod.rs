@@ -37,10 +37,11 @@ use self::wire::Frames;
 use self::wqe::{peek_send, GuestRecvQueue};
 use crate::events::EventRings;
 use crate::objects::cq::Cq;
+use crate::objects::ctx::Numbering;
 use crate::objects::gid::GidTable;
 use crate::objects::qp::Qp;
 use crate::objects::srq::Srq;
-use crate::objects::{Objects, KERNEL_CTX};
+use crate::objects::Objects;
 use crate::port::ib_mtu;
 use crate::state::Env;
 
@@ -93,13 +94,13 @@ impl CompletionSink for Completions {
     }
 }
 
-/// The CQE of a completion of QP `handle` (`kernel`: a kernel QP, whose
-/// driver reads `network_hdr_type`).
-fn cqe(handle: u32, wc: &WorkCompletion, kernel: bool) -> Cqe {
+/// The CQE of a completion of QP `handle` in its guest's `numbering` (a
+/// kernel QP's driver also reads `network_hdr_type`).
+fn cqe(handle: u32, wc: &WorkCompletion, numbering: Numbering) -> Cqe {
     let mut cqe = Cqe {
         wr_id: wc.wr_id,
         qp: handle.into(),
-        opcode: wc.opcode as u32,
+        opcode: numbering.wc_opcode(wc.opcode),
         status: wc.status as u32,
         byte_len: wc.byte_len,
         src_qp: wc.src_qpn,
@@ -121,7 +122,7 @@ fn cqe(handle: u32, wc: &WorkCompletion, kernel: bool) -> Cqe {
     if let Some(src) = wc.ud_src {
         cqe.wc_flags |= wc_flags::GRH;
         cqe.smac = src.smac;
-        if kernel {
+        if numbering == Numbering::Kernel {
             cqe.wc_flags |= wc_flags::WITH_NETWORK_HDR_TYPE;
             cqe.network_hdr_type = if src.ipv6 {
                 network_type::IPV6
@@ -189,6 +190,7 @@ fn fetch_sends<M: GuestMemory>(
     qp: &mut Qp,
     engine: &mut Engine,
     handle: u32,
+    numbering: Numbering,
     gids: &GidTable,
     mac: Mac,
     cq: &mut Completions,
@@ -206,7 +208,14 @@ fn fetch_sends<M: GuestMemory>(
                 break;
             }
         }
-        let decoded = peek_send(mem, &qp.sq, qp.cap.max_send_sge, ud, qp.sq_sig_all);
+        let decoded = peek_send(
+            mem,
+            &qp.sq,
+            numbering,
+            qp.cap.max_send_sge,
+            ud,
+            qp.sq_sig_all,
+        );
         qp.sq.advance();
         taken = true;
         let mut entry = match decoded {
@@ -228,7 +237,7 @@ fn fetch_sends<M: GuestMemory>(
             }
             Err(bad) => {
                 guest_warn!(env.metrics.wqe_invalid, "qp={handle}: {}", bad.error);
-                fail_send(engine, cq, bad.wr_id, bad.wc_opcode(), handle);
+                fail_send(engine, cq, bad.wr_id, numbering.send_wc(bad.opcode), handle);
                 continue;
             }
         };
@@ -279,7 +288,7 @@ fn post_completions<M: GuestMemory>(
     cqs: &mut BTreeMap<u32, Cq>,
     qp: &Qp,
     handle: u32,
-    kernel: bool,
+    numbering: Numbering,
     done: Completions,
 ) {
     for (wc, send) in done.0 {
@@ -296,7 +305,14 @@ fn post_completions<M: GuestMemory>(
                 env.metrics.wqe_error.inc();
             }
         }
-        cq.post(mem, env, events, cq_handle, &cqe(handle, &wc, kernel), true);
+        cq.post(
+            mem,
+            env,
+            events,
+            cq_handle,
+            &cqe(handle, &wc, numbering),
+            true,
+        );
     }
 }
 
@@ -333,7 +349,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
     now: u64,
     input: Input<'_>,
 ) -> Outcome {
-    let kernel = objects.qp_ctx(handle) == Some(KERNEL_CTX);
+    let numbering = objects.qp_numbering(handle);
     let Objects {
         qps,
         cqs,
@@ -360,7 +376,17 @@ pub(crate) fn run_qp<M: GuestMemory>(
         }
     }
     if qp.state == qp_state::RTS && !engine.is_error() {
-        fetch_sends(mem, env, qp, &mut engine, handle, gids, port.mac, &mut done);
+        fetch_sends(
+            mem,
+            env,
+            qp,
+            &mut engine,
+            handle,
+            numbering,
+            gids,
+            port.mac,
+            &mut done,
+        );
     }
     let mut frames = Frames::default();
     let mut recv_error = None;
@@ -420,13 +446,13 @@ pub(crate) fn run_qp<M: GuestMemory>(
     let failed = engine.is_error();
     let more = !failed && work >= BUDGET;
     qp.engine = Some(engine);
-    post_completions(mem, env, events, cqs, qp, handle, kernel, done);
+    post_completions(mem, env, events, cqs, qp, handle, numbering, done);
     if failed && qp.state != qp_state::ERR {
         // A transport error (retry exceeded, fatal NAK, bad WQE): the QP
         // is in the error state; what the engine never took is flushed.
-        qp.enter_error(mem, env, events, handle, cqs);
+        qp.enter_error(mem, env, events, (handle, numbering), cqs);
     } else if failed {
-        qp.flush_rings(mem, env, events, handle, cqs);
+        qp.flush_rings(mem, env, events, (handle, numbering), cqs);
     }
     Outcome {
         frames: frames.0,

@@ -13,15 +13,16 @@
 
 use std::mem::size_of;
 
-use pvrdma_abi::wqe::{send_flags, send_opcode, RqWqeHdr, SqWqeHdr, SGE_SIZE};
+use pvrdma_abi::wqe::{send_flags, RqWqeHdr, SqWqeHdr, SGE_SIZE};
 use pvrdma_abi::PAGE_SIZE;
 use rdma_transport::qp::SendEntry;
 use rdma_transport::req::{Remote, SendWqe};
 use rdma_transport::resp::{RecvQueue, RecvWqe};
 use rdma_transport::sgl::{sge_total, MAX_SGE};
-use rdma_transport::verbs::{FastReg, Sge, WcOpcode, WrOpcode};
+use rdma_transport::verbs::{FastReg, Sge, WrOpcode};
 use vm_memory::{ByteValued, GuestMemory};
 
+use crate::objects::ctx::Numbering;
 use crate::ring::{ConsumerRing, RingError};
 
 /// Largest ring entry: rings refuse strides above a page.
@@ -109,22 +110,6 @@ fn av(buf: &[u8]) -> Option<Av> {
     })
 }
 
-fn wr_opcode(op: u32) -> Option<WrOpcode> {
-    Some(match op {
-        send_opcode::RDMA_WRITE => WrOpcode::RdmaWrite,
-        send_opcode::RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
-        send_opcode::SEND => WrOpcode::Send,
-        send_opcode::SEND_WITH_IMM => WrOpcode::SendWithImm,
-        send_opcode::RDMA_READ => WrOpcode::RdmaRead,
-        send_opcode::ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp,
-        send_opcode::ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd,
-        send_opcode::LOCAL_INV => WrOpcode::LocalInv,
-        send_opcode::SEND_WITH_INV => WrOpcode::SendWithInv,
-        send_opcode::REG_MR => WrOpcode::RegMr,
-        _ => return None,
-    })
-}
-
 /// A decoded send WQE; a UD send's destination still to be resolved.
 #[derive(Debug)]
 pub(crate) struct DecodedSend {
@@ -141,18 +126,11 @@ pub(crate) struct BadSend {
     pub(crate) error: WqeError,
 }
 
-impl BadSend {
-    /// The completion opcode of what the guest meant to post (SEND for an
-    /// opcode that is no opcode).
-    pub(crate) fn wc_opcode(&self) -> WcOpcode {
-        wr_opcode(self.opcode).map_or(WcOpcode::Send, WrOpcode::wc_opcode)
-    }
-}
-
 /// Decodes the send WQE at the ring's consumer index (not consumed).
 pub(crate) fn peek_send<M: GuestMemory>(
     mem: &M,
     ring: &ConsumerRing,
+    numbering: Numbering,
     max_sge: u32,
     ud: bool,
     sig_all: bool,
@@ -172,7 +150,9 @@ pub(crate) fn peek_send<M: GuestMemory>(
     };
     let stride = ring.ring().stride() as usize;
     let buf = buf.get(..stride).unwrap_or_default();
-    let opcode = wr_opcode(hdr.opcode).ok_or_else(|| fail(WqeError::Opcode(hdr.opcode)))?;
+    let opcode = numbering
+        .wr_opcode(hdr.opcode)
+        .ok_or_else(|| fail(WqeError::Opcode(hdr.opcode)))?;
     let allowed = if ud {
         matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm)
     } else {

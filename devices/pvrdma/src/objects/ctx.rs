@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! User contexts (CREATE_UC / DESTROY_UC) and protection domains
-//! (CREATE_PD / DESTROY_PD).
+//! User contexts (CREATE_UC / DESTROY_UC), protection domains
+//! (CREATE_PD / DESTROY_PD), and the opcode numbering each kind of
+//! context's guest code writes and reads.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -12,9 +13,11 @@ use pvrdma_abi::cmd::{
     CreatePdReq, CreatePdResp, CreateUcReq, CreateUcResp, DestroyPdReq, DestroyUcReq,
 };
 use pvrdma_abi::regs::version;
+use pvrdma_abi::wqe::{send_opcode, uverbs_send_opcode, uverbs_wc_opcode, wc_opcode};
 use pvrdma_abi::PAGE_SHIFT;
+use rdma_transport::verbs::{WcOpcode, WrOpcode};
 
-use super::{get, Refs};
+use super::{get, Refs, KERNEL_CTX};
 use crate::cmd::CmdError;
 use crate::state::Ctx;
 
@@ -174,5 +177,71 @@ mod tests {
             assert!(uar_index(pfn, bar2, 512).is_err(), "pfn {pfn:#x}");
         }
         assert!(uar_index(base + 1, None, 512).is_err());
+    }
+}
+
+/// Whose opcode numbering a QP's WQEs and CQEs use (ABI doc 4.4, 4.5): the
+/// kernel driver translates into the ABI's enums, rdma-core casts its
+/// ibverbs numbers through (the same for 0-6 and 128/129 only). A QP
+/// belongs to the context of its PD; the kernel's is context 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Numbering {
+    Kernel,
+    User,
+}
+
+impl Numbering {
+    /// The numbering of a QP whose PD belongs to context `ctx`.
+    pub(crate) fn of_ctx(ctx: Option<u32>) -> Self {
+        if ctx == Some(KERNEL_CTX) {
+            Numbering::Kernel
+        } else {
+            Numbering::User
+        }
+    }
+
+    /// The engine's opcode of a send WQE's `opcode`; `None` for what the
+    /// device does not do (LSO, masked atomics, memory windows, signature
+    /// MRs, the driver's ERROR) or what no guest writes. Fast registration
+    /// is the kernel's alone.
+    pub(crate) fn wr_opcode(self, op: u32) -> Option<WrOpcode> {
+        Some(match (self, op) {
+            (_, send_opcode::RDMA_WRITE) => WrOpcode::RdmaWrite,
+            (_, send_opcode::RDMA_WRITE_WITH_IMM) => WrOpcode::RdmaWriteWithImm,
+            (_, send_opcode::SEND) => WrOpcode::Send,
+            (_, send_opcode::SEND_WITH_IMM) => WrOpcode::SendWithImm,
+            (_, send_opcode::RDMA_READ) => WrOpcode::RdmaRead,
+            (_, send_opcode::ATOMIC_CMP_AND_SWP) => WrOpcode::AtomicCmpAndSwp,
+            (_, send_opcode::ATOMIC_FETCH_AND_ADD) => WrOpcode::AtomicFetchAndAdd,
+            (Numbering::Kernel, send_opcode::SEND_WITH_INV) => WrOpcode::SendWithInv,
+            (Numbering::Kernel, send_opcode::LOCAL_INV) => WrOpcode::LocalInv,
+            (Numbering::Kernel, send_opcode::FAST_REG_MR) => WrOpcode::RegMr,
+            (Numbering::User, uverbs_send_opcode::SEND_WITH_INV) => WrOpcode::SendWithInv,
+            (Numbering::User, uverbs_send_opcode::LOCAL_INV) => WrOpcode::LocalInv,
+            _ => return None,
+        })
+    }
+
+    /// The CQE `opcode` of an engine completion opcode.
+    pub(crate) fn wc_opcode(self, op: WcOpcode) -> u32 {
+        match (self, op) {
+            (_, WcOpcode::Send) => wc_opcode::SEND,
+            (_, WcOpcode::RdmaWrite) => wc_opcode::RDMA_WRITE,
+            (_, WcOpcode::RdmaRead) => wc_opcode::RDMA_READ,
+            (_, WcOpcode::CompSwap) => wc_opcode::COMP_SWAP,
+            (_, WcOpcode::FetchAdd) => wc_opcode::FETCH_ADD,
+            (Numbering::Kernel, WcOpcode::LocalInv) => wc_opcode::LOCAL_INV,
+            (Numbering::User, WcOpcode::LocalInv) => uverbs_wc_opcode::LOCAL_INV,
+            (_, WcOpcode::RegMr) => wc_opcode::FAST_REG_MR,
+            (_, WcOpcode::Recv) => wc_opcode::RECV,
+            (_, WcOpcode::RecvRdmaWithImm) => wc_opcode::RECV_RDMA_WITH_IMM,
+        }
+    }
+
+    /// The completion opcode of a send WQE's `opcode`, for its error or
+    /// flush completion (SEND for an opcode that is no opcode).
+    pub(crate) fn send_wc(self, op: u32) -> WcOpcode {
+        self.wr_opcode(op)
+            .map_or(WcOpcode::Send, WrOpcode::wc_opcode)
     }
 }

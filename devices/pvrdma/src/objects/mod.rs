@@ -115,10 +115,14 @@ impl Objects {
         get(&self.ctxs, "context", ctx).map(|c| c.uar_index)
     }
 
-    /// The context QP `handle` belongs to (through its PD).
-    pub(crate) fn qp_ctx(&self, handle: u32) -> Option<u32> {
-        let qp = self.qps.get(&handle)?;
-        ctx::pd_ctx(self, qp.pd).ok()
+    /// The opcode numbering of QP `handle`, from the context it belongs
+    /// to through its PD.
+    pub(crate) fn qp_numbering(&self, handle: u32) -> ctx::Numbering {
+        let ctx = self
+            .qps
+            .get(&handle)
+            .and_then(|qp| ctx::pd_ctx(self, qp.pd).ok());
+        ctx::Numbering::of_ctx(ctx)
     }
 
     /// The doorbells of object `handle` of kind `owner`.

@@ -20,13 +20,12 @@ use pvrdma_abi::cmd::{
 use pvrdma_abi::regs::version;
 use pvrdma_abi::ring::{RingGeometry, RX_OFFSET, TX_OFFSET};
 use pvrdma_abi::verbs::{qp_state, qp_type, QpAttr, QpCap};
-use pvrdma_abi::wqe::{
-    event, rq_stride, send_opcode, sq_stride, wc_opcode, wc_status, Cqe, RqWqeHdr, SqWqeHdr,
-};
+use pvrdma_abi::wqe::{event, rq_stride, sq_stride, wc_status, Cqe, RqWqeHdr, SqWqeHdr};
+use rdma_transport::verbs::WcOpcode;
 use vm_memory::GuestMemory;
 
 use super::cq::Cq;
-use super::ctx::{pd_ctx, release_pd, take_pd};
+use super::ctx::{pd_ctx, release_pd, take_pd, Numbering};
 use super::{get, Objects, KERNEL_CTX};
 use crate::cmd::{check, encode, CmdError, Response};
 use crate::config::pages_for;
@@ -391,20 +390,6 @@ pub(crate) fn handle_destroy_qp<M>(
     })
 }
 
-/// The completion opcode of a send WQE's opcode.
-fn wc_opcode(opcode: u32) -> u32 {
-    match opcode {
-        send_opcode::RDMA_WRITE | send_opcode::RDMA_WRITE_WITH_IMM => wc_opcode::RDMA_WRITE,
-        send_opcode::RDMA_READ => wc_opcode::RDMA_READ,
-        send_opcode::ATOMIC_CMP_AND_SWP => wc_opcode::COMP_SWAP,
-        send_opcode::ATOMIC_FETCH_AND_ADD => wc_opcode::FETCH_ADD,
-        send_opcode::LOCAL_INV => wc_opcode::LOCAL_INV,
-        send_opcode::BIND_MW => wc_opcode::BIND_MW,
-        send_opcode::REG_MR => wc_opcode::REG_MR,
-        _ => wc_opcode::SEND,
-    }
-}
-
 /// Which queue of a QP.
 #[derive(Clone, Copy, Debug)]
 enum Queue {
@@ -420,7 +405,7 @@ fn flush_queue<M: GuestMemory>(
     env: &Env,
     events: &mut EventRings,
     ring: &mut ConsumerRing,
-    queue: Queue,
+    (queue, numbering): (Queue, Numbering),
     qp: u32,
     (cq_handle, cq): (u32, Option<&mut Cq>),
 ) -> Result<(), RingError> {
@@ -430,14 +415,14 @@ fn flush_queue<M: GuestMemory>(
         let (wr_id, opcode) = match queue {
             Queue::Send => {
                 let hdr: SqWqeHdr = ring.peek(mem)?;
-                (hdr.wr_id, wc_opcode(hdr.opcode))
+                (hdr.wr_id, numbering.send_wc(hdr.opcode))
             }
-            Queue::Recv => (ring.peek::<_, RqWqeHdr>(mem)?.wr_id, wc_opcode::RECV),
+            Queue::Recv => (ring.peek::<_, RqWqeHdr>(mem)?.wr_id, WcOpcode::Recv),
         };
         let cqe = Cqe {
             wr_id,
             qp: qp.into(),
-            opcode,
+            opcode: numbering.wc_opcode(opcode),
             status: wc_status::WR_FLUSH_ERR,
             ..Cqe::default()
         };
@@ -448,20 +433,22 @@ fn flush_queue<M: GuestMemory>(
     ring.publish(mem)
 }
 
-/// Flushes both queues of QP `handle` (in the error state).
+/// Flushes both queues of QP `handle` (in the error state), whose guest
+/// uses `numbering`.
 fn flush<M: GuestMemory>(
     mem: &M,
     env: &Env,
     events: &mut EventRings,
-    qp: &mut Qp,
-    handle: u32,
+    (qp, handle, numbering): (&mut Qp, u32, Numbering),
     cqs: &mut BTreeMap<u32, Cq>,
 ) {
     let send = (qp.send_cq, cqs.get_mut(&qp.send_cq));
-    let mut result = flush_queue(mem, env, events, &mut qp.sq, Queue::Send, handle, send);
+    let sq = (Queue::Send, numbering);
+    let mut result = flush_queue(mem, env, events, &mut qp.sq, sq, handle, send);
     if let Some(rq) = qp.rq.as_mut() {
         let recv = (qp.recv_cq, cqs.get_mut(&qp.recv_cq));
-        result = result.and(flush_queue(mem, env, events, rq, Queue::Recv, handle, recv));
+        let rq_kind = (Queue::Recv, numbering);
+        result = result.and(flush_queue(mem, env, events, rq, rq_kind, handle, recv));
     }
     if let Err(e) = result {
         guest_warn!(env.metrics.ring_invalid, "qp={handle}: flush stopped: {e}");
@@ -516,11 +503,11 @@ impl Qp {
         mem: &M,
         env: &Env,
         events: &mut EventRings,
-        handle: u32,
+        (handle, numbering): (u32, Numbering),
         cqs: &mut BTreeMap<u32, Cq>,
     ) {
         self.set_error_state(mem, env, events, handle);
-        self.flush_rings(mem, env, events, handle, cqs);
+        self.flush_rings(mem, env, events, (handle, numbering), cqs);
     }
 
     /// Completes every WQE left in the rings with WR_FLUSH_ERR.
@@ -529,10 +516,10 @@ impl Qp {
         mem: &M,
         env: &Env,
         events: &mut EventRings,
-        handle: u32,
+        (handle, numbering): (u32, Numbering),
         cqs: &mut BTreeMap<u32, Cq>,
     ) {
-        flush(mem, env, events, self, handle, cqs);
+        flush(mem, env, events, (self, handle, numbering), cqs);
     }
 }
 
@@ -546,6 +533,7 @@ pub(crate) fn handle_doorbell<M: GuestMemory>(
     objects: &mut Objects,
     handle: u32,
 ) {
+    let numbering = objects.qp_numbering(handle);
     let Objects { qps, cqs, .. } = objects;
     let Some(qp) = qps.get_mut(&handle) else {
         return;
@@ -563,25 +551,31 @@ pub(crate) fn handle_doorbell<M: GuestMemory>(
         Err(e) if qp.state != qp_state::ERR => {
             guest_warn!(env.metrics.ring_invalid, "qp={handle}: {e}");
             qp.post_event(mem, env, events, handle, event::QP_FATAL);
-            qp.enter_error(mem, env, events, handle, cqs);
+            qp.enter_error(mem, env, events, (handle, numbering), cqs);
         }
-        _ if qp.state == qp_state::ERR => flush(mem, env, events, qp, handle, cqs),
+        _ if qp.state == qp_state::ERR => flush(mem, env, events, (qp, handle, numbering), cqs),
         _ => {}
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use pvrdma_abi::wqe::wc_opcode;
+
     use super::*;
 
     #[test]
-    fn flush_opcodes() {
-        assert_eq!(wc_opcode(send_opcode::SEND_WITH_IMM), wc_opcode::SEND);
-        assert_eq!(
-            wc_opcode(send_opcode::RDMA_WRITE_WITH_IMM),
-            wc_opcode::RDMA_WRITE
-        );
-        assert_eq!(wc_opcode(send_opcode::REG_MR), wc_opcode::REG_MR);
-        assert_eq!(wc_opcode(0xdead), wc_opcode::SEND);
+    fn flush_opcodes_in_each_numbering() {
+        use pvrdma_abi::wqe::{send_opcode as op, uverbs_send_opcode as uop, uverbs_wc_opcode};
+        let (k, u) = (Numbering::Kernel, Numbering::User);
+        let flushed = |n: Numbering, opcode| n.wc_opcode(n.send_wc(opcode));
+        assert_eq!(flushed(k, op::SEND_WITH_IMM), wc_opcode::SEND);
+        assert_eq!(flushed(k, op::RDMA_WRITE_WITH_IMM), wc_opcode::RDMA_WRITE);
+        assert_eq!(flushed(k, op::FAST_REG_MR), wc_opcode::FAST_REG_MR);
+        assert_eq!(flushed(k, op::LOCAL_INV), wc_opcode::LOCAL_INV);
+        assert_eq!(flushed(k, op::SEND_WITH_INV), wc_opcode::SEND);
+        assert_eq!(flushed(u, uop::LOCAL_INV), uverbs_wc_opcode::LOCAL_INV);
+        assert_eq!(flushed(u, op::ATOMIC_FETCH_AND_ADD), wc_opcode::FETCH_ADD);
+        assert_eq!(flushed(k, 0xdead), wc_opcode::SEND);
     }
 }

@@ -213,6 +213,7 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
 ) -> Result<(), CmdError> {
     let handle = req.qp_handle;
     let objects = &mut cx.s.objects;
+    let numbering = objects.qp_numbering(handle);
     let gids = &objects.gids;
     let qp = get_mut(&mut objects.qps, "QP", handle)?;
     let (mask, a) = (req.attr_mask, &req.attrs);
@@ -266,7 +267,10 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
             // is sent from under the state lock in practice.
             cx.env.send(cx.env.route(&objects.gids, out.frames));
         }
-        s::ERR => qp.enter_error(cx.mem, cx.env, events, handle, &mut objects.cqs),
+        s::ERR => {
+            let qp_id = (handle, numbering);
+            qp.enter_error(cx.mem, cx.env, events, qp_id, &mut objects.cqs);
+        }
         s::RTR | s::RTS | s::SQD => {
             let port = cx.env.port.state();
             let Some(attrs) = datapath::engine_attrs(qp, gids, port.mac, port.mtu) else {

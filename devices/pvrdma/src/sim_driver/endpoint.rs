@@ -5,8 +5,9 @@
 
 use pvrdma_abi::cmd::{CmdCode, CreateMrReq, CreateMrResp};
 use pvrdma_abi::verbs::{access, mr_flags};
-use pvrdma_abi::wqe::{send_flags, send_opcode, Cqe, Sge, SqWqeHdr};
+use pvrdma_abi::wqe::{send_flags, Cqe, Sge, SqWqeHdr};
 
+use super::ib::wr;
 use super::{QpSpec, SimCq, SimDriver, SimQp};
 use crate::PvrdmaConfig;
 
@@ -22,8 +23,8 @@ pub const MR_LEN: u64 = 64 << 10;
 pub const RIGHTS: u32 =
     access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
 
-/// A probed device with GID 0 bound, a kernel PD, CQ and QP, and a
-/// 64 KiB MR at [`IOVA`] over guest pages.
+/// A probed device with GID 0 bound, a PD, CQ and QP (the kernel's, or a
+/// user context's), and a 64 KiB MR at [`IOVA`] over guest pages.
 pub struct Endpoint {
     pub sim: SimDriver,
     pub pd: u32,
@@ -45,12 +46,32 @@ impl Endpoint {
         )
     }
 
-    /// The endpoint on a fresh `sim`.
-    pub fn on(mut sim: SimDriver, gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+    /// The endpoint on a fresh `sim`, its objects the kernel's.
+    pub fn on(sim: SimDriver, gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        Self::in_context(sim, gid, spec, None)
+    }
+
+    /// Side A or B (by `gid`) on an unconnected wire, its objects those of
+    /// a user context on UAR page 1: rdma-core's, not the kernel's.
+    pub fn user(gid: [u8; 16], spec: impl FnOnce(u32, u32) -> QpSpec) -> Self {
+        let mac = if gid == GID_A { MAC_A } else { MAC_B };
+        let sim = SimDriver::with_config_and_mac(&PvrdmaConfig::default(), mac);
+        Self::in_context(sim, gid, spec, Some(1))
+    }
+
+    /// The endpoint on a fresh `sim`, in the kernel's context or in a user
+    /// context on UAR page `uar`.
+    fn in_context(
+        mut sim: SimDriver,
+        gid: [u8; 16],
+        spec: impl FnOnce(u32, u32) -> QpSpec,
+        uar: Option<u32>,
+    ) -> Self {
         sim.probe().expect("probe");
         sim.bind_gid(0, gid, 2).expect("bind");
-        let pd = sim.create_pd(0).expect("pd");
-        let cq = sim.create_cq(0, 256).expect("cq");
+        let ctx = uar.map_or(0, |page| sim.create_uc(page).expect("context"));
+        let pd = sim.create_pd(ctx).expect("pd");
+        let cq = sim.create_cq(ctx, 256).expect("cq");
         let qp = sim.create_qp(spec(pd, cq.handle)).expect("qp");
         let (mr, pages) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
         Endpoint {
@@ -118,7 +139,7 @@ impl Endpoint {
     pub fn reg_mr(&self, wr_id: u64, key: u32, iova: u64, (list, pages): (u64, u32), len: u32) {
         let mut hdr = SqWqeHdr {
             wr_id,
-            opcode: send_opcode::REG_MR,
+            opcode: wr::REG_MR,
             send_flags: send_flags::SIGNALED,
             ..SqWqeHdr::default()
         };
@@ -133,7 +154,8 @@ impl Endpoint {
         self.sim.post_send_wqe(&self.qp, hdr, &[]);
     }
 
-    /// Posts a signaled send WQE with `remote` = (address, rkey).
+    /// Posts a signaled send WR of verbs opcode `opcode` ([`wr`]) with
+    /// `remote` = (address, rkey).
     pub fn send(&self, wr_id: u64, opcode: u32, sges: &[Sge], remote: (u64, u32), ex: u32) {
         let mut hdr = SqWqeHdr {
             wr_id,

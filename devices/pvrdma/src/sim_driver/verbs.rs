@@ -58,6 +58,7 @@ impl SimDriver {
         Ok(SimCq {
             handle: resp.cq_handle,
             cqe: resp.cqe,
+            writer: Self::writer(ctx),
             page: self.page_of(ctx),
             ring: DeviceRing {
                 indices: pages[0] + RX_OFFSET,
@@ -66,6 +67,15 @@ impl SimDriver {
                 elem: 64,
             },
         })
+    }
+
+    /// The kernel driver for context 0, rdma-core for the others.
+    fn writer(ctx: u32) -> Writer {
+        if ctx == 0 {
+            Writer::Kernel
+        } else {
+            Writer::User
+        }
     }
 
     fn wq(&self, header: u64, indices: u64, data: &[u64], n: u32, stride: u32) -> SimWq {
@@ -134,6 +144,7 @@ impl SimDriver {
         Ok(SimQp {
             handle,
             qpn,
+            writer: Self::writer(self.pds.get(&spec.pd).copied().unwrap_or(0)),
             page,
             header,
             sq,

@@ -36,9 +36,12 @@ impl SimDriver {
         self.write(wq.indices, wq.geometry.next(prod));
     }
 
-    /// Posts a whole send WQE (`hdr.num_sge` is set from `sges`) and rings.
+    /// Posts a whole send WR and rings: `hdr.opcode` is the verbs opcode
+    /// ([`ib::wr`](super::ib::wr)), stored as the QP's writer stores it, and
+    /// `hdr.num_sge` is set from `sges`.
     pub fn post_send_wqe(&self, qp: &SimQp, mut hdr: SqWqeHdr, sges: &[Sge]) {
         hdr.num_sge = sges.len() as u32;
+        hdr.opcode = qp.writer.wqe_opcode(hdr.opcode);
         self.post_wqe_sges(&qp.sq, hdr, sges);
         self.doorbell(qp.page, uar::QP_OFFSET, qp.handle | uar::QP_SEND);
     }
@@ -84,12 +87,13 @@ impl SimDriver {
             .collect()
     }
 
-    /// `pvrdma_post_send` of one WR with `opcode`, and its doorbell.
+    /// `pvrdma_post_send` of one WR with verbs opcode `opcode`
+    /// ([`ib::wr`](super::ib::wr)), and its doorbell.
     pub fn post_send(&self, qp: &SimQp, wr_id: u64, opcode: u32) {
         let wqe = SqWqeHdr {
             wr_id,
             num_sge: 0,
-            opcode,
+            opcode: qp.writer.wqe_opcode(opcode),
             send_flags: pvrdma_abi::wqe::send_flags::SIGNALED,
             ..SqWqeHdr::default()
         };
@@ -167,7 +171,13 @@ impl SimDriver {
             .collect()
     }
 
+    /// The CQEs the device wrote, their `opcode` read as the CQ's reader
+    /// reads it (a verbs opcode, [`ib::wc`](super::ib::wc)).
     pub fn poll_cq(&self, cq: &SimCq) -> Vec<Cqe> {
-        self.consume(&cq.ring)
+        let mut cqes: Vec<Cqe> = self.consume(&cq.ring);
+        for cqe in &mut cqes {
+            cqe.opcode = cq.writer.wc_opcode(cqe.opcode);
+        }
+        cqes
     }
 }

@@ -49,55 +49,54 @@ pub enum WcStatus {
     GeneralErr = 21,
 }
 
-/// Work completion opcode (`ib_wc_opcode`).
-#[repr(u32)]
+/// Work completion opcode. The engine's own: the device maps it to what
+/// its guest reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WcOpcode {
     /// SEND (any flavour).
-    Send = 0,
+    Send,
     /// RDMA WRITE.
-    RdmaWrite = 1,
+    RdmaWrite,
     /// RDMA READ.
-    RdmaRead = 2,
+    RdmaRead,
     /// Compare and swap.
-    CompSwap = 3,
+    CompSwap,
     /// Fetch and add.
-    FetchAdd = 4,
+    FetchAdd,
     /// Local invalidate.
-    LocalInv = 6,
+    LocalInv,
     /// Fast registration.
-    RegMr = 8,
+    RegMr,
     /// Receive.
-    Recv = 128,
+    Recv,
     /// Receive of an RDMA WRITE with immediate.
-    RecvRdmaWithImm = 129,
+    RecvRdmaWithImm,
 }
 
-/// Send work request opcode (`ib_wr_opcode` numbering, as the guest
-/// writes it into the SQ WQE).
-#[repr(u32)]
+/// Send work request opcode. The engine's own: the device decodes what its
+/// guest writes into it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WrOpcode {
     /// RDMA WRITE.
-    RdmaWrite = 0,
+    RdmaWrite,
     /// RDMA WRITE with immediate.
-    RdmaWriteWithImm = 1,
+    RdmaWriteWithImm,
     /// SEND.
-    Send = 2,
+    Send,
     /// SEND with immediate.
-    SendWithImm = 3,
+    SendWithImm,
     /// RDMA READ.
-    RdmaRead = 4,
+    RdmaRead,
     /// Atomic compare and swap.
-    AtomicCmpAndSwp = 5,
+    AtomicCmpAndSwp,
     /// Atomic fetch and add.
-    AtomicFetchAndAdd = 6,
+    AtomicFetchAndAdd,
     /// Local invalidate.
-    LocalInv = 7,
+    LocalInv,
     /// SEND with invalidate.
-    SendWithInv = 9,
+    SendWithInv,
     /// Fast registration (`IB_WR_REG_MR`).
-    RegMr = 0x20,
+    RegMr,
 }
 
 impl WrOpcode {
