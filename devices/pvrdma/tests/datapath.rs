@@ -120,6 +120,65 @@ fn rdma_write_with_immediate_read_and_atomics() {
     assert_eq!(b.read(40_000, 8), 7u64.to_le_bytes());
 }
 
+/// B's QP gives up remote atomics and writes (modify_qp RTS -> RTS with
+/// only REMOTE_READ) while its MR still allows everything: A's
+/// FETCH_AND_ADD completes with REM_ACCESS_ERR and B's word is unchanged.
+/// The rights move with the device: after B is migrated, a WRITE is
+/// refused as well, and READ, still allowed, works on a fresh pair.
+#[test]
+fn qp_access_flags_are_enforced_and_survive_migration() {
+    use pvrdma_abi::verbs::{access, qp_attr_mask as m, QpAttr};
+    let read_only = |side: &mut Side| {
+        let attr = QpAttr {
+            qp_state: qp_state::RTS,
+            qp_access_flags: access::LOCAL_WRITE | access::REMOTE_READ,
+            ..QpAttr::default()
+        };
+        let handle = side.qp.handle;
+        side.sim
+            .modify_qp(handle, m::STATE | m::ACCESS_FLAGS, attr)
+            .expect("RTS -> RTS");
+    };
+    let (a, mut b) = rc_pair();
+    read_only(&mut b);
+    b.write(40_000, &100u64.to_le_bytes());
+    let mut hdr = SqWqeHdr {
+        wr_id: 1,
+        opcode: wr::ATOMIC_FETCH_AND_ADD,
+        send_flags: send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    hdr.wr = [IOVA + 40_000, 5, 0, b.key.into(), 0, 0];
+    a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(0, 8)]);
+    assert_eq!(
+        summary(&a.cqes(1)[0]),
+        (1, wc::FETCH_ADD, wc_status::REM_ACCESS_ERR, 8)
+    );
+    assert_eq!(
+        b.read(40_000, 8),
+        100u64.to_le_bytes(),
+        "B's word unchanged"
+    );
+
+    let (a, mut b) = rc_pair();
+    read_only(&mut b);
+    let b = Side {
+        sim: b.sim.migrate(),
+        ..b
+    };
+    b.write(0, b"remote data");
+    a.send(1, wr::RDMA_READ, &[a.sge(0, 11)], (IOVA, b.key), 0);
+    assert_eq!(
+        summary(&a.cqes(1)[0]),
+        (1, wc::RDMA_READ, wc_status::SUCCESS, 11)
+    );
+    assert_eq!(a.read(0, 11), b"remote data");
+    a.write(100, b"not allowed");
+    a.send(2, wr::RDMA_WRITE, &[a.sge(100, 11)], (IOVA + 200, b.key), 0);
+    assert_eq!(a.cqes(1)[0].status, wc_status::REM_ACCESS_ERR);
+    assert_eq!(b.read(200, 11), vec![0; 11], "B's memory unchanged");
+}
+
 #[test]
 fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
     let (a, b) = rc_pair();
@@ -144,7 +203,7 @@ fn bad_rkey_is_a_remote_access_error_and_the_qp_fails() {
         (IOVA + MR_LEN - 8, d.key),
         0,
     );
-    assert_eq!(c.cqes(1)[0].status, 10);
+    assert_eq!(c.cqes(1)[0].status, wc_status::REM_ACCESS_ERR);
 }
 
 #[test]
@@ -323,7 +382,7 @@ fn send_with_invalidate_and_fast_registration() {
     a.send(3, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x9000, new_key), 0);
     assert_eq!(
         a.cqes(1)[0].status,
-        10,
+        wc_status::REM_ACCESS_ERR,
         "remote access error after invalidation"
     );
     let _ = (&mut a.pd, &mut b.pd);
@@ -352,7 +411,11 @@ fn user_qps_post_in_ibverbs_numbering() {
     assert_eq!(summary(&got[0]), (2, wc::RECV, wc_status::SUCCESS, 4));
     assert_ne!(got[0].wc_flags & wc_flags::WITH_INVALIDATE, 0);
     a.send(2, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
-    assert_eq!(a.cqes(1)[0].status, 10, "the key was invalidated");
+    assert_eq!(
+        a.cqes(1)[0].status,
+        wc_status::REM_ACCESS_ERR,
+        "the key was invalidated"
+    );
 }
 
 /// A WR the device does not do (LSO from the kernel, REG_MR from a user
@@ -569,7 +632,7 @@ fn local_invalidate() {
     a.send(2, wr::RDMA_WRITE, &[a.sge(0, 8)], (0x4000, key), 0);
     assert_eq!(
         a.cqes(1)[0].status,
-        10,
+        wc_status::REM_ACCESS_ERR,
         "remote access error after LOCAL_INV"
     );
     // The NAK'd access error put B's QP in the error state as well.

@@ -140,6 +140,7 @@ pub mod wc_status {
     pub const LOC_QP_OP_ERR: u32 = 2;
     pub const LOC_PROT_ERR: u32 = 4;
     pub const WR_FLUSH_ERR: u32 = 5;
+    pub const REM_ACCESS_ERR: u32 = 10;
     pub const GENERAL_ERR: u32 = 21;
 }
 

@@ -29,7 +29,7 @@ use rdma_transport::net::Mac;
 use rdma_transport::packet::Packet;
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
-use rdma_transport::verbs::{CompletionSink, ImmOrInv, WcOpcode, WorkCompletion};
+use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WorkCompletion};
 use vm_memory::GuestMemory;
 
 use self::mem::GuestMrs;
@@ -166,6 +166,8 @@ pub(crate) fn engine_attrs(qp: &Qp, gids: &GidTable, mac: Mac, port_mtu: u16) ->
         qpn: qp.qpn,
         dest_qpn: a.dest_qp_num,
         pd: qp.pd,
+        // Same bits as `ib_access_flags`; the engine reads the remote ones.
+        access: Access::from_bits_truncate(a.qp_access_flags),
         mtu: path,
         ud,
         timeout: a.timeout,

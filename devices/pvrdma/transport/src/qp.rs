@@ -31,7 +31,7 @@ use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_read_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
 use crate::sgl::{gather, scatter, sge_total};
-use crate::verbs::{CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
+use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
 /// Most WQEs queued on the send queue or the QP's own receive queue:
@@ -58,6 +58,11 @@ pub struct QpAttrs {
     pub dest_qpn: u32,
     /// Protection domain.
     pub pd: u32,
+    /// The remote operations the QP's responder allows (`qp_access_flags`:
+    /// REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC); an MR's own rights are
+    /// checked besides.
+    #[serde(with = "crate::verbs::access_bits")]
+    pub access: Access,
     /// Path MTU in bytes.
     pub mtu: u32,
     /// UD service (GSI included).
@@ -105,6 +110,7 @@ impl QpAttrs {
             qpn: self.qpn,
             dest_qpn: self.dest_qpn,
             pd: self.pd,
+            access: self.access,
             mtu: self.mtu.clamp(256, 4096),
             min_rnr_timer: self.min_rnr_timer,
             qkey: self.qkey,

@@ -121,6 +121,29 @@ pub fn check_length(pkt: &Packet<'_>, mtu: u32) -> Result<(), Syndrome> {
     }
 }
 
+/// rxe `check_op_valid`: an RC request for an RDMA WRITE, READ or atomic
+/// must be allowed by the QP's own remote access rights (`qp_access_flags`)
+/// as well as by the MR's (checked by [`check_rkey`]); a QP that forbids it
+/// answers with a remote access NAK, so that the requester completes with
+/// REM_ACCESS_ERR, as a hardware HCA does.
+pub fn check_qp_access(pkt: &Packet<'_>, allowed: Access) -> Result<(), Syndrome> {
+    let op = pkt.opcode;
+    let need = if op.is(OpClass::ATOMIC) {
+        Access::REMOTE_ATOMIC
+    } else if op.is(OpClass::READ) {
+        Access::REMOTE_READ
+    } else if op.is(OpClass::WRITE) {
+        Access::REMOTE_WRITE
+    } else {
+        return Ok(());
+    };
+    if allowed.contains(need) {
+        Ok(())
+    } else {
+        Err(Syndrome::Nak(NakCode::RemoteAccessError))
+    }
+}
+
 /// rxe `check_rkey`: validates the RETH or AtomicETH of a first/only
 /// request against the responder's MR table and PD; returns the MR.
 /// Atomics must be 8-byte aligned (invalid request), everything else that

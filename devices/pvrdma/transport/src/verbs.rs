@@ -138,6 +138,22 @@ bitflags! {
     }
 }
 
+/// Serde of [`Access`] as its bits; unknown bits are refused.
+pub mod access_bits {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use super::Access;
+
+    pub fn serialize<S: Serializer>(access: &Access, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(access.bits())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Access, D::Error> {
+        let bits = u32::deserialize(d)?;
+        Access::from_bits(bits).ok_or_else(|| D::Error::custom("unknown access bits"))
+    }
+}
+
 /// What the caller's MR table says about a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MrInfo {

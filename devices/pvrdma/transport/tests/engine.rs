@@ -79,6 +79,7 @@ fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
         qpn: u32::from(me),
         dest_qpn: u32::from(peer),
         pd: 1,
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         mtu: 256,
         ud: false,
         timeout: 10,
@@ -429,6 +430,74 @@ fn remote_errors_and_flush() {
     w.post(0, WrOpcode::Send, 10, 0, Remote::default());
     w.run(50);
     assert_eq!(w.wcs(0, true)[0].0, WcStatus::LocProtErr);
+}
+
+/// The responder's QP must allow each remote operation itself, whatever
+/// the MR allows (the test MR allows everything): a QP without the right
+/// answers a remote access NAK and its memory stays as it was; a modify
+/// that grants the right lets the same request through.
+#[test]
+fn qp_access_flags_are_enforced_by_the_responder() {
+    let ops = [
+        (
+            WrOpcode::RdmaWrite,
+            Access::REMOTE_WRITE,
+            WcOpcode::RdmaWrite,
+        ),
+        (
+            WrOpcode::RdmaWriteWithImm,
+            Access::REMOTE_WRITE,
+            WcOpcode::RdmaWrite,
+        ),
+        (WrOpcode::RdmaRead, Access::REMOTE_READ, WcOpcode::RdmaRead),
+        (
+            WrOpcode::AtomicFetchAndAdd,
+            Access::REMOTE_ATOMIC,
+            WcOpcode::FetchAdd,
+        ),
+        (
+            WrOpcode::AtomicCmpAndSwp,
+            Access::REMOTE_ATOMIC,
+            WcOpcode::CompSwap,
+        ),
+    ];
+    let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    for (op, right, wc) in ops {
+        let mut w = World::new(0, false);
+        w.fill(1);
+        w.recv(1, 0, 64);
+        let before = w.n[1].mem.buf.clone();
+        let mut peer = attrs(2, 1, 0, 0);
+        peer.access = all - right;
+        w.n[1].qp.modify(peer);
+        let len = if op.needs_response() && op != WrOpcode::RdmaRead {
+            8
+        } else {
+            16
+        };
+        w.post(0, op, len, 0, remote(64));
+        w.run(200);
+        assert_eq!(
+            w.wcs(0, true),
+            [(WcStatus::RemAccessErr, wc, len)],
+            "{op:?} without {right:?}"
+        );
+        assert_eq!(w.n[1].mem.buf, before, "{op:?} changed the target");
+        assert!(w.wcs(1, false).iter().all(|c| c.0 != WcStatus::Success));
+
+        let mut w = World::new(0, false);
+        w.recv(1, 0, 64);
+        let mut peer = attrs(2, 1, 0, 0);
+        peer.access = right;
+        w.n[1].qp.modify(peer);
+        w.post(0, op, len, 0, remote(64));
+        w.run(200);
+        assert_eq!(
+            w.wcs(0, true),
+            [(WcStatus::Success, wc, len)],
+            "{op:?} with {right:?}"
+        );
+    }
 }
 
 #[test]

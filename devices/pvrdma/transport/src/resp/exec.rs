@@ -17,7 +17,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_length, check_op_seq, check_psn, check_rkey, RespState, RespStep};
+use super::{
+    check_length, check_op_seq, check_psn, check_qp_access, check_rkey, RespState, RespStep,
+};
 use crate::hdr::{Aeth, AtomicAckEth, Bth, NakCode, Syndrome, ACK_UNLIMITED, DEFAULT_PKEY};
 use crate::hdr::{GSI_QKEY, QPN_MASK};
 use crate::metrics::{inc, Metrics};
@@ -61,6 +63,9 @@ pub struct RespAttrs {
     pub dest_qpn: u32,
     /// Protection domain of the QP.
     pub pd: u32,
+    /// The remote operations the QP allows (`qp_access_flags`).
+    #[serde(with = "crate::verbs::access_bits")]
+    pub access: Access,
     /// Path MTU in bytes.
     pub mtu: u32,
     /// RNR timer code sent in RNR NAKs.
@@ -237,6 +242,7 @@ pub fn respond(
     let op = pkt.opcode;
     let checked = check_op_seq(st.prev, op)
         .and_then(|()| check_length(pkt, a.mtu))
+        .and_then(|()| check_qp_access(pkt, a.access))
         .and_then(|()| check_rkey(pkt, a.pd, cx.mr));
     if let Err(s) = checked {
         let code = match s {
