@@ -40,8 +40,8 @@ USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route
 # Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
 # would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary.
 USERSPACE_PICKS=(iproute2:usr/bin/rdma)
-# Packages unpacked only to build guest programs against (guest/verbs-check.c, guest/write-check.c,
-# which also uses librdmacm), never shipped.
+# Packages unpacked only to build guest programs against (guest/verbs-check.c, guest/access-check.c,
+# guest/write-check.c, which also uses librdmacm), never shipped.
 USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
 # libc6-dev: the guest's verbs-check and write-check programs are compiled here (the kernel module
@@ -108,7 +108,7 @@ KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
 key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $(gcc --version | head -n1)" \
-  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c lib/common.sh)
+  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
   PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"

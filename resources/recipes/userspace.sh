@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Stage "userspace": the guest's user land, unpacked from Debian's packages: busybox (static) and
 # rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, with every
-# library they load; plus pvrdma-verbs-check (guest/verbs-check.c) and pvrdma-write-check
-# (guest/write-check.c) compiled against libibverbs-dev and librdmacm-dev.
+# library they load; plus pvrdma-verbs-check (guest/verbs-check.c), pvrdma-access-check
+# (guest/access-check.c) and pvrdma-write-check (guest/write-check.c) compiled against
+# libibverbs-dev and librdmacm-dev.
 # Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version": unpacked whole), PICK_PACKAGES (lines
 # "pkg version") and PICKS ("pkg:path" words: only these files of those packages), BUILD_PACKAGES
 # (lines "pkg version": headers to compile against, not shipped). Output: OUT/root/, a guest root tree.
@@ -29,7 +30,7 @@ for pick in $PICKS; do
   install -D -m 0755 "$work/pick-$pkg/$path" "$root/$path"
 done
 
-# pvrdma-verbs-check and pvrdma-write-check: compiled against the -dev headers, linked to the tree's
+# pvrdma-verbs-check, pvrdma-access-check and pvrdma-write-check: compiled against the -dev headers, linked to the tree's
 # own libibverbs.so.1 (and librdmacm.so.1) by path, so that their DT_NEEDED are the sonames the
 # guest resolves.
 while read -r pkg ver; do
@@ -39,6 +40,9 @@ done <<<"$BUILD_PACKAGES"
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-verbs-check" \
   "$RES/guest/verbs-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
   || die "compiling guest/verbs-check.c failed"
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-access-check" \
+  "$RES/guest/access-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
+  || die "compiling guest/access-check.c failed"
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-write-check" \
   "$RES/guest/write-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
   "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1" \
@@ -68,6 +72,6 @@ done)
 [[ -z $unresolved ]] || die "libraries resolved outside the guest tree (add their packages):"$'\n'"$unresolved"
 for f in bin/busybox etc/libibverbs.d/vmw_pvrdma.driver 'usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so' \
          usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check \
-         usr/bin/pvrdma-write-check; do
+         usr/bin/pvrdma-write-check usr/bin/pvrdma-access-check; do
   compgen -G "$root/$f" >/dev/null || die "expected $f in the guest tree"
 done

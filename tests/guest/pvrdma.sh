@@ -64,6 +64,7 @@ section rdma-dev rdma dev show
 section rdma-res-before rdma resource show
 section verbs pvrdma-verbs-check "$DEV" "$MY_IP"
 section rdma-res rdma resource show
+section access pvrdma-access-check "$DEV" "$MY_IP"
 
 # Link down and up on the NIC the device is paired with.
 ip link set eth0 down || fail "ip link set eth0 down"

@@ -4,11 +4,13 @@
 //! the advertised caps, the port follows eth0 down and up, the GID table holds the RoCE v2 GIDs
 //! of eth0's IPv4 and IPv6 addresses; `rdma link` shows the link; a libibverbs program creates
 //! and destroys PD, CQ with completion channel, MR, SRQ and RC/UD QPs through INIT, RTR and RTS;
-//! `rmmod vmw_pvrdma` and `insmod` bring the device back.
+//! a second program checks that a responder QP's access flags are enforced (RDMA WRITE, READ and
+//! atomics refused without the right, allowed once modify_qp grants it); `rmmod vmw_pvrdma` and
+//! `insmod` bring the device back.
 //!
 //! All tests here share ONE run of `tests/scenarios/pvrdma.sh` (one test-host boot, one guest
 //! running `tests/guest/pvrdma.sh`, whose output is framed in sections this file parses). The
-//! verbs program is `resources/guest/verbs-check.c`.
+//! verbs programs are `resources/guest/verbs-check.c` and `resources/guest/access-check.c`.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -416,6 +418,47 @@ fn verbs_program_creates_and_destroys_every_object() {
             before.text, after.text
         )
     });
+}
+
+/// Every case pvrdma-access-check prints on success, in order (resources/guest/access-check.c).
+const ACCESS_STEPS: &[&str] = &[
+    "open_device",
+    "deny_write",
+    "grant_write",
+    "deny_read",
+    "grant_read",
+    "deny_fetch_add",
+    "grant_fetch_add",
+    "deny_cmp_swap",
+    "grant_cmp_swap",
+    "revoke_write",
+];
+
+/// A responder QP's own access flags are enforced: each remote operation it does not allow fails
+/// with REM_ACCESS_ERR and changes no memory, granting the right by modify_qp lets it through
+/// (its effect checked by the program), and revoking REMOTE_WRITE stops the next WRITE.
+#[test]
+fn qp_access_flags_are_enforced() {
+    let s = suite();
+    let out = s.section("access");
+    let steps: Vec<&str> = out
+        .text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ACCESS-STEP "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    s.expect(steps == ACCESS_STEPS, || {
+        format!(
+            "pvrdma-access-check cases differ from the expected ones:\n{}",
+            out.text
+        )
+    });
+    s.expect(
+        out.text
+            .lines()
+            .any(|l| l == format!("ACCESS-CHECK-OK steps={}", ACCESS_STEPS.len())),
+        || format!("no ACCESS-CHECK-OK:\n{}", out.text),
+    );
 }
 
 #[test]
