@@ -559,6 +559,35 @@ fn arming_a_cq_with_unpolled_completions_notifies_at_once() {
     assert_eq!(b.cqes(1)[0].wr_id, 1);
 }
 
+/// A CQ armed for solicited completions (ARM_SOL) sleeps through a
+/// receive whose SEND was not solicited, and wakes for one that was (the
+/// requester's SOLICITED flag travels as the BTH SE bit).
+#[test]
+fn arm_solicited_wakes_only_for_solicited_receives() {
+    let (a, b) = rc_pair();
+    b.sim.arm_cq(&b.cq, true);
+    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
+    b.sim.post_recv_sges(&b.qp, 2, &[b.sge(64, 64)]);
+    a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
+    assert_eq!(summary(&b.cqes(1)[0]), (1, wc::RECV, wc_status::SUCCESS, 8));
+    assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+    assert_eq!(
+        b.sim.metric("cq_notify_posted"),
+        0,
+        "an unsolicited SEND woke ARM_SOL"
+    );
+    let solicited = SqWqeHdr {
+        wr_id: 2,
+        opcode: wr::SEND,
+        send_flags: send_flags::SIGNALED | send_flags::SOLICITED,
+        ..SqWqeHdr::default()
+    };
+    a.sim.post_send_wqe(&a.qp, solicited, &[a.sge(0, 8)]);
+    assert_eq!(b.cqes(1)[0].wr_id, 2);
+    assert!(b.sim.wait_until(|s| s.metric("cq_notify_posted") == 1));
+    assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
+}
+
 /// Every byte the data path places in guest memory marks its page dirty
 /// (live migration copies dirty pages again): RDMA WRITE payload, READ
 /// response data, the CQE and the ring indices, and nothing else.

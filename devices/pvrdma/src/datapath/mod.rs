@@ -29,7 +29,7 @@ use rdma_transport::net::Mac;
 use rdma_transport::packet::Packet;
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
-use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WorkCompletion};
+use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WcStatus, WorkCompletion};
 use vm_memory::GuestMemory;
 
 use self::mem::GuestMrs;
@@ -269,13 +269,14 @@ fn fail_send(engine: &mut Engine, cq: &mut Completions, wr_id: u64, opcode: WcOp
     cq.0.push((
         WorkCompletion {
             wr_id,
-            status: rdma_transport::verbs::WcStatus::LocQpOpErr,
+            status: WcStatus::LocQpOpErr,
             opcode,
             byte_len: 0,
             imm_or_inv: None,
             qpn: handle,
             src_qpn: 0,
             ud_src: None,
+            solicited: false,
         },
         true,
     ));
@@ -307,14 +308,10 @@ fn post_completions<M: GuestMemory>(
                 env.metrics.wqe_error.inc();
             }
         }
-        cq.post(
-            mem,
-            env,
-            events,
-            cq_handle,
-            &cqe(handle, &wc, numbering),
-            true,
-        );
+        // ARM_SOL wakes for a solicited receive or any error.
+        let solicited = wc.solicited || wc.status != WcStatus::Success;
+        let cqe = cqe(handle, &wc, numbering);
+        cq.post(mem, env, events, cq_handle, &cqe, solicited);
     }
 }
 

@@ -574,6 +574,7 @@ impl Qp {
                     qpn: self.attrs.qpn,
                     src_qpn: 0,
                     ud_src: None,
+                    solicited: false,
                 };
                 io.cq.complete(wc, true);
             }
@@ -622,6 +623,7 @@ impl Qp {
             qpn: self.attrs.qpn,
             src_qpn: 0,
             ud_src: None,
+            solicited: false,
         };
         io.cq.complete(wc, false);
         true

@@ -285,6 +285,10 @@ pub struct WorkCompletion {
     pub src_qpn: u32,
     /// Where a UD/GSI receive came from (the GRH area's network type).
     pub ud_src: Option<UdSource>,
+    /// A receive whose message had the solicited event bit (BTH SE) set:
+    /// it wakes a CQ armed for solicited completions only.
+    #[serde(default)]
+    pub solicited: bool,
 }
 
 /// The sender of a UD/GSI receive, for the CQE's `smac` and

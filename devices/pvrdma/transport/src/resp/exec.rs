@@ -182,6 +182,7 @@ fn recv_wc(
         qpn: a.qpn,
         src_qpn: 0,
         ud_src: None,
+        solicited: false,
     }
 }
 
@@ -370,6 +371,7 @@ fn complete_recv(
     };
     let mut wc = recv_wc(a, w.wr_id, WcStatus::Success, opcode, st.offset);
     wc.imm_or_inv = imm_or_inv;
+    wc.solicited = pkt.hdrs.bth.se;
     cx.cq.complete(wc, false);
     None
 }
@@ -554,5 +556,6 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
         smac: pkt.layers.src_mac,
     });
     wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
+    wc.solicited = pkt.hdrs.bth.se;
     cx.cq.complete(wc, false);
 }
