@@ -265,6 +265,37 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
     Ok(frame)
 }
 
+/// Recomputes the ICRC (and, over IPv6, the UDP checksum) of a RoCE v2
+/// frame whose bytes were changed in place, as a peer that forges headers
+/// would send it: hostile-input tests and fuzzers use it so that their
+/// mutations reach the transport instead of dying at the ICRC check.
+/// Fails when the Ethernet, IP or UDP layer no longer parses.
+pub fn reseal(frame: &mut [u8]) -> Result<(), ParseError> {
+    let layers = net::parse_layers(frame)?;
+    let l3_end = layers.l3_off.saturating_add(layers.l3_len);
+    let udp_end = l3_end.saturating_add(UDP_LEN);
+    let ib_end = udp_end.saturating_add(layers.udp_payload_len);
+    let covered_end = ib_end.checked_sub(ICRC_LEN).ok_or(ParseError::Length)?;
+    if covered_end < udp_end || ib_end > frame.len() {
+        return Err(ParseError::Length);
+    }
+    let sum = {
+        let part = |r: std::ops::Range<usize>| frame.get(r).ok_or(ParseError::Length);
+        icrc(
+            part(layers.l3_off..l3_end)?,
+            part(l3_end..udp_end)?,
+            part(udp_end..covered_end)?,
+        )
+        .map_err(|_| ParseError::BadIcrc)?
+    };
+    frame
+        .get_mut(covered_end..ib_end)
+        .ok_or(ParseError::Length)?
+        .copy_from_slice(&sum);
+    net::finish_udp6_checksum(frame);
+    Ok(())
+}
+
 /// A packet as `parse` would return it, on loopback IPv4 with `hdrs`:
 /// what the role tests (completer, responder) feed their state machines.
 #[cfg(test)]
