@@ -566,6 +566,9 @@ fn arming_a_cq_with_unpolled_completions_notifies_at_once() {
 fn arm_solicited_wakes_only_for_solicited_receives() {
     let (a, b) = rc_pair();
     b.sim.arm_cq(&b.cq, true);
+    // Armed before anything lands (an arm that finds unpolled CQEs
+    // notifies at once, solicited or not).
+    assert!(b.sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1));
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     b.sim.post_recv_sges(&b.qp, 2, &[b.sge(64, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);

@@ -601,7 +601,7 @@ fn hostile_frames_do_not_panic() {
             let i = (rng as usize) % f.len();
             f[i] = (rng >> 32) as u8;
         }
-        if (rng >> 40) % 8 == 0 {
+        if (rng >> 40).is_multiple_of(8) {
             f.truncate(((rng >> 44) as usize) % (f.len() + 1));
         }
         // A quarter keep the broken ICRC the mutation left.
