@@ -342,6 +342,8 @@ impl Machine {
         for (id, fd) in (0u8..).zip(&self.vcpu_fds) {
             let setup = || -> Result<(), cpu::CpuError> {
                 cpu::set_boot_msrs(fd)?;
+                // Every vCPU alike (INIT keeps XCR0): state saved on one must restore on another.
+                cpu::set_boot_xcr0(fd, self.vm.supported_cpuid())?;
                 if id == 0 {
                     // Application processors start from INIT/SIPI sent by the guest.
                     cpu::set_boot_regs(fd, entry.entry)?;
