@@ -110,6 +110,31 @@ impl Outcome {
         s
     }
 
+    /// Every guest console the scenario wrote (`*serial*.log` under `$OUT`, those of a pair's
+    /// hosts included).
+    pub fn serial_logs(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(entries) = fs::read_dir(dir) else {
+                return;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.contains("serial") && n.ends_with(".log"))
+                {
+                    out.push(path);
+                }
+            }
+        }
+        let mut logs = Vec::new();
+        walk(&self.out, &mut logs);
+        logs.sort();
+        logs
+    }
+
     /// Whether a test host stopped making progress (run-l1.sh's `l1-stalled`).
     fn stalled(&self) -> bool {
         self.machines.iter().any(|m| m.join("l1-stalled").exists())

@@ -722,3 +722,9 @@ mod helpers {
         assert_eq!(perftest_results(lat), vec![vec![64, 100]]);
     }
 }
+
+/// The guest kernels logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite::expect_clean_guest_kernels(&suite().outcome, &[]);
+}
