@@ -7,21 +7,26 @@
 # block device, reads it back with O_DIRECT and verifies it, then disconnects. nvme-rdma is what
 # posts fast-registration (REG_MR), SEND_WITH_INV and LOCAL_INV work requests and polls its CQs
 # from the kernel: the device's kernel-QP path, which no rdma-core program exercises.
+# The same script measures the Soft-RoCE baseline: in a guest with a plain vmxnet3 NIC, whose own
+# kernel runs Soft-RoCE (rxe0 on eth0) under nvme-rdma.
 # The scenario prepends:
+#   RDMA_DEV        vmw_pvrdma0 (the device under test), or rxe0 (the baseline: this script
+#                   loads rdma_rxe and adds rxe0 on eth0)
 #   MY_IP HOST_IP   eth0's address and the test host's bridge (the target's address) (/24)
 #   SIG_PORT        TCP port of the test host's signal server: "target-ready"/"target-failed"
-#                   (nvmet's port listens, or will not), "target-checked" (it read back what this
+#                   (nvmet's port listens, or will not), CHECKED_SIGNAL (it read back what this
 #                   guest wrote, on its side)
 #   NQN PORT        the subsystem's NQN and the target's port (4420)
 #   HOSTNQN HOSTID  this host's NQN and ID, given to nvme-cli (no /etc/nvme, no DMI UUID here)
-#   SIZE_MIB CHUNK_MIB  how much to write (the whole namespace) and per dd (CHUNK_MIB divides it)
+#   SIZE_MIB        the namespace's size
+#   WRITE_MIB CHUNK_MIB  how much to write from its start, and per dd (CHUNK_MIB divides WRITE_MIB)
 #   LIMIT           seconds any one command may run (`timeout`)
 #   READY_WAIT CHECK_WAIT  seconds to wait for "target-ready" and for "target-checked"
 #   CTRL_LOSS_TMO   nvme connect's --ctrl-loss-tmo: a lost controller fails I/O after that many
 #                   seconds instead of the default 600 of reconnects, so that a broken data path
 #                   ends the test instead of hanging it
 #
-# The pattern: the namespace is SIZE_MIB/4 Ki blocks of 4 KiB; block B is the text
+# The pattern, written over the first WRITE_MIB of the namespace: blocks of 4 KiB; block B is the text
 # "pvrdma-nvmeof block %08d " (B), then printable ASCII starting at character 32 + B % 95, then a
 # newline: every block (and every 512-byte sector in it) differs from its neighbours, so a block
 # written to or read from the wrong place, or a page of a fast-registered MR mapped out of order,
@@ -35,14 +40,14 @@
 #   NVMEOF-CONNECTED ctrl=C transport=T address=A subsysnqn=Q state=S queues=N blk=B bytes=N
 #   NVMEOF-CHUNK phase=write|read chunk=N md5=M secs=T [ok=0|1 first_bad_block=B got=TEXT]
 #   NVMEOF-WRITTEN bytes=N centis=T        all chunks written (O_DIRECT, dd bs=1M)
-#   NVMEOF-SIGNAL name=target-checked got=1|0
+#   NVMEOF-SIGNAL name=CHECKED_SIGNAL got=1|0
 #   NVMEOF-READ bytes=N centis=T bad_chunks=N
 #   NVMEOF-DISCONNECTED gone=1|0           no NVMe controller or block device left afterwards
 #   SECTION-BEGIN kernel-log ... SECTION-END kernel-log rc=0   the guest's dmesg lines about
 #                                          nvme, RDMA and kernel warnings or bugs
 #   NVMEOF-DONE ok=1|0, or NVMEOF-FAIL <why> (set-up failure; the script then ends with status 1)
 
-DEV=vmw_pvrdma0
+DEV=$RDMA_DEV
 say() { echo "NVMEOF-$*"; }
 # kernel_log: the framed part of the kernel's log a test reads (the console shows only errors:
 # `quiet`).
@@ -106,6 +111,15 @@ section() {
   return $_rc
 }
 
+if [ "$DEV" = rxe0 ]; then
+  # The baseline: Soft-RoCE in this guest. crc32_generic first: rxe's ICRC needs the "crc32"
+  # algorithm and this guest has no /sbin/modprobe for the kernel to ask for it.
+  for m in crc32_generic rdma_rxe; do
+    modprobe "$m" || fail "modprobe $m"
+  done
+  ip link set eth0 up
+  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0"
+fi
 eth0_up_with_gid
 say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
 
@@ -144,7 +158,7 @@ section list nvme list
 
 # Write: each chunk generated into tmpfs first, so that dd's time is the device's.
 blocks=$((CHUNK_MIB * 256))
-chunks=$((SIZE_MIB / CHUNK_MIB))
+chunks=$((WRITE_MIB / CHUNK_MIB))
 wcs=0
 c=0
 while [ $c -lt $chunks ]; do
@@ -164,8 +178,8 @@ say "WRITTEN bytes=$((chunks * CHUNK_MIB * 1048576)) centis=$wcs"
 
 # The test host reads its RAM disk meanwhile (what arrived there); this side waits, so that the
 # read below has the test host's CPU to itself.
-got=$(wait_signal "$CHECK_WAIT" target-checked) && checked=1 || checked=0
-say "SIGNAL name=target-checked got=$checked"
+got=$(wait_signal "$CHECK_WAIT" "$CHECKED_SIGNAL") && checked=1 || checked=0
+say "SIGNAL name=$CHECKED_SIGNAL got=$checked"
 
 # Read back: O_DIRECT (no page cache), caches dropped first all the same.
 sync

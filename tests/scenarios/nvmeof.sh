@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # pid_a, pid_b: read through ${!pid_var}
 # Scenario of tests/tests/nvmeof.rs (issue 14, item 1): NVMe over Fabrics from a guest on our
 # PVRDMA device to a native Linux target, as a user would run it. This host runs the target:
 # Soft-RoCE (rxe0) on bridge br0 (10.20.0.254), nvmet + nvmet-rdma configured through configfs,
@@ -8,10 +9,14 @@
 # tests/guest/nvmeof.sh: nvme-cli's discover and connect over RDMA, a known pattern written through
 # the block device with O_DIRECT, read back and verified, nvme disconnect. Meanwhile this host
 # checks, on its RAM disk, what arrived: the MD5 of every chunk and the headers of some blocks.
+# With BASELINE_MIB > 0 (not by default: it adds minutes), a second guest B (10.20.0.2, a plain
+# vmxnet3 NIC on tapb, its own kernel's Soft-RoCE under nvme-rdma) then does the same with the
+# first BASELINE_MIB, over a RAM disk zeroed first: the Soft-RoCE baseline of the figures.
 # The kernel's nvme-rdma is the device's first kernel RDMA user here: fast registration (REG_MR),
 # SEND_WITH_INV, LOCAL_INV, kernel CQ polling.
-# Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics),
-# $OUT/nvmeof-a-{serial,vmm}.log (the guest's results: see tests/guest/nvmeof.sh),
+# Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
+# B's prefixed "b."), $OUT/nvmeof-{a,b}-{serial,vmm}.log (the guests' results: see
+# tests/guest/nvmeof.sh),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's side), $OUT/rxe-devinfo.txt.
 
 isolate_network
@@ -25,8 +30,12 @@ CHECK_WAIT=${CHECK_WAIT:-600}
 CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-60}
 SIZE_MIB=${SIZE_MIB:-256}
 CHUNK_MIB=${CHUNK_MIB:-32}
+BASELINE_MIB=${BASELINE_MIB:-0}
+BASELINE_CHUNK_MIB=${BASELINE_CHUNK_MIB:-8}
 MAC_A=52:54:00:20:00:01
+MAC_B=52:54:00:20:00:02
 IP_A=10.20.0.1
+IP_B=10.20.0.2
 HOST_IP=10.20.0.254
 SIG_PORT=8000
 PORT=4420
@@ -93,12 +102,12 @@ else
 fi
 log "target: $(grep target_ "$OUT/nvmeof.env" | tr '\n' ' ')"
 
-header="MY_IP=$IP_A HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT NQN=$NQN PORT=$PORT HOSTNQN=$HOSTNQN HOSTID=$HOSTID
-SIZE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT CTRL_LOSS_TMO=$CTRL_LOSS_TMO"
-guest_script_disk "$WORK/nvmeof-a-run.img" "$header" "$GUEST_SCRIPTS/nvmeof.sh"
+header="HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT NQN=$NQN PORT=$PORT HOSTNQN=$HOSTNQN HOSTID=$HOSTID SIZE_MIB=$SIZE_MIB
+LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT CTRL_LOSS_TMO=$CTRL_LOSS_TMO"
+guest_script_disk "$WORK/nvmeof-a-run.img" "$header
+RDMA_DEV=vmw_pvrdma0 MY_IP=$IP_A WRITE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB CHECKED_SIGNAL=target-checked-a" "$GUEST_SCRIPTS/nvmeof.sh"
 run_guest nvmeof-a "$WORK/nvmeof-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
 pid_a=$VMM_PID
-serial=$OUT/nvmeof-a-serial.log
 
 RXE_GIDX=''
 if ((rxe_ok)); then
@@ -123,32 +132,59 @@ record nvmeof "port_ready=$ready"
 if ((ready)); then : > "$SIG/target-ready"; else : > "$SIG/target-failed"; fi
 log "port: ready=$ready"
 
-# What arrived on the RAM disk, once the guest wrote everything: each chunk's MD5 and the header
-# of the first, a middle and the last block of each chunk (the rest of the check is the guest's).
-blocks=$((CHUNK_MIB * 256))
-if ((ready)) && wait_for_line "$serial" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "$pid_a" &&
-  grep -q 'NVMEOF-WRITTEN' "$serial"; then
-  start=$(now_us)
-  for ((c = 0; c < SIZE_MIB / CHUNK_MIB; c++)); do
-    record nvmeof "target.chunk.$c.md5=$(dd if=/dev/ram0 bs=1M skip=$((c * CHUNK_MIB)) count="$CHUNK_MIB" 2> /dev/null | md5sum | cut -d' ' -f1)"
-    for b in $((c * blocks)) $((c * blocks + blocks / 2 + 1)) $(((c + 1) * blocks - 1)); do
-      record nvmeof "target.block.$b=$(dd if=/dev/ram0 bs=4096 skip="$b" count=1 2> /dev/null | head -c 28 | tr -c 'a-z0-9 -' '?')"
+# check_target G PREFIX MIB CHUNK: what arrived on the RAM disk once guest G (VMM $pid_G) wrote
+# its MIB: each CHUNK's MD5 and the header of the first, a middle and the last block of each
+# chunk, as PREFIX-ed keys (the rest of the check is the guest's); then G's CHECKED_SIGNAL.
+# Read with O_DIRECT: nvmet's block backend writes with bios, past this host's page cache of
+# /dev/ram0, so a buffered read may be answered by what an earlier read or write left cached.
+check_target() {
+  local g=$1 prefix=$2 mib=$3 chunk=$4 pid_var=pid_$1 c b start
+  local blocks=$((chunk * 256)) serial=$OUT/nvmeof-$1-serial.log
+  if ((ready)) && wait_for_line "$serial" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "${!pid_var}" &&
+    grep -q 'NVMEOF-WRITTEN' "$serial"; then
+    start=$(now_us)
+    for ((c = 0; c < mib / chunk; c++)); do
+      record nvmeof "${prefix}target.chunk.$c.md5=$(dd if=/dev/ram0 bs=1M skip=$((c * chunk)) count="$chunk" iflag=direct 2> /dev/null | md5sum | cut -d' ' -f1)"
+      for b in $((c * blocks)) $((c * blocks + blocks / 2 + 1)) $(((c + 1) * blocks - 1)); do
+        record nvmeof "${prefix}target.block.$b=$(dd if=/dev/ram0 bs=4096 skip="$b" count=1 iflag=direct 2> /dev/null | head -c 28 | tr -c 'a-z0-9 -' '?')"
+      done
     done
-  done
-  record nvmeof "target_check=done" "target_check_secs=$(since "$start")"
-else
-  record nvmeof "target_check=skipped"
-fi
-: > "$SIG/target-checked"
+    record nvmeof "${prefix}target_check=done" "${prefix}target_check_secs=$(since "$start")"
+  else
+    record nvmeof "${prefix}target_check=skipped"
+  fi
+  : > "$SIG/target-checked-$g"
+}
 
-# The VMM must end once its guest powered off: 60 s after the guest's last word it is killed.
-wait_for_line "$serial" 'GUEST-POWEROFF' "$(remaining)" "$pid_a" || true
-wait_for_exit "$pid_a" 60
-record nvmeof "a_exit=$EXIT_STATUS"
+# end_guest G: G's VMM must end once its guest powered off: 60 s after the guest's last word it is
+# killed.
+end_guest() {
+  local pid_var=pid_$1
+  wait_for_line "$OUT/nvmeof-$1-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
+  wait_for_exit "${!pid_var}" 60
+  record nvmeof "${1}_exit=$EXIT_STATUS"
+  record nvmeof "${1}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-$1-vmm.log" || true)"
+}
+
+check_target a '' "$SIZE_MIB" "$CHUNK_MIB"
+end_guest a
+# nvmet's side: the NVM controllers it created for the guest's host NQN.
+record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
+
+# The baseline: guest B, Soft-RoCE in its own kernel, on a RAM disk zeroed first (what A wrote
+# there must not pass for what B wrote; O_DIRECT, as check_target reads).
+if ((BASELINE_MIB > 0)); then
+  dd if=/dev/zero of=/dev/ram0 bs=1M count="$BASELINE_MIB" oflag=direct 2> /dev/null || record nvmeof "b.zero=fail"
+  l1_tap tapb br0
+  guest_script_disk "$WORK/nvmeof-b-run.img" "$header
+RDMA_DEV=rxe0 MY_IP=$IP_B WRITE_MIB=$BASELINE_MIB CHUNK_MIB=$BASELINE_CHUNK_MIB CHECKED_SIGNAL=target-checked-b" "$GUEST_SCRIPTS/nvmeof.sh"
+  run_guest nvmeof-b "$WORK/nvmeof-b-run.img" --net "tap=tapb,mac=$MAC_B"
+  pid_b=$VMM_PID
+  check_target b b. "$BASELINE_MIB" "$BASELINE_CHUNK_MIB"
+  end_guest b
+fi
 record nvmeof "seconds=$(since "$t0")"
-record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
-# nvmet's side: which hosts' controllers it created, and anything it complained about.
+# nvmet's side of the whole run, and anything it complained about.
 dmesg > "$OUT/nvmeof-l1-dmesg.txt" 2>&1 || true
-record nvmeof "target_controllers=$(grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" "$OUT/nvmeof-l1-dmesg.txt" || true)"
 target_teardown
-log "nvmeof: $(grep -vE '^target\.' "$OUT/nvmeof.env" | tr '\n' ' ')"
+log "nvmeof: $(grep -vE '^(b\.)?target\.' "$OUT/nvmeof.env" | tr '\n' ' ')"

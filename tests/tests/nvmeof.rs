@@ -18,6 +18,10 @@
 //! `tests/guest/nvmeof.sh`); every command there is bounded by `timeout`, and a lost controller
 //! fails its I/O after `CTRL_LOSS_TMO` seconds, so a broken data path fails these tests instead of
 //! hanging them.
+//!
+//! With `NVMEOF_BASELINE_MIB=N` in the environment the same run then measures the Soft-RoCE
+//! baseline: a second guest with a plain vmxnet3 NIC, Soft-RoCE in its own kernel, writes and
+//! verifies the first N MiB the same way (minutes more at nested speed: not by default).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -37,6 +41,9 @@ const CHUNK_MIB: u64 = 32;
 const CHUNKS: u64 = SIZE_MIB / CHUNK_MIB;
 /// 4 KiB blocks per chunk (each block of the pattern starts with its number).
 const CHUNK_BLOCKS: u64 = CHUNK_MIB * 256;
+/// The Soft-RoCE baseline's chunks (it writes `NVMEOF_BASELINE_MIB`, a multiple of them).
+const BASELINE_CHUNK_MIB: u64 = 8;
+const BASELINE_ENV: &str = "NVMEOF_BASELINE_MIB";
 
 /// Lines of the guest's kernel log (console and its dmesg section) that mean NVMe-oF broke.
 const KERNEL_ERRORS: &[&str] = &[
@@ -53,25 +60,51 @@ struct Suite {
     outcome: Outcome,
     env: KeyValues,
     guest: SerialLog,
+    /// The Soft-RoCE baseline guest's console and MiB, if it ran.
+    baseline: Option<(SerialLog, u64)>,
 }
 
 fn suite() -> &'static Suite {
     static SUITE: OnceLock<Result<Suite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
+        let baseline_mib = match std::env::var(BASELINE_ENV) {
+            Ok(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|m| m % BASELINE_CHUNK_MIB == 0 && *m <= SIZE_MIB)
+                .ok_or_else(|| {
+                    format!(
+                        "{BASELINE_ENV}={v}: want a multiple of {BASELINE_CHUNK_MIB} up to \
+                         {SIZE_MIB}"
+                    )
+                })?,
+            Err(_) => 0,
+        };
         let outcome = suite::run_vmm_scenario(
             "nvmeof",
             &[
                 ("SIZE_MIB", SIZE_MIB.to_string()),
                 ("CHUNK_MIB", CHUNK_MIB.to_string()),
+                ("BASELINE_MIB", baseline_mib.to_string()),
+                ("BASELINE_CHUNK_MIB", BASELINE_CHUNK_MIB.to_string()),
             ],
             // Typically ~10 min; the scenario's own limit is 2400 s, which only a data path that
             // hangs at every bounded step needs.
             Duration::from_secs(2520),
             Hosts::One { l1_cpus: 1 },
         )?;
+        let baseline = if baseline_mib > 0 {
+            Some((
+                suite::serial_log(&outcome, "nvmeof-b-serial.log")?,
+                baseline_mib,
+            ))
+        } else {
+            None
+        };
         Ok(Suite {
             env: suite::key_values(&outcome, "nvmeof.env")?,
             guest: suite::serial_log(&outcome, "nvmeof-a-serial.log")?,
+            baseline,
             outcome,
         })
     })
@@ -88,6 +121,7 @@ impl Suite {
         let logs = [
             "nvmeof-a-serial.log".to_string(),
             "nvmeof-a-vmm.log".to_string(),
+            "nvmeof-b-serial.log".to_string(),
         ];
         panic!("{}", self.outcome.failure(&msg, &logs, 25))
     }
@@ -110,9 +144,13 @@ impl Suite {
 
     /// The rest of the guest's `NVMEOF-<name> ` line.
     fn marker(&self, name: &str) -> &str {
-        self.guest
-            .marker(&format!("NVMEOF-{name} "))
-            .unwrap_or_else(|| self.fail(&format!("the guest printed no NVMEOF-{name} line")))
+        self.marker_of(&self.guest, name)
+    }
+
+    /// The rest of the `NVMEOF-<name> ` line on console `log`.
+    fn marker_of<'a>(&self, log: &'a SerialLog, name: &str) -> &'a str {
+        log.marker(&format!("NVMEOF-{name} "))
+            .unwrap_or_else(|| self.fail(&format!("a guest printed no NVMEOF-{name} line")))
     }
 
     /// nvme-cli's output in section `name`; fails unless it exited 0.
@@ -132,8 +170,12 @@ impl Suite {
 
     /// The guest's NVMEOF-CHUNK line of `phase` for chunk `c`.
     fn chunk(&self, phase: &str, c: u64) -> &str {
-        self.guest
-            .markers("NVMEOF-CHUNK ")
+        self.chunk_of(&self.guest, phase, c)
+    }
+
+    /// The NVMEOF-CHUNK line of `phase` for chunk `c` on console `log`.
+    fn chunk_of<'a>(&self, log: &'a SerialLog, phase: &str, c: u64) -> &'a str {
+        log.markers("NVMEOF-CHUNK ")
             .into_iter()
             .find(|l| field(l, "phase") == Some(phase) && field(l, "chunk") == Some(&c.to_string()))
             .unwrap_or_else(|| {
@@ -345,13 +387,7 @@ fn the_guest_kernel_logs_no_nvme_error() {
     s.expect(log.contains("SECTION-END kernel-log rc=0"), || {
         "the guest never printed its kernel log section".into()
     });
-    let bad: Vec<&str> = log
-        .lines()
-        .filter(|l| KERNEL_ERRORS.iter().any(|e| l.contains(e)))
-        .filter(|l| {
-            l.contains("nvme") || l.contains("rdma") || l.contains("BUG:") || l.contains("Oops")
-        })
-        .collect();
+    let bad = kernel_errors(&log);
     s.expect(bad.is_empty(), || {
         format!(
             "the guest's kernel logged NVMe-oF errors:\n{}",
@@ -384,6 +420,86 @@ fn the_vmm_runs_clean() {
             problems.join("\n")
         )
     });
+}
+
+/// The Soft-RoCE baseline (only with `NVMEOF_BASELINE_MIB`): a guest whose own kernel runs
+/// Soft-RoCE under nvme-rdma writes, the target holds, and the guest reads back and verifies the
+/// same pattern; its figures beside the PVRDMA guest's.
+#[test]
+fn soft_roce_baseline_when_asked() {
+    let s = suite();
+    let Some((log, mib)) = &s.baseline else {
+        e2e::announce(&format!(
+            "nvmeof: no Soft-RoCE baseline this run (set {BASELINE_ENV}=32 for one)"
+        ));
+        return;
+    };
+    let mib = *mib;
+    let connected = s.marker_of(log, "CONNECTED");
+    s.expect(
+        field(connected, "transport") == Some("rdma") && field(connected, "state") == Some("live"),
+        || format!("the baseline guest's controller: '{connected}'"),
+    );
+    let written = s.marker_of(log, "WRITTEN");
+    s.expect(s.num(written, "bytes") == mib << 20, || {
+        format!("the baseline guest should have written {mib} MiB: '{written}'")
+    });
+    s.expect(s.env("b.target_check") == "done", || {
+        "the test host did not read the baseline's data back".into()
+    });
+    for c in 0..mib / BASELINE_CHUNK_MIB {
+        let want = field(s.chunk_of(log, "write", c), "md5").unwrap_or("?");
+        let got = s.env(&format!("b.target.chunk.{c}.md5"));
+        s.expect(got == want, || {
+            format!("baseline chunk {c}: the target holds MD5 {got}, the guest wrote {want}")
+        });
+        let read = s.chunk_of(log, "read", c);
+        s.expect(
+            field(read, "ok") == Some("1") && field(read, "md5") == Some(want),
+            || format!("baseline chunk {c} read back wrong: '{read}'"),
+        );
+    }
+    let read = s.marker_of(log, "READ");
+    s.expect(s.num(read, "bad_chunks") == 0, || {
+        format!("the baseline's read-back: '{read}'")
+    });
+    s.expect(s.marker_of(log, "DONE") == "ok=1", || {
+        "the baseline guest's script did not end ok=1".into()
+    });
+    let text = log.tail(usize::MAX);
+    let bad = kernel_errors(&text);
+    s.expect(bad.is_empty(), || {
+        format!(
+            "the baseline guest's kernel logged NVMe-oF errors:\n{}",
+            bad.join("\n")
+        )
+    });
+    let (bw, br) = (
+        mb_per_s(mib << 20, s.num(written, "centis")),
+        mb_per_s(mib << 20, s.num(read, "centis")),
+    );
+    let (pw, pr) = (
+        mb_per_s(SIZE_MIB << 20, s.num(s.marker("WRITTEN"), "centis")),
+        mb_per_s(SIZE_MIB << 20, s.num(s.marker("READ"), "centis")),
+    );
+    e2e::announce(&format!(
+        "nvmeof: Soft-RoCE in the guest ({mib} MiB): write {bw:.2} MB/s, read {br:.2} MB/s; \
+         pvrdma ({SIZE_MIB} MiB): write {pw:.2} MB/s, read {pr:.2} MB/s; pvrdma/Soft-RoCE: \
+         write {:.1}x, read {:.1}x",
+        pw / bw,
+        pr / br
+    ));
+}
+
+/// The lines of a guest console's text that mean NVMe-oF broke ([`KERNEL_ERRORS`] on a line about
+/// nvme or RDMA, or a kernel BUG or Oops anywhere).
+fn kernel_errors(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| KERNEL_ERRORS.iter().any(|e| l.contains(e)))
+        .filter(|l| {
+            l.contains("nvme") || l.contains("rdma") || l.contains("BUG:") || l.contains("Oops")
+        })
+        .collect()
 }
 
 #[cfg(test)]
