@@ -1,0 +1,190 @@
+# SPDX-License-Identifier: Apache-2.0
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # pid_a, pid_b: read through ${!pid_var}
+# Scenario of tests/tests/nvmeof.rs (issue 14, item 1): NVMe over Fabrics from a guest on our
+# PVRDMA device to a native Linux target, as a user would run it. This host runs the target:
+# Soft-RoCE (rxe0) on bridge br0 (10.20.0.254), nvmet + nvmet-rdma configured through configfs,
+# port 4420, one subsystem whose namespace is a brd RAM disk (real storage: what is written stays
+# and reads back; null_blk would not). One guest (10.20.0.1, --pvrdma on tapa, one vCPU) runs
+# tests/guest/nvmeof.sh: nvme-cli's discover and connect over RDMA, a known pattern written through
+# the block device with O_DIRECT, read back and verified, nvme disconnect. Meanwhile this host
+# checks, on its RAM disk, what arrived: the MD5 of every chunk and the headers of some blocks.
+# With BASELINE_MIB > 0 (not by default: it adds minutes), a second guest B (10.20.0.2, a plain
+# vmxnet3 NIC on tapb, its own kernel's Soft-RoCE under nvme-rdma) then does the same with the
+# first BASELINE_MIB, over a RAM disk zeroed first: the Soft-RoCE baseline of the figures.
+# The kernel's nvme-rdma is the device's first kernel RDMA user here: fast registration (REG_MR),
+# SEND_WITH_INV, LOCAL_INV, kernel CQ polling.
+# Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
+# B's prefixed "b."), $OUT/nvmeof-{a,b}-{serial,vmm}.log (the guests' results: see
+# tests/guest/nvmeof.sh),
+# $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's side), $OUT/rxe-devinfo.txt.
+
+isolate_network
+
+# The whole run, boot included: typically ~10 min at nested speed; a data path that hangs costs the
+# guest's bounded waits (LIMIT per command, CTRL_LOSS_TMO per lost controller).
+NVMEOF_LIMIT=${NVMEOF_LIMIT:-2400}
+LIMIT=${LIMIT:-600}
+READY_WAIT=${READY_WAIT:-600}
+CHECK_WAIT=${CHECK_WAIT:-600}
+CTRL_LOSS_TMO=${CTRL_LOSS_TMO:-60}
+SIZE_MIB=${SIZE_MIB:-256}
+CHUNK_MIB=${CHUNK_MIB:-32}
+BASELINE_MIB=${BASELINE_MIB:-0}
+BASELINE_CHUNK_MIB=${BASELINE_CHUNK_MIB:-8}
+MAC_A=52:54:00:20:00:01
+MAC_B=52:54:00:20:00:02
+IP_A=10.20.0.1
+IP_B=10.20.0.2
+HOST_IP=10.20.0.254
+SIG_PORT=8000
+PORT=4420
+NQN=nqn.2026-11.dev.pvrdma-vmm:nvmeof-e2e
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:8d7c4f5e-2b1a-4c3d-9e8f-7a6b5c4d3e2f
+HOSTID=8d7c4f5e-2b1a-4c3d-9e8f-7a6b5c4d3e2f
+SIG=$WORK/sig
+CFG=/sys/kernel/config/nvmet
+
+start_clock "$NVMEOF_LIMIT"
+
+l1_bridge br0
+ip addr add "$HOST_IP/24" dev br0
+l1_tap tapa br0
+
+# This host's signal server (tests/guest/nvmeof.sh polls it): busybox from the guest userspace.
+mkdir -p "$SIG"
+"$PVRDMA_USERSPACE/bin/busybox" httpd -f -p "$HOST_IP:$SIG_PORT" -h "$SIG" &
+
+# Soft-RoCE on the bridge; its port goes active once the bridge has carrier (a VMM on a TAP).
+rxe_ok=0
+if modprobe rdma_rxe && rdma link add rxe0 type rxe netdev br0; then
+  rxe_ok=1
+else
+  record nvmeof "rxe_setup=fail"
+fi
+
+# The target, but for its port: a RAM disk of SIZE_MIB as namespace 1 of subsystem NQN, any host
+# allowed. (The port needs an RDMA device on its address: it comes once Soft-RoCE is up.)
+target_setup() {
+  modprobe brd rd_nr=1 rd_size=$((SIZE_MIB * 1024)) max_part=0 || { echo "modprobe brd"; return 1; }
+  [[ -b /dev/ram0 ]] || { echo "no /dev/ram0"; return 1; }
+  [[ $(blockdev --getsize64 /dev/ram0) == $((SIZE_MIB * 1048576)) ]] || { echo "/dev/ram0 is $(blockdev --getsize64 /dev/ram0) bytes"; return 1; }
+  modprobe -a nvmet nvmet-rdma || { echo "modprobe nvmet nvmet-rdma"; return 1; }
+  mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config || { echo "mount configfs"; return 1; }
+  local s=$CFG/subsystems/$NQN
+  mkdir "$s" && echo 1 > "$s/attr_allow_any_host" &&
+    mkdir "$s/namespaces/1" && echo -n /dev/ram0 > "$s/namespaces/1/device_path" &&
+    echo 1 > "$s/namespaces/1/enable" || { echo "configfs subsystem"; return 1; }
+}
+# target_port: port 1, RDMA on HOST_IP:PORT, serving NQN (nvmet-rdma listens once the subsystem is
+# linked to it; the link fails if it cannot).
+target_port() {
+  local p=$CFG/ports/1
+  mkdir "$p" && echo rdma > "$p/addr_trtype" && echo ipv4 > "$p/addr_adrfam" &&
+    echo "$HOST_IP" > "$p/addr_traddr" && echo "$PORT" > "$p/addr_trsvcid" &&
+    ln -s "$CFG/subsystems/$NQN" "$p/subsystems/$NQN"
+}
+# target_teardown: everything target_setup and target_port made, in reverse (DIRECT mode runs on a
+# real host).
+target_teardown() {
+  rm -f "$CFG/ports/1/subsystems/$NQN" 2> /dev/null || true
+  rmdir "$CFG/ports/1" 2> /dev/null || true
+  echo 0 2> /dev/null > "$CFG/subsystems/$NQN/namespaces/1/enable" || true
+  rmdir "$CFG/subsystems/$NQN/namespaces/1" "$CFG/subsystems/$NQN" 2> /dev/null || true
+  modprobe -r nvmet-rdma nvmet brd 2> /dev/null || true
+  rdma link delete rxe0 2> /dev/null || true
+}
+
+if why=$(target_setup 2>&1); then
+  record nvmeof "target_setup=ok"
+else
+  record nvmeof "target_setup=fail" "target_why=$(echo "$why" | tr '\n' ' ')"
+fi
+log "target: $(grep target_ "$OUT/nvmeof.env" | tr '\n' ' ')"
+
+header="HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT NQN=$NQN PORT=$PORT HOSTNQN=$HOSTNQN HOSTID=$HOSTID SIZE_MIB=$SIZE_MIB
+LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT CTRL_LOSS_TMO=$CTRL_LOSS_TMO"
+guest_script_disk "$WORK/nvmeof-a-run.img" "$header
+RDMA_DEV=vmw_pvrdma0 MY_IP=$IP_A WRITE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB CHECKED_SIGNAL=target-checked-a" "$GUEST_SCRIPTS/nvmeof.sh"
+run_guest nvmeof-a "$WORK/nvmeof-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
+pid_a=$VMM_PID
+
+RXE_GIDX=''
+if ((rxe_ok)); then
+  RXE_GIDX=$(wait_rxe_gid rxe0 "$HOST_IP" 120) || RXE_GIDX=''
+  { rdma link show; ibv_devinfo -v -d rxe0; } > "$OUT/rxe-devinfo.txt" 2>&1 || true
+  if [[ -n $RXE_GIDX ]]; then
+    record nvmeof "rxe_setup=ok" "rxe_gid=$(cat "/sys/class/infiniband/rxe0/ports/1/gids/$RXE_GIDX")"
+  else
+    record nvmeof "rxe_setup=fail"
+  fi
+fi
+
+ready=0
+if [[ -n $RXE_GIDX ]] && grep -q '^target_setup=ok' "$OUT/nvmeof.env"; then
+  if why=$(target_port 2>&1); then
+    ready=1
+  else
+    record nvmeof "port_why=$(echo "$why" | tr '\n' ' ')"
+  fi
+fi
+record nvmeof "port_ready=$ready"
+if ((ready)); then : > "$SIG/target-ready"; else : > "$SIG/target-failed"; fi
+log "port: ready=$ready"
+
+# check_target G PREFIX MIB CHUNK: what arrived on the RAM disk once guest G (VMM $pid_G) wrote
+# its MIB: each CHUNK's MD5 and the header of the first, a middle and the last block of each
+# chunk, as PREFIX-ed keys (the rest of the check is the guest's); then G's CHECKED_SIGNAL.
+# Read with O_DIRECT: nvmet's block backend writes with bios, past this host's page cache of
+# /dev/ram0, so a buffered read may be answered by what an earlier read or write left cached.
+check_target() {
+  local g=$1 prefix=$2 mib=$3 chunk=$4 pid_var=pid_$1 c b start
+  local blocks=$((chunk * 256)) serial=$OUT/nvmeof-$1-serial.log
+  if ((ready)) && wait_for_line "$serial" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "${!pid_var}" &&
+    grep -q 'NVMEOF-WRITTEN' "$serial"; then
+    start=$(now_us)
+    for ((c = 0; c < mib / chunk; c++)); do
+      record nvmeof "${prefix}target.chunk.$c.md5=$(dd if=/dev/ram0 bs=1M skip=$((c * chunk)) count="$chunk" iflag=direct 2> /dev/null | md5sum | cut -d' ' -f1)"
+      for b in $((c * blocks)) $((c * blocks + blocks / 2 + 1)) $(((c + 1) * blocks - 1)); do
+        record nvmeof "${prefix}target.block.$b=$(dd if=/dev/ram0 bs=4096 skip="$b" count=1 iflag=direct 2> /dev/null | head -c 28 | tr -c 'a-z0-9 -' '?')"
+      done
+    done
+    record nvmeof "${prefix}target_check=done" "${prefix}target_check_secs=$(since "$start")"
+  else
+    record nvmeof "${prefix}target_check=skipped"
+  fi
+  : > "$SIG/target-checked-$g"
+}
+
+# end_guest G: G's VMM must end once its guest powered off: 60 s after the guest's last word it is
+# killed.
+end_guest() {
+  local pid_var=pid_$1
+  wait_for_line "$OUT/nvmeof-$1-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
+  wait_for_exit "${!pid_var}" 60
+  record nvmeof "${1}_exit=$EXIT_STATUS"
+  record nvmeof "${1}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-$1-vmm.log" || true)"
+}
+
+check_target a '' "$SIZE_MIB" "$CHUNK_MIB"
+end_guest a
+# nvmet's side: the NVM controllers it created for the guest's host NQN.
+record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
+
+# The baseline: guest B, Soft-RoCE in its own kernel, on a RAM disk zeroed first (what A wrote
+# there must not pass for what B wrote; O_DIRECT, as check_target reads).
+if ((BASELINE_MIB > 0)); then
+  dd if=/dev/zero of=/dev/ram0 bs=1M count="$BASELINE_MIB" oflag=direct 2> /dev/null || record nvmeof "b.zero=fail"
+  l1_tap tapb br0
+  guest_script_disk "$WORK/nvmeof-b-run.img" "$header
+RDMA_DEV=rxe0 MY_IP=$IP_B WRITE_MIB=$BASELINE_MIB CHUNK_MIB=$BASELINE_CHUNK_MIB CHECKED_SIGNAL=target-checked-b" "$GUEST_SCRIPTS/nvmeof.sh"
+  run_guest nvmeof-b "$WORK/nvmeof-b-run.img" --net "tap=tapb,mac=$MAC_B"
+  pid_b=$VMM_PID
+  check_target b b. "$BASELINE_MIB" "$BASELINE_CHUNK_MIB"
+  end_guest b
+fi
+record nvmeof "seconds=$(since "$t0")"
+# nvmet's side of the whole run, and anything it complained about.
+dmesg > "$OUT/nvmeof-l1-dmesg.txt" 2>&1 || true
+target_teardown
+log "nvmeof: $(grep -vE '^(b\.)?target\.' "$OUT/nvmeof.env" | tr '\n' ' ')"
