@@ -29,7 +29,7 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use pvrdma_abi::verbs::qp_state;
 use rdma_transport::net::gid_from_ip;
-use rdma_transport::packet::parse;
+use rdma_transport::packet::{parse, parse_unsealed, Packet, ParseError};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
@@ -225,7 +225,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         let frames = self.shared.env.wire.inbox.take(RX_BATCH);
         self.with_session(true, |w, mem, env, events, objects| {
             for frame in &frames {
-                w.receive(mem, env, events, objects, frame);
+                w.receive(mem, env, events, objects, parse(frame));
             }
         });
         let inbox = &self.shared.env.wire.inbox;
@@ -237,17 +237,17 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// One received frame.
+    /// One received frame, as parsed.
     fn receive(
         &mut self,
         mem: &M::M,
         env: &Env,
         events: &mut EventRings,
         objects: &mut Objects,
-        frame: &[u8],
+        parsed: Result<Packet<'_>, ParseError>,
     ) {
         env.metrics.roce_rx.inc();
-        let pkt = match parse(frame) {
+        let pkt = match parsed {
             Ok(pkt) => pkt,
             Err(e) => {
                 guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
@@ -268,19 +268,31 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.finish_run(env, objects, handle, out);
     }
 
-    /// Frames from VMMs of this host join the steered ones.
+    /// Frames from VMMs of this host: received like steered ones, but
+    /// unsealed (they never crossed a wire).
     fn handle_local(&mut self) {
-        let env = &self.shared.env;
-        let Some(local) = env.wire.local.as_ref() else {
+        let shared = Arc::clone(&self.shared);
+        let Some(local) = shared.env.wire.local.as_ref() else {
             return;
         };
-        for frame in local.recv(RX_BATCH) {
-            env.metrics.roce_local_rx.inc();
-            if !env.wire.inbox.offer_owned(frame) {
-                env.metrics.roce_rx_bad.inc();
+        let frames = local.recv(RX_BATCH);
+        shared.env.metrics.roce_local_rx.add(frames.len() as u64);
+        match shared.env.wire.inbox.admits() {
+            Some(true) => {}
+            Some(false) => {
+                shared.env.metrics.roce_rx_dropped.add(frames.len() as u64);
+                return;
+            }
+            None => {
+                shared.env.metrics.roce_rx_bad.add(frames.len() as u64);
+                return;
             }
         }
-        self.handle_inbox();
+        self.with_session(true, |w, mem, env, events, objects| {
+            for frame in &frames {
+                w.receive(mem, env, events, objects, parse_unsealed(frame));
+            }
+        });
     }
 
     /// Runs the QPs whose deadline passed, and those left with work.

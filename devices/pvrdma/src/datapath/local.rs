@@ -12,9 +12,10 @@
 //! one per direction and peer) in a memfd and hands it over on the
 //! peer's control socket (SCM_RIGHTS). Frames are then memory copies into
 //! the ring; the control socket only carries a kick when the consumer
-//! said it was going to sleep. A full ring drops the frame (RC
-//! retransmits, as on a congested wire); a peer that is gone (its socket
-//! refuses) makes the sender forget the ring and use the wire.
+//! said it was going to sleep. A full ring is waited on for a moment (its
+//! consumer is draining it), then drops the frame (RC retransmits, as on a
+//! congested wire); a peer that is gone (its socket refuses) makes the
+//! sender forget the ring and use the wire.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -29,7 +30,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -291,13 +292,22 @@ impl LocalChannel {
         }
     }
 
-    /// Offers `frame` to the VMM owning `dst_mac` on this host.
-    pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
+    /// Offers `frame` to the VMM owning `dst_mac` on this host, waiting
+    /// for room in a full ring until `until`: its consumer drains it
+    /// within microseconds, while a dropped frame costs RC a timeout and,
+    /// for a READ, the whole response again.
+    pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8], until: Instant) -> Sent {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(peer) = self.peer(&mut peers, dst_mac) else {
             return Sent::NotLocal;
         };
-        match peer.ring.push(frame) {
+        let pushed = loop {
+            match peer.ring.push(frame) {
+                None if Instant::now() < until => std::thread::yield_now(),
+                pushed => break pushed,
+            }
+        };
+        match pushed {
             // A full ring may belong to a peer that is gone (migrated away
             // without ever sleeping): a kick tells, and then the frame
             // takes the wire and the next one finds the MAC's new owner.
@@ -496,23 +506,32 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 1], false).unwrap();
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
-        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 0, 2], b"hello", Instant::now()),
+            Sent::Local
+        );
+        assert_eq!(
+            a.send([2, 0, 0, 0, 0, 2], b"again", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(b.recv(8), vec![b"hello".to_vec(), b"again".to_vec()]);
         assert_eq!(
-            a.send([2, 0, 0, 0, 0, 3], b"x"),
+            a.send([2, 0, 0, 0, 0, 3], b"x", Instant::now()),
             Sent::NotLocal,
             "no such VMM"
         );
         assert_eq!(
-            a.send([2, 0, 0, 0, 0, 1], b"x"),
+            a.send([2, 0, 0, 0, 0, 1], b"x", Instant::now()),
             Sent::NotLocal,
             "not to itself"
         );
         // A second VMM with the same MAC is refused while the first lives.
         assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).is_err());
         // B went to sleep after draining: the next frame kicks it.
-        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 0, 2], b"kick", Instant::now()),
+            Sent::Local
+        );
         let mut readable = [libc::pollfd {
             fd: b.fds()[0],
             events: libc::POLLIN,
@@ -523,11 +542,18 @@ mod tests {
         assert_eq!(b.recv(8), vec![b"kick".to_vec()]);
         drop(b);
         // B's socket is gone: A forgets the ring when it next has to kick.
-        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
+        assert_eq!(
+            a.send([2, 0, 0, 0, 0, 2], b"x", Instant::now()),
+            Sent::NotLocal,
+            "gone"
+        );
         // A stale socket file (its VMM died without cleaning up) is replaced.
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 0, 4], b"again", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(c.recv(8), vec![b"again".to_vec()]);
         drop((a, c));
         let _ = std::fs::remove_dir_all(&dir);
@@ -560,14 +586,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-m-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"first"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 2, 2], b"first", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(old.recv(8).len(), 1);
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
         new.claim().unwrap();
         let frame = [7u8; 1000];
-        while a.send([2, 0, 0, 0, 2, 2], &frame) == Sent::Local {}
+        while a.send([2, 0, 0, 0, 2, 2], &frame, Instant::now()) == Sent::Local {}
         // (Without its BYE: a VMM that died.)
         std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
         drop(old);
@@ -577,8 +606,14 @@ mod tests {
         );
         // The full ring of the dead peer is noticed, and the MAC's new
         // owner gets the frames after that.
-        assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
-        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 2, 2], &frame, Instant::now()),
+            Sent::NotLocal
+        );
+        assert_eq!(
+            a.send([2, 0, 0, 0, 2, 2], b"after", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(new.recv(8), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -589,13 +624,22 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-bye-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"one"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 3, 2], b"one", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(old.recv(8).len(), 1);
-        assert_eq!(old.send([2, 0, 0, 0, 3, 1], b"back"), Sent::Local);
+        assert_eq!(
+            old.send([2, 0, 0, 0, 3, 1], b"back", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(a.recv(8), vec![b"back".to_vec()]);
         // The ring is not full and its reader was awake: only the BYE can
         // tell A that the VM moved.
-        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 3, 2], b"two", Instant::now()),
+            Sent::Local
+        );
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         new.claim().unwrap();
         drop(old);
@@ -604,7 +648,10 @@ mod tests {
             a.inbound.lock().unwrap().is_empty(),
             "the old ring is dropped"
         );
-        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 3, 2], b"three", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(new.recv(8), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -615,22 +662,40 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-late-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"one"), Sent::Local);
-        assert_eq!(old.send([2, 0, 0, 0, 4, 1], b"back"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 4, 2], b"one", Instant::now()),
+            Sent::Local
+        );
+        assert_eq!(
+            old.send([2, 0, 0, 0, 4, 1], b"back", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(a.recv(8), vec![b"back".to_vec()]);
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
         new.claim().unwrap();
-        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
+        assert_eq!(
+            new.send([2, 0, 0, 0, 4, 1], b"from new", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(a.recv(8), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
-        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"two"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 4, 2], b"two", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(new.recv(8), vec![b"two".to_vec()]);
         drop(old);
-        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"after bye"), Sent::Local);
+        assert_eq!(
+            new.send([2, 0, 0, 0, 4, 1], b"after bye", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(a.recv(8), vec![b"after bye".to_vec()], "ring kept");
-        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 4, 2], b"three", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -641,7 +706,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-ann-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], false).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"one"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 6, 2], b"one", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(old.recv(8), vec![b"one".to_vec()]);
         // The source is paused for good (and still lingers); the destination
         // runs the VM but has nothing to send.
@@ -649,12 +717,18 @@ mod tests {
         new.claim().unwrap();
         new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
         assert!(a.recv(8).is_empty());
-        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"retransmitted"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 6, 2], b"retransmitted", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(new.recv(8), vec![b"retransmitted".to_vec()]);
         assert!(old.recv(8).is_empty(), "nothing more went to the source");
         // A ring it already has is kept.
         new.announce([[2, 0, 0, 0, 6, 1]]);
-        assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"back"), Sent::Local);
+        assert_eq!(
+            new.send([2, 0, 0, 0, 6, 1], b"back", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(a.recv(8), vec![b"back".to_vec()]);
         drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -667,7 +741,10 @@ mod tests {
         let source = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], false).unwrap();
         // The destination is built (not yet running the VM), then dropped.
         let dest = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], true).unwrap();
-        assert_eq!(a.send([2, 0, 0, 0, 5, 2], b"to source"), Sent::Local);
+        assert_eq!(
+            a.send([2, 0, 0, 0, 5, 2], b"to source", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(source.recv(8), vec![b"to source".to_vec()]);
         drop(dest);
         assert_eq!(
@@ -677,11 +754,17 @@ mod tests {
         );
         // A newcomer still finds the source.
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 3], false).unwrap();
-        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"from c"), Sent::Local);
+        assert_eq!(
+            c.send([2, 0, 0, 0, 5, 2], b"from c", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(source.recv(8), vec![b"from c".to_vec()]);
         // A claim without a staged socket changes nothing.
         source.claim().unwrap();
-        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"again"), Sent::Local);
+        assert_eq!(
+            c.send([2, 0, 0, 0, 5, 2], b"again", Instant::now()),
+            Sent::Local
+        );
         assert_eq!(source.recv(8), vec![b"again".to_vec()]);
         drop((a, source, c));
         let _ = std::fs::remove_dir_all(&dir);
@@ -693,7 +776,10 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 1], false).unwrap();
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 2], false).unwrap();
         for i in 0..10u8 {
-            assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
+            assert_eq!(
+                a.send([2, 0, 0, 0, 1, 2], &[i; 100], Instant::now()),
+                Sent::Local
+            );
         }
         assert_eq!(b.recv(4).len(), 4);
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");

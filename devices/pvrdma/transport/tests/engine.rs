@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 
 use rdma_transport::net::IpInfo;
-use rdma_transport::packet::{parse, Addr};
+use rdma_transport::packet::{parse, seal, Addr};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, QpState, RestoreError, SendEntry};
 use rdma_transport::req::{Remote, SendWqe};
@@ -62,7 +62,8 @@ impl CompletionSink for Cq {
 #[derive(Default)]
 struct Net(Vec<Vec<u8>>);
 impl PacketSink for Net {
-    fn send(&mut self, f: Vec<u8>) {
+    fn send(&mut self, mut f: Vec<u8>) {
+        seal(&mut f).expect("the engine's frames seal");
         self.0.push(f);
     }
 }
