@@ -12,7 +12,8 @@
 //!
 //! Both devices are driven by simulated guest drivers; completions are
 //! polled the way a guest polls its CQ. Every figure is the median of
-//! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`.
+//! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
+//! `-- bandwidth`, `-- rate` or `-- latency` for one part (profiling).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -256,8 +257,30 @@ fn main() {
         ..PvrdmaConfig::default()
     };
     let pair = Pair::new(&config);
-    let mib = |bps: f64| bps / f64::from(1u32 << 20);
+    let parts = ["bandwidth", "rate", "latency"];
+    let chosen: Vec<String> = std::env::args()
+        .filter(|a| parts.contains(&a.as_str()))
+        .collect();
+    let run = |part: &str| chosen.is_empty() || chosen.iter().any(|c| c == part);
 
+    if run("bandwidth") {
+        bandwidth(&pair);
+    }
+    if run("rate") {
+        message_rate(&pair);
+    }
+    if run("latency") {
+        latency(&pair);
+    }
+    drop(pair);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn mib(bps: f64) -> f64 {
+    bps / f64::from(1u32 << 20)
+}
+
+fn bandwidth(pair: &Pair) {
     println!("bandwidth, median of {RUNS} runs, {DEPTH} in flight in all");
     for len in [4u32 << 10, 64 << 10, 1 << 20] {
         let count = (RUN_BYTES / u64::from(len)).max(64) as usize;
@@ -296,7 +319,9 @@ fn main() {
     }
     let a = &pair.a.sim;
     assert!(a.metric("roce_local_tx") > 0 && a.metric("roce_tx") == 0);
+}
 
+fn message_rate(pair: &Pair) {
     println!("64-byte SEND message rate, median of {RUNS} runs");
     for qps in [1, QPS] {
         let count = 20_000;
@@ -307,7 +332,9 @@ fn main() {
         );
         println!("  {qps:>2} QP: {rate:>9.0} messages/s");
     }
+}
 
+fn latency(pair: &Pair) {
     let lat = median((0..RUNS).map(|_| pair.write_latency()).collect());
     let efd = median((0..RUNS).map(|_| eventfd_latency()).collect());
     println!("latency, median of {RUNS} runs of {PINGS}");
@@ -323,6 +350,4 @@ fn main() {
         "  ratio (RDMA / eventfd):                   {:.1}",
         lat.as_secs_f64() / efd.as_secs_f64()
     );
-    drop(pair);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -48,6 +48,15 @@ pub(crate) enum Sent {
     NotLocal,
 }
 
+/// Which of the channel's descriptors woke the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// The control socket: rings handed over, kicks.
+    Socket,
+    /// The re-wake of a batch that left frames in the rings.
+    Again,
+}
+
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
@@ -244,9 +253,12 @@ impl LocalChannel {
             .unwrap_or_else(|| self.home.clone())
     }
 
-    /// What the worker watches: the control socket and the re-wake.
-    pub(crate) fn fds(&self) -> [std::os::fd::RawFd; 2] {
-        [self.sock.as_raw_fd(), self.again.as_raw_fd()]
+    /// What the worker watches, and which [`Wake`] each is.
+    pub(crate) fn fds(&self) -> [(std::os::fd::RawFd, Wake); 2] {
+        [
+            (self.sock.as_raw_fd(), Wake::Socket),
+            (self.again.as_raw_fd(), Wake::Again),
+        ]
     }
 
     /// A ring towards the VMM owning `mac`, handed over on its socket.
@@ -398,11 +410,16 @@ impl LocalChannel {
         }
     }
 
-    /// Up to `max` frames from other VMMs; asks the worker to come back
-    /// when more are waiting.
-    pub(crate) fn recv(&self, max: usize) -> Vec<Vec<u8>> {
-        let _ = self.again.read();
-        self.accept();
+    /// Up to `max` frames from other VMMs, after what woke the worker
+    /// (only that descriptor is read: a system call less per wake-up);
+    /// asks the worker to come back when more are waiting.
+    pub(crate) fn recv(&self, max: usize, wake: Wake) -> Vec<Vec<u8>> {
+        match wake {
+            Wake::Socket => self.accept(),
+            Wake::Again => {
+                let _ = self.again.read();
+            }
+        }
         let mut out = Vec::new();
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
@@ -514,7 +531,7 @@ mod tests {
             a.send([2, 0, 0, 0, 0, 2], b"again", Instant::now()),
             Sent::Local
         );
-        assert_eq!(b.recv(8), vec![b"hello".to_vec(), b"again".to_vec()]);
+        assert_eq!(b.recv(8, Wake::Socket), vec![b"hello".to_vec(), b"again".to_vec()]);
         assert_eq!(
             a.send([2, 0, 0, 0, 0, 3], b"x", Instant::now()),
             Sent::NotLocal,
@@ -533,13 +550,13 @@ mod tests {
             Sent::Local
         );
         let mut readable = [libc::pollfd {
-            fd: b.fds()[0],
+            fd: b.fds()[0].0,
             events: libc::POLLIN,
             revents: 0,
         }];
         // SAFETY: one valid pollfd, for the duration of the call.
         assert_eq!(unsafe { libc::poll(readable.as_mut_ptr(), 1, 1000) }, 1);
-        assert_eq!(b.recv(8), vec![b"kick".to_vec()]);
+        assert_eq!(b.recv(8, Wake::Socket), vec![b"kick".to_vec()]);
         drop(b);
         // B's socket is gone: A forgets the ring when it next has to kick.
         assert_eq!(
@@ -554,7 +571,7 @@ mod tests {
             a.send([2, 0, 0, 0, 0, 4], b"again", Instant::now()),
             Sent::Local
         );
-        assert_eq!(c.recv(8), vec![b"again".to_vec()]);
+        assert_eq!(c.recv(8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -590,7 +607,7 @@ mod tests {
             a.send([2, 0, 0, 0, 2, 2], b"first", Instant::now()),
             Sent::Local
         );
-        assert_eq!(old.recv(8).len(), 1);
+        assert_eq!(old.recv(8, Wake::Socket).len(), 1);
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
@@ -614,7 +631,7 @@ mod tests {
             a.send([2, 0, 0, 0, 2, 2], b"after", Instant::now()),
             Sent::Local
         );
-        assert_eq!(new.recv(8), vec![b"after".to_vec()]);
+        assert_eq!(new.recv(8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -628,12 +645,12 @@ mod tests {
             a.send([2, 0, 0, 0, 3, 2], b"one", Instant::now()),
             Sent::Local
         );
-        assert_eq!(old.recv(8).len(), 1);
+        assert_eq!(old.recv(8, Wake::Socket).len(), 1);
         assert_eq!(
             old.send([2, 0, 0, 0, 3, 1], b"back", Instant::now()),
             Sent::Local
         );
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         // The ring is not full and its reader was awake: only the BYE can
         // tell A that the VM moved.
         assert_eq!(
@@ -643,7 +660,7 @@ mod tests {
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         new.claim().unwrap();
         drop(old);
-        assert!(a.recv(8).is_empty());
+        assert!(a.recv(8, Wake::Socket).is_empty());
         assert!(
             a.inbound.lock().unwrap().is_empty(),
             "the old ring is dropped"
@@ -652,7 +669,7 @@ mod tests {
             a.send([2, 0, 0, 0, 3, 2], b"three", Instant::now()),
             Sent::Local
         );
-        assert_eq!(new.recv(8), vec![b"three".to_vec()]);
+        assert_eq!(new.recv(8, Wake::Socket), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -670,7 +687,7 @@ mod tests {
             old.send([2, 0, 0, 0, 4, 1], b"back", Instant::now()),
             Sent::Local
         );
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
@@ -679,24 +696,24 @@ mod tests {
             new.send([2, 0, 0, 0, 4, 1], b"from new", Instant::now()),
             Sent::Local
         );
-        assert_eq!(a.recv(8), vec![b"from new".to_vec()]);
+        assert_eq!(a.recv(8, Wake::Socket), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
         assert_eq!(
             a.send([2, 0, 0, 0, 4, 2], b"two", Instant::now()),
             Sent::Local
         );
-        assert_eq!(new.recv(8), vec![b"two".to_vec()]);
+        assert_eq!(new.recv(8, Wake::Socket), vec![b"two".to_vec()]);
         drop(old);
         assert_eq!(
             new.send([2, 0, 0, 0, 4, 1], b"after bye", Instant::now()),
             Sent::Local
         );
-        assert_eq!(a.recv(8), vec![b"after bye".to_vec()], "ring kept");
+        assert_eq!(a.recv(8, Wake::Socket), vec![b"after bye".to_vec()], "ring kept");
         assert_eq!(
             a.send([2, 0, 0, 0, 4, 2], b"three", Instant::now()),
             Sent::Local
         );
-        assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
+        assert_eq!(new.recv(8, Wake::Socket), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -710,26 +727,26 @@ mod tests {
             a.send([2, 0, 0, 0, 6, 2], b"one", Instant::now()),
             Sent::Local
         );
-        assert_eq!(old.recv(8), vec![b"one".to_vec()]);
+        assert_eq!(old.recv(8, Wake::Socket), vec![b"one".to_vec()]);
         // The source is paused for good (and still lingers); the destination
         // runs the VM but has nothing to send.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], true).unwrap();
         new.claim().unwrap();
         new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
-        assert!(a.recv(8).is_empty());
+        assert!(a.recv(8, Wake::Socket).is_empty());
         assert_eq!(
             a.send([2, 0, 0, 0, 6, 2], b"retransmitted", Instant::now()),
             Sent::Local
         );
-        assert_eq!(new.recv(8), vec![b"retransmitted".to_vec()]);
-        assert!(old.recv(8).is_empty(), "nothing more went to the source");
+        assert_eq!(new.recv(8, Wake::Socket), vec![b"retransmitted".to_vec()]);
+        assert!(old.recv(8, Wake::Socket).is_empty(), "nothing more went to the source");
         // A ring it already has is kept.
         new.announce([[2, 0, 0, 0, 6, 1]]);
         assert_eq!(
             new.send([2, 0, 0, 0, 6, 1], b"back", Instant::now()),
             Sent::Local
         );
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -745,7 +762,7 @@ mod tests {
             a.send([2, 0, 0, 0, 5, 2], b"to source", Instant::now()),
             Sent::Local
         );
-        assert_eq!(source.recv(8), vec![b"to source".to_vec()]);
+        assert_eq!(source.recv(8, Wake::Socket), vec![b"to source".to_vec()]);
         drop(dest);
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),
@@ -758,14 +775,14 @@ mod tests {
             c.send([2, 0, 0, 0, 5, 2], b"from c", Instant::now()),
             Sent::Local
         );
-        assert_eq!(source.recv(8), vec![b"from c".to_vec()]);
+        assert_eq!(source.recv(8, Wake::Socket), vec![b"from c".to_vec()]);
         // A claim without a staged socket changes nothing.
         source.claim().unwrap();
         assert_eq!(
             c.send([2, 0, 0, 0, 5, 2], b"again", Instant::now()),
             Sent::Local
         );
-        assert_eq!(source.recv(8), vec![b"again".to_vec()]);
+        assert_eq!(source.recv(8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, source, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -781,9 +798,9 @@ mod tests {
                 Sent::Local
             );
         }
-        assert_eq!(b.recv(4).len(), 4);
+        assert_eq!(b.recv(4, Wake::Socket).len(), 4);
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");
-        assert_eq!(b.recv(100).len(), 6);
+        assert_eq!(b.recv(100, Wake::Socket).len(), 6);
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
