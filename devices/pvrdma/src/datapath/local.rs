@@ -12,10 +12,13 @@
 //! one per direction and peer) in a memfd and hands it over on the
 //! peer's control socket (SCM_RIGHTS). Frames are then memory copies into
 //! the ring; the control socket only carries a kick when the consumer
-//! said it was going to sleep. A full ring is waited on for a moment (its
-//! consumer is draining it), then drops the frame (RC retransmits, as on a
-//! congested wire); a peer that is gone (its socket refuses) makes the
-//! sender forget the ring and use the wire.
+//! said it was going to sleep. Frames a full ring refuses wait in a
+//! bounded backlog per peer, pushed in order as the consumer makes room
+//! (the worker comes back for them, never blocking); only a full backlog,
+//! or a consumer that makes no room for [`ROOM_WAIT`], drops frames (RC
+//! retransmits, as on a congested wire, but a lost READ response costs
+//! the whole READ again). A peer that is gone (its socket refuses) makes
+//! the sender forget the ring and use the wire.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -23,7 +26,7 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -60,6 +63,11 @@ pub(crate) enum Wake {
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
+/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames).
+const BACKLOG_FRAMES: usize = 2048;
+/// Longest the oldest frame of a backlog waits for room before the
+/// backlog is dropped: its consumer stalled (paused, migrating, gone).
+const ROOM_WAIT: Duration = Duration::from_millis(10);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
 /// Longest a control message (ring hand-over, kick) may wait for room in
@@ -147,6 +155,51 @@ struct Peer {
     ring: ShmRing,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
+    /// Frames the full ring refused, oldest first.
+    backlog: VecDeque<Vec<u8>>,
+    /// When the oldest of them was refused.
+    since: Option<Instant>,
+}
+
+impl Peer {
+    /// Kicks the consumer; false when its VMM is gone (or replaced).
+    fn kick(&self) -> bool {
+        match self.sock.send(KICK) {
+            Ok(_) => true,
+            // Its queue is full of kicks: it is awake anyway.
+            Err(e) => matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    /// Pushes backlogged frames while the ring has room; drops them all
+    /// once the oldest waited [`ROOM_WAIT`]. Returns the frames dropped.
+    fn flush(&mut self, now: Instant) -> usize {
+        while let Some(frame) = self.backlog.front() {
+            match self.ring.push(frame) {
+                Some(waiting) => {
+                    if waiting {
+                        self.kick();
+                    }
+                    self.backlog.pop_front();
+                    self.since = Some(now);
+                }
+                None => break,
+            }
+        }
+        if self.backlog.is_empty() {
+            self.since = None;
+        } else if self
+            .since
+            .is_some_and(|t| now.saturating_duration_since(t) > ROOM_WAIT)
+        {
+            self.since = None;
+            return std::mem::take(&mut self.backlog).len();
+        }
+        0
+    }
 }
 
 /// A ring a peer sends us frames in.
@@ -278,19 +331,25 @@ impl LocalChannel {
             sock,
             ring,
             instance,
+            backlog: VecDeque::new(),
+            since: None,
         })
     }
 
     /// Our ring towards `mac`, handed over now if there is none yet; `None`
     /// when no VMM of this host owns the MAC (or too many peers).
-    fn peer<'p>(&self, peers: &'p mut HashMap<[u8; 6], Peer>, mac: [u8; 6]) -> Option<&'p Peer> {
+    fn peer<'p>(
+        &self,
+        peers: &'p mut HashMap<[u8; 6], Peer>,
+        mac: [u8; 6],
+    ) -> Option<&'p mut Peer> {
         if !peers.contains_key(&mac) {
             if peers.len() >= MAX_PEERS {
                 return None;
             }
             peers.insert(mac, self.connect(mac)?);
         }
-        peers.get(&mac)
+        peers.get_mut(&mac)
     }
 
     /// Hands a ring to the VMM owning each of `macs` before any frame needs
@@ -304,56 +363,71 @@ impl LocalChannel {
         }
     }
 
-    /// Offers `frame` to the VMM owning `dst_mac` on this host, waiting
-    /// for room in a full ring until `until`: its consumer drains it
-    /// within microseconds, while a dropped frame costs RC a timeout and,
-    /// for a READ, the whole response again.
-    pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8], until: Instant) -> Sent {
+    /// Offers `frame` to the VMM owning `dst_mac` on this host: into its
+    /// ring, or behind the frames already waiting for room there.
+    pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(peer) = self.peer(&mut peers, dst_mac) else {
             return Sent::NotLocal;
         };
-        let pushed = loop {
-            match peer.ring.push(frame) {
-                None if Instant::now() < until => std::thread::yield_now(),
-                pushed => break pushed,
-            }
+        let pushed = if peer.backlog.is_empty() {
+            peer.ring.push(frame)
+        } else {
+            None
         };
         match pushed {
-            // A full ring may belong to a peer that is gone (migrated away
-            // without ever sleeping): a kick tells, and then the frame
-            // takes the wire and the next one finds the MAC's new owner.
-            None => match peer.sock.send(KICK) {
-                Err(e)
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    peers.remove(&dst_mac);
-                    Sent::NotLocal
-                }
-                _ => Sent::Dropped,
-            },
             Some(false) => Sent::Local,
-            Some(true) => match peer.sock.send(KICK) {
-                Ok(_) => Sent::Local,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    // Its queue is full of kicks: it is awake anyway.
+            Some(true) => {
+                if peer.kick() {
                     Sent::Local
-                }
-                Err(_) => {
+                } else {
                     // The peer is gone (or was replaced): forget its ring.
                     peers.remove(&dst_mac);
                     Sent::NotLocal
                 }
-            },
+            }
+            // The first refusal, and a full backlog, ask whether the peer
+            // is still there: a full ring may belong to one that is gone
+            // (migrated away without ever sleeping); then the frame takes
+            // the wire and the next one finds the MAC's new owner.
+            None if (peer.backlog.is_empty() || peer.backlog.len() >= BACKLOG_FRAMES)
+                && !peer.kick() =>
+            {
+                peers.remove(&dst_mac);
+                Sent::NotLocal
+            }
+            None if peer.backlog.len() >= BACKLOG_FRAMES => Sent::Dropped,
+            None => {
+                if peer.backlog.is_empty() {
+                    peer.since = Some(Instant::now());
+                }
+                peer.backlog.push_back(frame.to_vec());
+                // The worker comes back to push it.
+                if let Err(e) = self.again.write(1) {
+                    log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
+                }
+                Sent::Local
+            }
         }
+    }
+
+    /// Pushes the frames waiting for room in full rings; asks the worker
+    /// to come back while some still wait. Returns the frames dropped.
+    pub(crate) fn flush(&self) -> usize {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let mut dropped = 0usize;
+        let mut waiting = false;
+        for peer in peers.values_mut().filter(|p| !p.backlog.is_empty()) {
+            dropped = dropped.saturating_add(peer.flush(now));
+            waiting |= !peer.backlog.is_empty();
+        }
+        if waiting {
+            if let Err(e) = self.again.write(1) {
+                log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
+            }
+        }
+        dropped
     }
 
     /// Takes rings handed over on the control socket (and drains kicks).
@@ -523,32 +597,26 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 1], false).unwrap();
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).unwrap();
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
         assert_eq!(
-            a.send([2, 0, 0, 0, 0, 2], b"hello", Instant::now()),
-            Sent::Local
+            b.recv(8, Wake::Socket),
+            vec![b"hello".to_vec(), b"again".to_vec()]
         );
         assert_eq!(
-            a.send([2, 0, 0, 0, 0, 2], b"again", Instant::now()),
-            Sent::Local
-        );
-        assert_eq!(b.recv(8, Wake::Socket), vec![b"hello".to_vec(), b"again".to_vec()]);
-        assert_eq!(
-            a.send([2, 0, 0, 0, 0, 3], b"x", Instant::now()),
+            a.send([2, 0, 0, 0, 0, 3], b"x"),
             Sent::NotLocal,
             "no such VMM"
         );
         assert_eq!(
-            a.send([2, 0, 0, 0, 0, 1], b"x", Instant::now()),
+            a.send([2, 0, 0, 0, 0, 1], b"x"),
             Sent::NotLocal,
             "not to itself"
         );
         // A second VMM with the same MAC is refused while the first lives.
         assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).is_err());
         // B went to sleep after draining: the next frame kicks it.
-        assert_eq!(
-            a.send([2, 0, 0, 0, 0, 2], b"kick", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
         let mut readable = [libc::pollfd {
             fd: b.fds()[0].0,
             events: libc::POLLIN,
@@ -559,18 +627,11 @@ mod tests {
         assert_eq!(b.recv(8, Wake::Socket), vec![b"kick".to_vec()]);
         drop(b);
         // B's socket is gone: A forgets the ring when it next has to kick.
-        assert_eq!(
-            a.send([2, 0, 0, 0, 0, 2], b"x", Instant::now()),
-            Sent::NotLocal,
-            "gone"
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
         // A stale socket file (its VMM died without cleaning up) is replaced.
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4], false).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 0, 4], b"again", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
         assert_eq!(c.recv(8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, c));
         let _ = std::fs::remove_dir_all(&dir);
@@ -603,17 +664,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-m-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], false).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 2, 2], b"first", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"first"), Sent::Local);
         assert_eq!(old.recv(8, Wake::Socket).len(), 1);
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
         new.claim().unwrap();
         let frame = [7u8; 1000];
-        while a.send([2, 0, 0, 0, 2, 2], &frame, Instant::now()) == Sent::Local {}
+        while a.send([2, 0, 0, 0, 2, 2], &frame) == Sent::Local {}
         // (Without its BYE: a VMM that died.)
         std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
         drop(old);
@@ -623,14 +681,8 @@ mod tests {
         );
         // The full ring of the dead peer is noticed, and the MAC's new
         // owner gets the frames after that.
-        assert_eq!(
-            a.send([2, 0, 0, 0, 2, 2], &frame, Instant::now()),
-            Sent::NotLocal
-        );
-        assert_eq!(
-            a.send([2, 0, 0, 0, 2, 2], b"after", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
+        assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
         assert_eq!(new.recv(8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -641,22 +693,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-bye-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], false).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 3, 2], b"one", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"one"), Sent::Local);
         assert_eq!(old.recv(8, Wake::Socket).len(), 1);
-        assert_eq!(
-            old.send([2, 0, 0, 0, 3, 1], b"back", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(old.send([2, 0, 0, 0, 3, 1], b"back"), Sent::Local);
         assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         // The ring is not full and its reader was awake: only the BYE can
         // tell A that the VM moved.
-        assert_eq!(
-            a.send([2, 0, 0, 0, 3, 2], b"two", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         new.claim().unwrap();
         drop(old);
@@ -665,10 +708,7 @@ mod tests {
             a.inbound.lock().unwrap().is_empty(),
             "the old ring is dropped"
         );
-        assert_eq!(
-            a.send([2, 0, 0, 0, 3, 2], b"three", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
         assert_eq!(new.recv(8, Wake::Socket), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -679,41 +719,31 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-late-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], false).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 4, 2], b"one", Instant::now()),
-            Sent::Local
-        );
-        assert_eq!(
-            old.send([2, 0, 0, 0, 4, 1], b"back", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"one"), Sent::Local);
+        assert_eq!(old.send([2, 0, 0, 0, 4, 1], b"back"), Sent::Local);
         assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
         new.claim().unwrap();
-        assert_eq!(
-            new.send([2, 0, 0, 0, 4, 1], b"from new", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
         assert_eq!(a.recv(8, Wake::Socket), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
-        assert_eq!(
-            a.send([2, 0, 0, 0, 4, 2], b"two", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"two"), Sent::Local);
         assert_eq!(new.recv(8, Wake::Socket), vec![b"two".to_vec()]);
         drop(old);
+        assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"after bye"), Sent::Local);
         assert_eq!(
-            new.send([2, 0, 0, 0, 4, 1], b"after bye", Instant::now()),
-            Sent::Local
+            a.recv(8, Wake::Socket),
+            vec![b"after bye".to_vec()],
+            "ring kept"
         );
-        assert_eq!(a.recv(8, Wake::Socket), vec![b"after bye".to_vec()], "ring kept");
+        assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
         assert_eq!(
-            a.send([2, 0, 0, 0, 4, 2], b"three", Instant::now()),
-            Sent::Local
+            new.recv(8, Wake::Socket),
+            vec![b"three".to_vec()],
+            "ring kept"
         );
-        assert_eq!(new.recv(8, Wake::Socket), vec![b"three".to_vec()], "ring kept");
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -723,10 +753,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-ann-{}", std::process::id()));
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], false).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 6, 2], b"one", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"one"), Sent::Local);
         assert_eq!(old.recv(8, Wake::Socket), vec![b"one".to_vec()]);
         // The source is paused for good (and still lingers); the destination
         // runs the VM but has nothing to send.
@@ -734,18 +761,15 @@ mod tests {
         new.claim().unwrap();
         new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
         assert!(a.recv(8, Wake::Socket).is_empty());
-        assert_eq!(
-            a.send([2, 0, 0, 0, 6, 2], b"retransmitted", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"retransmitted"), Sent::Local);
         assert_eq!(new.recv(8, Wake::Socket), vec![b"retransmitted".to_vec()]);
-        assert!(old.recv(8, Wake::Socket).is_empty(), "nothing more went to the source");
+        assert!(
+            old.recv(8, Wake::Socket).is_empty(),
+            "nothing more went to the source"
+        );
         // A ring it already has is kept.
         new.announce([[2, 0, 0, 0, 6, 1]]);
-        assert_eq!(
-            new.send([2, 0, 0, 0, 6, 1], b"back", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"back"), Sent::Local);
         assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
         drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
@@ -758,10 +782,7 @@ mod tests {
         let source = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], false).unwrap();
         // The destination is built (not yet running the VM), then dropped.
         let dest = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], true).unwrap();
-        assert_eq!(
-            a.send([2, 0, 0, 0, 5, 2], b"to source", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(a.send([2, 0, 0, 0, 5, 2], b"to source"), Sent::Local);
         assert_eq!(source.recv(8, Wake::Socket), vec![b"to source".to_vec()]);
         drop(dest);
         assert_eq!(
@@ -771,19 +792,46 @@ mod tests {
         );
         // A newcomer still finds the source.
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 3], false).unwrap();
-        assert_eq!(
-            c.send([2, 0, 0, 0, 5, 2], b"from c", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"from c"), Sent::Local);
         assert_eq!(source.recv(8, Wake::Socket), vec![b"from c".to_vec()]);
         // A claim without a staged socket changes nothing.
         source.claim().unwrap();
-        assert_eq!(
-            c.send([2, 0, 0, 0, 5, 2], b"again", Instant::now()),
-            Sent::Local
-        );
+        assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"again"), Sent::Local);
         assert_eq!(source.recv(8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, source, c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_full_ring_backlogs_frames_in_order_then_drops_them_if_stalled() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-bl-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 7, 1], false).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 7, 2], false).unwrap();
+        let to_b = [2, 0, 0, 0, 7, 2];
+        // 4 MiB of 64 KiB frames fill the ring; 8 more wait.
+        let n = RING_BYTES / (64 << 10) + 8;
+        for i in 0..n {
+            assert_eq!(a.send(to_b, &vec![i as u8; 64 << 10]), Sent::Local);
+        }
+        let _ = a.again.read();
+        assert_eq!(a.flush(), 0);
+        assert_eq!(a.again.read().unwrap(), 1, "asked to come back");
+        let mut got = b.recv(16, Wake::Socket);
+        assert_eq!(a.flush(), 0, "room made: pushed");
+        got.extend(b.recv(n, Wake::Again));
+        assert_eq!(got.len(), n);
+        assert!(
+            got.iter().enumerate().all(|(i, f)| f[0] == i as u8),
+            "in order"
+        );
+        // A consumer that makes no room: the backlog is given up.
+        while a.send(to_b, &[9u8; 64 << 10]) == Sent::Local && a.flush() == 0 {
+            if a.peers.lock().unwrap()[&to_b].backlog.len() >= 4 {
+                std::thread::sleep(ROOM_WAIT * 2);
+            }
+        }
+        assert!(a.peers.lock().unwrap()[&to_b].backlog.is_empty());
+        drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -793,10 +841,7 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 1], false).unwrap();
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 1, 2], false).unwrap();
         for i in 0..10u8 {
-            assert_eq!(
-                a.send([2, 0, 0, 0, 1, 2], &[i; 100], Instant::now()),
-                Sent::Local
-            );
+            assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
         }
         assert_eq!(b.recv(4, Wake::Socket).len(), 4);
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");

@@ -13,7 +13,6 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use net_port::{FrameBackend, VnetHdr};
 use rdma_transport::net::{gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac};
@@ -28,8 +27,6 @@ use crate::objects::gid::GidTable;
 /// Received frames waiting for the worker: beyond this, frames are
 /// dropped (RC retransmits them), so a flood cannot grow the VMM.
 pub(crate) const INBOX_FRAMES: usize = 1024;
-/// Longest a batch of frames waits for room in a full same-host ring.
-const ROOM_WAIT: Duration = Duration::from_millis(2);
 /// Default hop limit / TTL of RoCE v2 packets (rxe's).
 const DEFAULT_HOP_LIMIT: u8 = 64;
 
@@ -259,16 +256,17 @@ impl Wire {
     /// one owns the destination MAC, as they are (unsealed), else sealed
     /// onto the port's backend.
     pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>) {
-        // One wait for room in a full ring per batch, however many frames.
-        let now = Instant::now();
-        let until = now.checked_add(ROOM_WAIT).unwrap_or(now);
+        if let Some(local) = self.local.as_ref() {
+            // Frames that waited for room go before these.
+            metrics.roce_local_dropped.add(local.flush() as u64);
+        }
         for mut frame in frames {
             let dst_mac: Option<[u8; 6]> = frame.get(..6).and_then(|m| m.try_into().ok());
             let local = self
                 .local
                 .as_ref()
                 .zip(dst_mac)
-                .map(|(l, mac)| l.send(mac, &frame, until));
+                .map(|(l, mac)| l.send(mac, &frame));
             match local {
                 Some(Sent::Local) => {
                     metrics.roce_local_tx.inc();
