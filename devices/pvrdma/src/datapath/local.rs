@@ -26,7 +26,7 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -219,9 +219,9 @@ pub(crate) struct LocalChannel {
     /// Wakes the worker again when a batch left frames in the rings.
     again: EventFd,
     mac: [u8; 6],
-    peers: Mutex<HashMap<[u8; 6], Peer>>,
+    peers: Mutex<BTreeMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
-    inbound: Mutex<HashMap<[u8; 6], Inbound>>,
+    inbound: Mutex<BTreeMap<[u8; 6], Inbound>>,
     dir: PathBuf,
     /// The MAC's socket path, `<dir>/<mac>.sock`.
     home: PathBuf,
@@ -276,8 +276,8 @@ impl LocalChannel {
             sock,
             again: EventFd::new(EFD_NONBLOCK)?,
             mac,
-            peers: Mutex::new(HashMap::new()),
-            inbound: Mutex::new(HashMap::new()),
+            peers: Mutex::new(BTreeMap::new()),
+            inbound: Mutex::new(BTreeMap::new()),
             dir: dir.to_path_buf(),
             staged: Mutex::new((own != home).then_some(own)),
             home,
@@ -340,7 +340,7 @@ impl LocalChannel {
     /// when no VMM of this host owns the MAC (or too many peers).
     fn peer<'p>(
         &self,
-        peers: &'p mut HashMap<[u8; 6], Peer>,
+        peers: &'p mut BTreeMap<[u8; 6], Peer>,
         mac: [u8; 6],
     ) -> Option<&'p mut Peer> {
         if !peers.contains_key(&mac) {

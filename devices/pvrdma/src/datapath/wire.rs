@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use net_port::{FrameBackend, VnetHdr};
-use rdma_transport::net::{gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac};
+use rdma_transport::net::{
+    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac,
+};
 use rdma_transport::packet::{seal, Addr};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -239,7 +241,7 @@ impl Wire {
     ) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(frames.len());
         for mut frame in frames {
-            let ours = parse_layers(&frame).is_ok_and(|l| gids.contains(&gid_from_ip(l.ip.dst)));
+            let ours = dst_ip(&frame).is_some_and(|ip| gids.contains(&gid_from_ip(ip)));
             if ours {
                 metrics.roce_loopback.inc();
                 if seal(&mut frame).is_ok() {

@@ -433,6 +433,15 @@ mod tests {
     }
 
     #[test]
+    fn dst_ip_reads_what_parse_layers_reads() {
+        for v6 in [false, true] {
+            let f = build(&addr(v6), &write_imm(), b"hello").unwrap();
+            assert_eq!(net::dst_ip(&f), Some(addr(v6).ip.dst));
+        }
+        assert_eq!(net::dst_ip(&[0u8; 20]), None);
+    }
+
+    #[test]
     fn ack_without_payload() {
         let h = Headers {
             bth: Bth {
