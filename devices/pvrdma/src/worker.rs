@@ -34,7 +34,7 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::datapath::local::Wake;
+use crate::datapath::local::{Batch, Wake};
 use crate::datapath::{self, Input, Outcome};
 
 use crate::events::EventRings;
@@ -93,6 +93,8 @@ pub(crate) struct Worker<M> {
     armed: Option<u64>,
     /// Frames to send once the state lock is released.
     outgoing: Vec<Vec<u8>>,
+    /// The buffer same-host frames are received into, reused.
+    rx: Batch,
     stopped: bool,
 }
 
@@ -131,6 +133,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             busy: BTreeSet::new(),
             armed: None,
             outgoing: Vec::new(),
+            rx: Batch::default(),
             stopped: false,
         })
     }
@@ -277,24 +280,26 @@ impl<M: GuestAddressSpace> Worker<M> {
         let Some(local) = shared.env.wire.local.as_ref() else {
             return;
         };
-        let frames = local.recv(RX_BATCH, wake);
-        shared.env.metrics.roce_local_rx.add(frames.len() as u64);
+        let mut batch = std::mem::take(&mut self.rx);
+        local.recv(RX_BATCH, wake, &mut batch);
+        let n = batch.len() as u64;
+        shared.env.metrics.roce_local_rx.add(n);
         match shared.env.wire.inbox.admits() {
-            Some(true) => {}
+            Some(true) => {
+                self.with_session(true, |w, mem, env, events, objects| {
+                    for frame in batch.frames() {
+                        w.receive(mem, env, events, objects, parse_unsealed(frame));
+                    }
+                });
+            }
             Some(false) => {
-                shared.env.metrics.roce_rx_dropped.add(frames.len() as u64);
-                return;
+                shared.env.metrics.roce_rx_dropped.add(n);
             }
             None => {
-                shared.env.metrics.roce_rx_bad.add(frames.len() as u64);
-                return;
+                shared.env.metrics.roce_rx_bad.add(n);
             }
         }
-        self.with_session(true, |w, mem, env, events, objects| {
-            for frame in &frames {
-                w.receive(mem, env, events, objects, parse_unsealed(frame));
-            }
-        });
+        self.rx = batch;
     }
 
     /// Runs the QPs whose deadline passed, and those left with work.

@@ -60,6 +60,32 @@ pub(crate) enum Wake {
     Again,
 }
 
+/// Frames received in one batch, back to back in one buffer that the
+/// worker reuses from batch to batch: no allocation per frame.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    data: Vec<u8>,
+    /// Where each frame ends in `data`.
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    /// The frames, in order.
+    pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .filter_map(|(start, end)| self.data.get(start..end))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+/// Bytes a [`Batch`] keeps between batches.
+const BATCH_KEEP: usize = 1 << 20;
+
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
@@ -491,26 +517,30 @@ impl LocalChannel {
         }
     }
 
-    /// Up to `max` frames from other VMMs, after what woke the worker
-    /// (only that descriptor is read: a system call less per wake-up);
-    /// asks the worker to come back when more are waiting.
-    pub(crate) fn recv(&self, max: usize, wake: Wake) -> Vec<Vec<u8>> {
+    /// Up to `max` frames from other VMMs into `batch` (emptied first),
+    /// after what woke the worker (only that descriptor is read: a system
+    /// call less per wake-up); asks the worker to come back when more are
+    /// waiting.
+    pub(crate) fn recv(&self, max: usize, wake: Wake, batch: &mut Batch) {
         match wake {
             Wake::Socket => self.accept(),
             Wake::Again => {
                 let _ = self.again.read();
             }
         }
-        let mut out = Vec::new();
+        batch.data.clear();
+        // What a peer's burst of large frames grew it to is not kept.
+        batch.data.shrink_to(BATCH_KEEP);
+        batch.ends.clear();
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
         for (mac, Inbound { ring, .. }) in inbound.iter() {
             loop {
-                if out.len() >= max {
+                if batch.len() >= max {
                     break;
                 }
-                match ring.pop() {
-                    Ok(Some(frame)) => out.push(frame),
+                match ring.pop(&mut batch.data) {
+                    Ok(Some(_)) => batch.ends.push(batch.data.len()),
                     Ok(None) => {
                         // Announce the sleep; data that raced in is taken.
                         if !ring.prepare_to_wait() {
@@ -528,12 +558,11 @@ impl LocalChannel {
         for mac in corrupt {
             inbound.remove(&mac);
         }
-        if out.len() >= max {
+        if batch.len() >= max {
             if let Err(e) = self.again.write(1) {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
         }
-        out
     }
 
     /// Logs every ring's positions: a ring whose consumer sleeps with
@@ -599,6 +628,13 @@ impl Drop for LocalChannel {
 mod tests {
     use super::*;
 
+    /// The frames of one [`LocalChannel::recv`].
+    fn recv(ch: &LocalChannel, max: usize, wake: Wake) -> Vec<Vec<u8>> {
+        let mut batch = Batch::default();
+        ch.recv(max, wake, &mut batch);
+        batch.frames().map(<[u8]>::to_vec).collect()
+    }
+
     #[test]
     fn frames_reach_the_owner_of_the_mac_and_nobody_else() {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-{}", std::process::id()));
@@ -607,7 +643,7 @@ mod tests {
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
         assert_eq!(
-            b.recv(8, Wake::Socket),
+            recv(&b, 8, Wake::Socket),
             vec![b"hello".to_vec(), b"again".to_vec()]
         );
         assert_eq!(
@@ -631,7 +667,7 @@ mod tests {
         }];
         // SAFETY: one valid pollfd, for the duration of the call.
         assert_eq!(unsafe { libc::poll(readable.as_mut_ptr(), 1, 1000) }, 1);
-        assert_eq!(b.recv(8, Wake::Socket), vec![b"kick".to_vec()]);
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"kick".to_vec()]);
         drop(b);
         // B's socket is gone: A forgets the ring when it next has to kick.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
@@ -639,7 +675,7 @@ mod tests {
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
-        assert_eq!(c.recv(8, Wake::Socket), vec![b"again".to_vec()]);
+        assert_eq!(recv(&c, 8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -672,7 +708,7 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"first"), Sent::Local);
-        assert_eq!(old.recv(8, Wake::Socket).len(), 1);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
@@ -690,7 +726,7 @@ mod tests {
         // owner gets the frames after that.
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
-        assert_eq!(new.recv(8, Wake::Socket), vec![b"after".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -701,22 +737,22 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"one"), Sent::Local);
-        assert_eq!(old.recv(8, Wake::Socket).len(), 1);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
         assert_eq!(old.send([2, 0, 0, 0, 3, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         // The ring is not full and its reader was awake: only the BYE can
         // tell A that the VM moved.
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         new.claim().unwrap();
         drop(old);
-        assert!(a.recv(8, Wake::Socket).is_empty());
+        assert!(recv(&a, 8, Wake::Socket).is_empty());
         assert!(
             a.inbound.lock().unwrap().is_empty(),
             "the old ring is dropped"
         );
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
-        assert_eq!(new.recv(8, Wake::Socket), vec![b"three".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -728,26 +764,26 @@ mod tests {
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"one"), Sent::Local);
         assert_eq!(old.send([2, 0, 0, 0, 4, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
         new.claim().unwrap();
         assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
-        assert_eq!(a.recv(8, Wake::Socket), vec![b"from new".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"two"), Sent::Local);
-        assert_eq!(new.recv(8, Wake::Socket), vec![b"two".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"two".to_vec()]);
         drop(old);
         assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"after bye"), Sent::Local);
         assert_eq!(
-            a.recv(8, Wake::Socket),
+            recv(&a, 8, Wake::Socket),
             vec![b"after bye".to_vec()],
             "ring kept"
         );
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
         assert_eq!(
-            new.recv(8, Wake::Socket),
+            recv(&new, 8, Wake::Socket),
             vec![b"three".to_vec()],
             "ring kept"
         );
@@ -761,23 +797,23 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"one"), Sent::Local);
-        assert_eq!(old.recv(8, Wake::Socket), vec![b"one".to_vec()]);
+        assert_eq!(recv(&old, 8, Wake::Socket), vec![b"one".to_vec()]);
         // The source is paused for good (and still lingers); the destination
         // runs the VM but has nothing to send.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], true).unwrap();
         new.claim().unwrap();
         new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
-        assert!(a.recv(8, Wake::Socket).is_empty());
+        assert!(recv(&a, 8, Wake::Socket).is_empty());
         assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"retransmitted"), Sent::Local);
-        assert_eq!(new.recv(8, Wake::Socket), vec![b"retransmitted".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"retransmitted".to_vec()]);
         assert!(
-            old.recv(8, Wake::Socket).is_empty(),
+            recv(&old, 8, Wake::Socket).is_empty(),
             "nothing more went to the source"
         );
         // A ring it already has is kept.
         new.announce([[2, 0, 0, 0, 6, 1]]);
         assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8, Wake::Socket), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -790,7 +826,7 @@ mod tests {
         // The destination is built (not yet running the VM), then dropped.
         let dest = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], true).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 5, 2], b"to source"), Sent::Local);
-        assert_eq!(source.recv(8, Wake::Socket), vec![b"to source".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"to source".to_vec()]);
         drop(dest);
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),
@@ -800,11 +836,11 @@ mod tests {
         // A newcomer still finds the source.
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 3], false).unwrap();
         assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"from c"), Sent::Local);
-        assert_eq!(source.recv(8, Wake::Socket), vec![b"from c".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"from c".to_vec()]);
         // A claim without a staged socket changes nothing.
         source.claim().unwrap();
         assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"again"), Sent::Local);
-        assert_eq!(source.recv(8, Wake::Socket), vec![b"again".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, source, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -823,9 +859,9 @@ mod tests {
         let _ = a.again.read();
         assert_eq!(a.flush(), 0);
         assert_eq!(a.again.read().unwrap(), 1, "asked to come back");
-        let mut got = b.recv(16, Wake::Socket);
+        let mut got = recv(&b, 16, Wake::Socket);
         assert_eq!(a.flush(), 0, "room made: pushed");
-        got.extend(b.recv(n, Wake::Again));
+        got.extend(recv(&b, n, Wake::Again));
         assert_eq!(got.len(), n);
         assert!(
             got.iter().enumerate().all(|(i, f)| f[0] == i as u8),
@@ -850,9 +886,9 @@ mod tests {
         for i in 0..10u8 {
             assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
         }
-        assert_eq!(b.recv(4, Wake::Socket).len(), 4);
+        assert_eq!(recv(&b, 4, Wake::Socket).len(), 4);
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");
-        assert_eq!(b.recv(100, Wake::Socket).len(), 6);
+        assert_eq!(recv(&b, 100, Wake::Socket).len(), 6);
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
