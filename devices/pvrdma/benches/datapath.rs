@@ -300,12 +300,6 @@ fn bandwidth(pair: &Pair) {
             ("SEND", wr::SEND),
         ] {
             for qps in [1, QPS] {
-                if op == wr::RDMA_READ && len == 1 << 20 && qps > 1 {
-                    // Ends in retry-exceeded, also before issue 15's
-                    // changes: one 1 MiB READ on each of 16 QPs stalls.
-                    println!("  READ  1024 KiB, {qps:>2} QP: skipped (open bug: retry exceeded)");
-                    continue;
-                }
                 let rate = median(
                     (0..RUNS)
                         .map(|_| {

@@ -89,6 +89,8 @@ pub(crate) struct Worker<M> {
     /// Wakes the worker for QPs whose budget ran out.
     kick: EventFd,
     busy: BTreeSet<u32>,
+    /// `busy` waits for a same-host backlog to drain.
+    deferred: bool,
     /// The deadline the timer is armed for.
     armed: Option<u64>,
     /// Frames to send once the state lock is released.
@@ -131,6 +133,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             timer: nonblocking_timer()?,
             kick: EventFd::new(EFD_NONBLOCK).map_err(SpawnError::EventFd)?,
             busy: BTreeSet::new(),
+            deferred: false,
             armed: None,
             outgoing: Vec::new(),
             rx: Batch::default(),
@@ -306,6 +309,10 @@ impl<M: GuestAddressSpace> Worker<M> {
     fn handle_timer_or_kick(&mut self, kick: bool) {
         let busy = if kick {
             let _ = self.kick.read();
+            if self.channel_backlogged() {
+                self.deferred = true;
+                return;
+            }
             std::mem::take(&mut self.busy)
         } else {
             let _ = self.timer.wait();
@@ -336,6 +343,20 @@ impl<M: GuestAddressSpace> Worker<M> {
         });
     }
 
+    /// Whether frames wait for room in a same-host ring. QPs left with
+    /// work wait meanwhile: running them would only pile up more frames,
+    /// and a full backlog drops them (a lost READ response costs the
+    /// whole READ again: 16 QPs each reading 1 MiB used to end in
+    /// retry-exceeded that way).
+    fn channel_backlogged(&self) -> bool {
+        self.shared
+            .env
+            .wire
+            .local
+            .as_ref()
+            .is_some_and(|l| l.backlogged())
+    }
+
     /// Runs every QP that has an engine (resume, restore).
     fn handle_kick_all(&mut self) {
         let all: Vec<u32> = {
@@ -357,8 +378,9 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.handle_timer_or_kick(true);
     }
 
-    /// Arms the timer for the earliest engine deadline when that is
-    /// sooner than it is armed for. A later or vanished deadline leaves it
+    /// Arms the timer for the earliest engine deadline (or, while frames
+    /// wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
+    /// that is sooner than it is armed for. A later or vanished deadline leaves it
     /// armed: the early expiry finds nothing due and re-arms, which costs
     /// less than two timerfd calls per message (arm on send, disarm on
     /// ACK) on the latency path.
@@ -368,7 +390,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             .shared
             .paused
             .load(std::sync::atomic::Ordering::Acquire);
-        let next = state.session.as_ref().filter(|_| !paused).and_then(|s| {
+        let engines = state.session.as_ref().filter(|_| !paused).and_then(|s| {
             s.objects
                 .qps
                 .values()
@@ -376,6 +398,12 @@ impl<M: GuestAddressSpace> Worker<M> {
                 .min()
         });
         drop(state);
+        // Frames waiting for room in a same-host ring: soon.
+        let now = self.shared.env.clock.now();
+        let backlog = self
+            .channel_backlogged()
+            .then(|| now.saturating_add(MIN_TIMER.as_nanos() as u64));
+        let next = engines.into_iter().chain(backlog).min();
         let Some(deadline) = next.filter(|&n| self.armed.is_none_or(|a| n < a)) else {
             return;
         };
@@ -485,6 +513,12 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             }
         }
         self.shared.env.send(std::mem::take(&mut self.outgoing));
+        if self.deferred && !self.channel_backlogged() {
+            self.deferred = false;
+            if let Err(e) = self.kick.write(1) {
+                error!("pvrdma: failed to resume QPs with work: {e}");
+            }
+        }
         self.rearm_timer();
     }
 }

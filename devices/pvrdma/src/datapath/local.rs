@@ -14,7 +14,8 @@
 //! the ring; the control socket only carries a kick when the consumer
 //! said it was going to sleep. Frames a full ring refuses wait in a
 //! bounded backlog per peer, pushed in order as the consumer makes room
-//! (the worker comes back for them, never blocking); only a full backlog,
+//! (the worker polls for that on a short timer, never blocking); only a
+//! full backlog,
 //! or a consumer that makes no room for [`ROOM_WAIT`], drops frames (RC
 //! retransmits, as on a congested wire, but a lost READ response costs
 //! the whole READ again). A peer that is gone (its socket refuses) makes
@@ -93,7 +94,7 @@ const RING_BYTES: usize = 4 << 20;
 const BACKLOG_FRAMES: usize = 2048;
 /// Longest the oldest frame of a backlog waits for room before the
 /// backlog is dropped: its consumer stalled (paused, migrating, gone).
-const ROOM_WAIT: Duration = Duration::from_millis(10);
+const ROOM_WAIT: Duration = Duration::from_millis(100);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
 /// Longest a control message (ring hand-over, kick) may wait for room in
@@ -427,33 +428,30 @@ impl LocalChannel {
                 if peer.backlog.is_empty() {
                     peer.since = Some(Instant::now());
                 }
+                // The worker pushes it later (see `backlogged`).
                 peer.backlog.push_back(frame.to_vec());
-                // The worker comes back to push it.
-                if let Err(e) = self.again.write(1) {
-                    log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
-                }
                 Sent::Local
             }
         }
     }
 
-    /// Pushes the frames waiting for room in full rings; asks the worker
-    /// to come back while some still wait. Returns the frames dropped.
+    /// Whether frames wait for room in a ring: then the worker comes back
+    /// soon to [`LocalChannel::flush`] them (its timer; a consumer does not
+    /// tell when it makes room).
+    pub(crate) fn backlogged(&self) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.values().any(|p| !p.backlog.is_empty())
+    }
+
+    /// Pushes the frames waiting for room in full rings. Returns the
+    /// frames dropped.
     pub(crate) fn flush(&self) -> usize {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
-        let mut dropped = 0usize;
-        let mut waiting = false;
-        for peer in peers.values_mut().filter(|p| !p.backlog.is_empty()) {
-            dropped = dropped.saturating_add(peer.flush(now));
-            waiting |= !peer.backlog.is_empty();
-        }
-        if waiting {
-            if let Err(e) = self.again.write(1) {
-                log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
-            }
-        }
-        dropped
+        peers
+            .values_mut()
+            .filter(|p| !p.backlog.is_empty())
+            .fold(0usize, |dropped, p| dropped.saturating_add(p.flush(now)))
     }
 
     /// Takes rings handed over on the control socket (and drains kicks).
@@ -856,9 +854,8 @@ mod tests {
         for i in 0..n {
             assert_eq!(a.send(to_b, &vec![i as u8; 64 << 10]), Sent::Local);
         }
-        let _ = a.again.read();
         assert_eq!(a.flush(), 0);
-        assert_eq!(a.again.read().unwrap(), 1, "asked to come back");
+        assert!(a.backlogged(), "the worker is to come back");
         let mut got = recv(&b, 16, Wake::Socket);
         assert_eq!(a.flush(), 0, "room made: pushed");
         got.extend(recv(&b, n, Wake::Again));
