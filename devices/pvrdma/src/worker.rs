@@ -114,6 +114,18 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
     Ok(timer)
 }
 
+/// The QP a received packet is for, if it is ours (its destination GID
+/// is one of ours), has an engine and is in a receiving state.
+fn receiving_qp(objects: &Objects, pkt: &Packet<'_>) -> Option<u32> {
+    if !objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst)) {
+        return None;
+    }
+    let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied()?;
+    let qp = objects.qps.get(&handle)?;
+    let receiving = matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD);
+    (qp.engine.is_some() && receiving).then_some(handle)
+}
+
 impl<M: GuestAddressSpace> Worker<M> {
     /// `link` is signalled by the port listener on link changes.
     pub(crate) fn new(mem: M, shared: Arc<Shared>, link: EventFd) -> Result<Self, SpawnError> {
@@ -232,9 +244,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         let _ = self.shared.env.wire.inbox.evt.read();
         let frames = self.shared.env.wire.inbox.take(RX_BATCH);
         self.with_session(true, |w, mem, env, events, objects| {
-            for frame in &frames {
-                w.receive(mem, env, events, objects, parse(frame));
-            }
+            w.receive(mem, env, events, objects, frames.iter().map(|f| parse(f)));
         });
         let inbox = &self.shared.env.wire.inbox;
         if !inbox.is_empty() {
@@ -245,34 +255,58 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// One received frame, as parsed.
-    fn receive(
+    /// Received frames, as parsed: each goes to the QP it names, if that
+    /// QP is ours, has an engine and is in a receiving state; consecutive
+    /// frames for one QP go in one engine run.
+    fn receive<'f>(
         &mut self,
         mem: &M::M,
         env: &Env,
         events: &mut EventRings,
         objects: &mut Objects,
-        parsed: Result<Packet<'_>, ParseError>,
+        parsed: impl Iterator<Item = Result<Packet<'f>, ParseError>>,
     ) {
-        env.metrics.roce_rx.inc();
-        let pkt = match parsed {
-            Ok(pkt) => pkt,
-            Err(e) => {
-                guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
-                return;
+        let mut run: Vec<Packet<'f>> = Vec::new();
+        let mut current = None;
+        for p in parsed {
+            env.metrics.roce_rx.inc();
+            let pkt = match p {
+                Ok(pkt) => pkt,
+                Err(e) => {
+                    guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
+                    continue;
+                }
+            };
+            let Some(handle) = receiving_qp(objects, &pkt) else {
+                env.metrics.roce_rx_no_qp.inc();
+                continue;
+            };
+            if current != Some(handle) {
+                if let Some(h) = current {
+                    self.run_packets(mem, env, events, objects, h, &run);
+                }
+                run.clear();
+                current = Some(handle);
             }
-        };
-        let ours = objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst));
-        let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied();
-        let receiving = handle.and_then(|h| objects.qps.get(&h)).is_some_and(|qp| {
-            qp.engine.is_some() && matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD)
-        });
-        let (true, true, Some(handle)) = (ours, receiving, handle) else {
-            env.metrics.roce_rx_no_qp.inc();
-            return;
-        };
+            run.push(pkt);
+        }
+        if let Some(h) = current {
+            self.run_packets(mem, env, events, objects, h, &run);
+        }
+    }
+
+    /// Runs QP `handle` on `pkts`.
+    fn run_packets(
+        &mut self,
+        mem: &M::M,
+        env: &Env,
+        events: &mut EventRings,
+        objects: &mut Objects,
+        handle: u32,
+        pkts: &[Packet<'_>],
+    ) {
         let now = env.clock.now();
-        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packet(&pkt));
+        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packets(pkts));
         self.finish_run(env, objects, handle, out);
     }
 
@@ -290,9 +324,13 @@ impl<M: GuestAddressSpace> Worker<M> {
         match shared.env.wire.inbox.admits() {
             Some(true) => {
                 self.with_session(true, |w, mem, env, events, objects| {
-                    for frame in batch.frames() {
-                        w.receive(mem, env, events, objects, parse_unsealed(frame));
-                    }
+                    w.receive(
+                        mem,
+                        env,
+                        events,
+                        objects,
+                        batch.frames().map(parse_unsealed),
+                    );
                 });
             }
             Some(false) => {
