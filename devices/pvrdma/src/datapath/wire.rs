@@ -18,7 +18,7 @@ use net_port::{FrameBackend, VnetHdr};
 use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac,
 };
-use rdma_transport::packet::{seal, Addr};
+use rdma_transport::packet::{recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -272,10 +272,12 @@ impl Wire {
             match local {
                 Some(Sent::Local) => {
                     metrics.roce_local_tx.inc();
+                    recycle(frame);
                     continue;
                 }
                 Some(Sent::Dropped) => {
                     metrics.roce_local_dropped.inc();
+                    recycle(frame);
                     continue;
                 }
                 Some(Sent::NotLocal) | None => {}
@@ -292,6 +294,7 @@ impl Wire {
                     guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
                 }
             }
+            recycle(frame);
         }
     }
 }

@@ -244,7 +244,7 @@ pub fn build_unsealed(
         .filter(|&l| l <= MAX_IB_LEN)
         .ok_or(BuildError::Length)?;
     let hl = net::headers_len(&addr.ip);
-    let mut frame = vec![0u8; hl.saturating_add(ib_len)];
+    let mut frame = spare_frame(hl.saturating_add(ib_len));
     let (_, ib) = frame.split_at_mut(hl);
     let mut bth = hdrs.bth;
     bth.pad = (pad & 3) as u8;
@@ -287,6 +287,37 @@ pub fn build_unsealed(
         addr.udp_sport,
     )?;
     Ok(frame)
+}
+
+thread_local! {
+    /// Frame buffers handed back with [`recycle`], for this thread's next
+    /// [`build_unsealed`]: on the same-host channel a frame lives from its
+    /// building to its copy into a ring, so the next frame can take its
+    /// memory instead of an allocation.
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+/// Buffers kept per thread, and the largest kept.
+const SPARE_FRAMES: usize = 256;
+const SPARE_CAPACITY: usize = 16 << 10;
+
+/// A zeroed buffer of `len` bytes, recycled if one is spare.
+fn spare_frame(len: usize) -> Vec<u8> {
+    let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+    frame.resize(len, 0);
+    frame
+}
+
+/// Hands a sent frame's buffer back for this thread's next frame.
+pub fn recycle(mut frame: Vec<u8>) {
+    if frame.capacity() > SPARE_CAPACITY {
+        return;
+    }
+    frame.clear();
+    SPARE.with_borrow_mut(|spare| {
+        if spare.len() < SPARE_FRAMES {
+            spare.push(frame);
+        }
+    });
 }
 
 /// Seals a frame of [`build_unsealed`] for a wire: its ICRC and, for
@@ -430,6 +461,25 @@ mod tests {
         }
         let unreadable = build_unsealed(&addr(false), &write_imm(), 5, |_| false);
         assert_eq!(unreadable, Err(BuildError::Payload));
+    }
+
+    #[test]
+    fn a_recycled_buffer_builds_the_same_frame() {
+        let ack = Headers {
+            bth: Bth {
+                opcode: Opcode::RcAcknowledge as u8,
+                psn: Psn::new(9),
+                ..Bth::default()
+            },
+            aeth: Some(Aeth {
+                syndrome: Syndrome::Ack { credits: 31 },
+                msn: 1,
+            }),
+            ..Headers::default()
+        };
+        let fresh = build(&addr(false), &ack, &[]).unwrap();
+        recycle(vec![0xa5; 2000]);
+        assert_eq!(build(&addr(false), &ack, &[]).unwrap(), fresh);
     }
 
     #[test]
