@@ -89,7 +89,7 @@ pub(crate) struct Worker<M> {
     /// Wakes the worker for QPs whose budget ran out.
     kick: EventFd,
     busy: BTreeSet<u32>,
-    /// `busy` waits for a same-host backlog to drain.
+    /// Some of `busy` wait for room in a same-host ring.
     deferred: bool,
     /// The deadline the timer is armed for.
     armed: Option<u64>,
@@ -112,6 +112,23 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
         return Err(SpawnError::Timer(std::io::Error::last_os_error()));
     }
     Ok(timer)
+}
+
+/// Whether QP `handle`, left with work, is to wait: frames to its peer
+/// wait for room in a same-host ring. Running it would only pile up more
+/// (and a full backlog drops them: a lost READ response costs the whole
+/// READ again; 16 QPs each reading 1 MiB used to end in retry-exceeded
+/// that way). QPs towards other peers, or the wire, go on.
+fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
+    let Some(local) = env.wire.local.as_ref() else {
+        return false;
+    };
+    objects
+        .qps
+        .get(&handle)
+        .and_then(|qp| qp.engine.as_ref())
+        .map(|e| e.attrs())
+        .is_some_and(|a| !a.ud && local.backlogged_to(a.addr.dst_mac))
 }
 
 /// The QP a received packet is for, if it is ours (its destination GID
@@ -347,10 +364,6 @@ impl<M: GuestAddressSpace> Worker<M> {
     fn handle_timer_or_kick(&mut self, kick: bool) {
         let busy = if kick {
             let _ = self.kick.read();
-            if self.channel_backlogged() {
-                self.deferred = true;
-                return;
-            }
             std::mem::take(&mut self.busy)
         } else {
             let _ = self.timer.wait();
@@ -360,7 +373,14 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.with_session(false, |w, mem, env, events, objects| {
             let now = env.clock.now();
             let due: Vec<(u32, Input<'_>)> = if kick {
-                busy.into_iter().map(|h| (h, Input::Kick)).collect()
+                let (wait, run): (Vec<u32>, Vec<u32>) = busy
+                    .into_iter()
+                    .partition(|&h| waits_for_room(env, objects, h));
+                if !wait.is_empty() {
+                    w.busy.extend(wait);
+                    w.deferred = true;
+                }
+                run.into_iter().map(|h| (h, Input::Kick)).collect()
             } else {
                 objects
                     .qps
@@ -381,11 +401,8 @@ impl<M: GuestAddressSpace> Worker<M> {
         });
     }
 
-    /// Whether frames wait for room in a same-host ring. QPs left with
-    /// work wait meanwhile: running them would only pile up more frames,
-    /// and a full backlog drops them (a lost READ response costs the
-    /// whole READ again: 16 QPs each reading 1 MiB used to end in
-    /// retry-exceeded that way).
+    /// Whether frames wait for room in a same-host ring (the worker then
+    /// polls them on its timer, see [`Worker::rearm_timer`]).
     fn channel_backlogged(&self) -> bool {
         self.shared
             .env
@@ -551,7 +568,9 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             }
         }
         self.shared.env.send(std::mem::take(&mut self.outgoing));
-        if self.deferred && !self.channel_backlogged() {
+        // QPs that waited for room try again on each poll of the backlog,
+        // or once it is gone.
+        if self.deferred && (data == TIMER_EVENT || !self.channel_backlogged()) {
             self.deferred = false;
             if let Err(e) = self.kick.write(1) {
                 error!("pvrdma: failed to resume QPs with work: {e}");

@@ -443,6 +443,12 @@ impl LocalChannel {
         peers.values().any(|p| !p.backlog.is_empty())
     }
 
+    /// Whether frames to `mac` wait for room in its ring.
+    pub(crate) fn backlogged_to(&self, mac: [u8; 6]) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.get(&mac).is_some_and(|p| !p.backlog.is_empty())
+    }
+
     /// Pushes the frames waiting for room in full rings. Returns the
     /// frames dropped.
     pub(crate) fn flush(&self) -> usize {
