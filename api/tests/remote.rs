@@ -57,6 +57,7 @@ fn help_lists_commands_and_flags() {
         for word in [
             "ping",
             "info",
+            "counters",
             "pause",
             "resume",
             "shutdown",
@@ -89,6 +90,16 @@ fn success_prints_pretty_json_and_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     let body: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(body["state"], "Running");
+
+    let out = remote_on(&h.path, "counters");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("\n  \"devices\": ["),
+        "not pretty: {stdout}"
+    );
+    let body: api::VmCounters = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(body, common::test_counters(None));
 
     for command in ["pause", "resume", "shutdown"] {
         let out = remote_on(&h.path, command);

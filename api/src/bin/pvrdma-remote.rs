@@ -65,6 +65,12 @@ const COMMANDS: &[Command] = &[
         build: |args| no_args(args, ApiRequest::VmInfo),
     },
     Command {
+        name: "counters",
+        args: "",
+        help: "Print every device's counters and the last migration's figures",
+        build: |args| no_args(args, ApiRequest::Counters),
+    },
+    Command {
         name: "pause",
         args: "",
         help: "Pause the VM",
@@ -802,6 +808,7 @@ mod tests {
             bandwidth_bytes_per_s: 891_599_667,
             expected_downtime_ms: 4,
             downtime_ms: None,
+            blackout: None,
             total_ms: 3_240,
             error: None,
         }

@@ -167,9 +167,9 @@ impl DeviceCounters for CountersHandle {
     }
 
     /// The QPs with a transport engine (RTR and later), in handle order.
-    fn queue_pairs(&self) -> Vec<QueuePairCounters> {
+    fn queue_pairs(&self) -> Option<Vec<QueuePairCounters>> {
         let state = self.0.lock();
-        state
+        let qps = state
             .session
             .iter()
             .flat_map(|s| s.objects.qps.values())
@@ -180,7 +180,8 @@ impl DeviceCounters for CountersHandle {
                     values: engine.metrics.named(),
                 })
             })
-            .collect()
+            .collect();
+        Some(qps)
     }
 }
 
