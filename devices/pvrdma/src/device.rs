@@ -298,7 +298,10 @@ impl<M: GuestAddressSpace> Pvrdma<M> {
     /// A handle on the device's counters and its QPs' transport counters,
     /// for the VMM to read while the device runs (without locking it).
     pub fn counters(&self) -> Arc<dyn DeviceCounters> {
-        Arc::new(CountersHandle(Arc::clone(&self.shared)))
+        Arc::new(CountersHandle {
+            metrics: Arc::clone(&self.shared.env.metrics),
+            shared: Arc::downgrade(&self.shared),
+        })
     }
 
     /// Registers doorbells where BAR2 is decoded now, or nowhere.

@@ -17,7 +17,7 @@
 )]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use pci::{DeviceCounters, QueuePairCounters};
 
@@ -158,17 +158,25 @@ metrics! {
 /// The VMM's handle on one device's counters (see [`crate::Pvrdma::counters`]).
 /// The device counters are atomics; the per-QP ones are read under the
 /// device's state lock, which is only ever held for one command or one
-/// batch of frames.
-pub(crate) struct CountersHandle(pub(crate) Arc<Shared>);
+/// batch of frames. The state is held weakly: the handle must not keep a
+/// dropped device's QPs, doorbells and same-host rings alive.
+pub(crate) struct CountersHandle {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) shared: Weak<Shared>,
+}
 
 impl DeviceCounters for CountersHandle {
     fn values(&self) -> Vec<(&'static str, u64)> {
-        self.0.env.metrics.snapshot()
+        self.metrics.snapshot()
     }
 
-    /// The QPs with a transport engine (RTR and later), in handle order.
+    /// The QPs with a transport engine (RTR and later), in handle order;
+    /// none once the device is gone.
     fn queue_pairs(&self) -> Option<Vec<QueuePairCounters>> {
-        let state = self.0.lock();
+        let Some(shared) = self.shared.upgrade() else {
+            return Some(Vec::new());
+        };
+        let state = shared.lock();
         let qps = state
             .session
             .iter()
