@@ -723,6 +723,11 @@ impl Vmm {
                     }
                     Ok(ResponseBody::VmInfo(info))
                 }
+                // Still served after a hand-over: the final counts of this VMM.
+                ApiRequest::Counters => Ok(ResponseBody::Counters(api::VmCounters {
+                    devices: self.devices.counters(),
+                    migration: lock(&self.migration).clone(),
+                })),
                 _ if self.handed_over.is_some() => Err(ActionError::InvalidState(
                     "the VM has migrated to another VMM; this one is exiting".into(),
                 )),
