@@ -106,8 +106,9 @@ fn suite() -> &'static Suite {
                 ("BASELINE_MIB", baseline_mib.to_string()),
                 ("BASELINE_CHUNK_MIB", BASELINE_CHUNK_MIB.to_string()),
             ],
-            // Typically ~10 min; the scenario's own limit is 2400 s, which only a data path that
-            // hangs at every bounded step needs.
+            // Typically 3–10 min in the test host (176 s with the migration phase on 2026-11-26);
+            // the scenario's own limit is 2400 s, which only a data path that hangs at every
+            // bounded step needs.
             Duration::from_secs(2520),
             Hosts::One { l1_cpus: 1 },
         )?;
