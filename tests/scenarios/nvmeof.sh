@@ -27,7 +27,8 @@
 isolate_network
 
 # The whole run, boot included: typically 3–10 min at nested speed (176 s with the migration phase
-# on 2026-11-26); a data path that hangs costs the guest's bounded waits (LIMIT per command, CTRL_LOSS_TMO per lost controller).
+# on 2026-11-26); a data path that hangs costs the guest's bounded waits (LIMIT per command,
+# CTRL_LOSS_TMO per lost controller).
 NVMEOF_LIMIT=${NVMEOF_LIMIT:-2400}
 LIMIT=${LIMIT:-600}
 READY_WAIT=${READY_WAIT:-600}
