@@ -530,6 +530,12 @@ fn soft_roce_baseline_when_asked() {
 /// error, no controller reset or reconnect (the kernel log's part is in
 /// [`the_guest_kernel_logs_no_nvme_error`]). Reports send-migration's blackout and the slowest
 /// round, which spans the blackout.
+///
+/// Broken on purpose once (2026-11-26, not committed: the destination's restored responder PSN
+/// off by one in `rdma_transport::qp::Qp::restore`): the migration itself reported success
+/// (blackout 138 ms), 5 rounds verified on A and none ever completed on A2, whose kernel's
+/// kworkers then blocked for over 360 s. Such a hang ends only at the scenario's limit
+/// (`NVMEOF_LIMIT`, 2400 s): the scenario does not yet cut the migration pass short.
 #[test]
 fn the_verified_stream_survives_a_live_migration() {
     let s = suite();
