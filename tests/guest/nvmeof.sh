@@ -22,6 +22,10 @@
 #   WRITE_MIB CHUNK_MIB  how much to write from its start, and per dd (CHUNK_MIB divides WRITE_MIB)
 #   LIMIT           seconds any one command may run (`timeout`)
 #   READY_WAIT CHECK_WAIT  seconds to wait for "target-ready" and for "target-checked"
+#   MIG_MIB MIG_AFTER MIG_SECONDS  the migration pass (issue 14 item 7; MIG_MIB=0: none): rounds
+#                   of MIG_MIB written and read back verified until the test host signals
+#                   "migrated", then MIG_AFTER rounds more, all within MIG_SECONDS (see
+#                   migration_pass)
 #   CTRL_LOSS_TMO   nvme connect's --ctrl-loss-tmo: a lost controller fails I/O after that many
 #                   seconds instead of the default 600 of reconnects, so that a broken data path
 #                   ends the test instead of hanging it
@@ -42,6 +46,9 @@
 #   NVMEOF-WRITTEN bytes=N centis=T        all chunks written (O_DIRECT, dd bs=1M)
 #   NVMEOF-SIGNAL name=CHECKED_SIGNAL got=1|0
 #   NVMEOF-READ bytes=N centis=T bad_chunks=N
+#   NVMEOF-MIGRATION-LOOP running mib=N    (MIG_MIB > 0) the migration pass's first round verified
+#   NVMEOF-ROUND r=N slot=S md5=M ok=1|0 migrated=0|1 wcentis=T rcentis=T   one round of it
+#   NVMEOF-MIGRATION-PASS rounds=N after=N bad=N errors=N max_wcentis=T max_rcentis=T centis=T ok=1|0
 #   NVMEOF-DISCONNECTED gone=1|0           no NVMe controller or block device left afterwards
 #   SECTION-BEGIN kernel-log ... SECTION-END kernel-log rc=0   the guest's dmesg lines about
 #                                          nvme, RDMA and kernel warnings or bugs
@@ -211,6 +218,69 @@ done
 rm -f /tmp/chunk
 say "READ bytes=$((chunks * CHUNK_MIB * 1048576)) centis=$rcs bad_chunks=$bad"
 
+# migration_pass: the verified read/write stream that the test host live-migrates this guest
+# under (issue 14 item 7). Round R writes MIG_MIB of the pattern at slot R (mod the namespace's
+# slots of MIG_MIB), numbered from block SIZE_MIB * 256 + R * MIG_MIB * 256: every round's data
+# differs from any earlier content of its slot, so a write lost or applied twice across the
+# switch-over shows. Each round is written with O_DIRECT and read back with O_DIRECT, and its MD5
+# compared with the pattern's. The rounds go on until the test host serves "migrated" (it does
+# once send-migration returned: this guest then runs on the destination VMM), then MIG_AFTER more.
+# Sets mig_ok.
+migration_pass() {
+  mblocks=$((MIG_MIB * 256))
+  slots=$((SIZE_MIB / MIG_MIB))
+  r=0 after=0 migrated=0 mbad=0 merr=0 maxw=0 maxr=0
+  mstart=$(centis)
+  mend=$(($(now) + MIG_SECONDS))
+  while [ "$after" -lt "$MIG_AFTER" ]; do
+    if [ "$(now)" -ge "$mend" ]; then
+      say "FAIL-MIGRATION no end after $MIG_SECONDS s: rounds=$r migrated=$migrated"
+      merr=$((merr + 1))
+      break
+    fi
+    slot=$((r % slots))
+    pattern $((SIZE_MIB * 256 + r * mblocks)) $mblocks > /tmp/mchunk
+    want=$(md5sum < /tmp/mchunk | cut -d' ' -f1)
+    t=$(centis)
+    if ! timeout "$LIMIT" dd if=/tmp/mchunk of="$BLK" bs=1M seek=$((slot * MIG_MIB)) count="$MIG_MIB" oflag=direct conv=notrunc 2> /tmp/dd.log; then
+      say "ROUND r=$r slot=$slot write-error: $(tr '\n' ' ' < /tmp/dd.log)"
+      merr=$((merr + 1))
+      break
+    fi
+    w=$(($(centis) - t))
+    t=$(centis)
+    if ! timeout "$LIMIT" dd if="$BLK" of=/tmp/mback bs=1M skip=$((slot * MIG_MIB)) count="$MIG_MIB" iflag=direct 2> /tmp/dd.log; then
+      say "ROUND r=$r slot=$slot read-error: $(tr '\n' ' ' < /tmp/dd.log)"
+      merr=$((merr + 1))
+      break
+    fi
+    rd=$(($(centis) - t))
+    got=$(md5sum < /tmp/mback | cut -d' ' -f1)
+    ok=1
+    if [ "$got" != "$want" ]; then
+      ok=0
+      mbad=$((mbad + 1))
+    fi
+    [ $w -gt $maxw ] && maxw=$w
+    [ $rd -gt $maxr ] && maxr=$rd
+    say "ROUND r=$r slot=$slot md5=$got want=$want ok=$ok migrated=$migrated wcentis=$w rcentis=$rd"
+    [ $r = 0 ] && say "MIGRATION-LOOP running mib=$MIG_MIB"
+    r=$((r + 1))
+    if [ $migrated = 1 ]; then
+      after=$((after + 1))
+    elif has_signal migrated; then
+      migrated=1
+    fi
+  done
+  rm -f /tmp/mchunk /tmp/mback
+  mig_ok=0
+  [ $mbad = 0 ] && [ $merr = 0 ] && [ $migrated = 1 ] && mig_ok=1
+  say "MIGRATION-PASS rounds=$r after=$after bad=$mbad errors=$merr max_wcentis=$maxw max_rcentis=$maxr centis=$(($(centis) - mstart)) ok=$mig_ok"
+}
+
+mig_ok=1
+[ "${MIG_MIB:-0}" -gt 0 ] && migration_pass
+
 section disconnect nvme disconnect -n "$NQN"
 dc_rc=$?
 gone() { ! ls /sys/class/nvme/nvme* > /dev/null 2>&1 && [ -z "$(nvme_block)" ]; }
@@ -219,6 +289,6 @@ say "DISCONNECTED rc=$dc_rc gone=$gone"
 
 kernel_log
 ok=0
-[ $bad = 0 ] && [ $dc_rc = 0 ] && [ $gone = 1 ] && ok=1
+[ $bad = 0 ] && [ $mig_ok = 1 ] && [ $dc_rc = 0 ] && [ $gone = 1 ] && ok=1
 say "DONE ok=$ok"
 [ $ok = 1 ]

@@ -12,17 +12,23 @@
 # With BASELINE_MIB > 0 (not by default: it adds minutes), a second guest B (10.20.0.2, a plain
 # vmxnet3 NIC on tapb, its own kernel's Soft-RoCE under nvme-rdma) then does the same with the
 # first BASELINE_MIB, over a RAM disk zeroed first: the Soft-RoCE baseline of the figures.
+# With MIG_MIB > 0 (the default), guest A then runs its migration pass (issue 14 item 7): a bounded
+# loop of verified write+read rounds over the namespace, during which this host live-migrates it
+# (pvrdma-remote send-migration over a Unix socket, --downtime-ms 300) to a new VMM (A2, its own
+# TAP tapa2 on br0); A finishes its rounds, disconnects and powers off on A2 (migrate_mid_io).
 # The kernel's nvme-rdma is the device's first kernel RDMA user here: fast registration (REG_MR),
 # SEND_WITH_INV, LOCAL_INV, kernel CQ polling.
 # Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
-# B's prefixed "b."), $OUT/nvmeof-{a,b}-{serial,vmm}.log (the guests' results: see
-# tests/guest/nvmeof.sh),
+# B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
+# results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
+# $OUT/nvmeof-a-to-a2-remote.log (send-migration's output: the blackout),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's side), $OUT/rxe-devinfo.txt.
 
 isolate_network
 
-# The whole run, boot included: typically ~10 min at nested speed; a data path that hangs costs the
-# guest's bounded waits (LIMIT per command, CTRL_LOSS_TMO per lost controller).
+# The whole run, boot included: typically 3–10 min at nested speed (176 s with the migration phase
+# on 2026-11-26); a data path that hangs costs the guest's bounded waits (LIMIT per command,
+# CTRL_LOSS_TMO per lost controller).
 NVMEOF_LIMIT=${NVMEOF_LIMIT:-2400}
 LIMIT=${LIMIT:-600}
 READY_WAIT=${READY_WAIT:-600}
@@ -32,6 +38,9 @@ SIZE_MIB=${SIZE_MIB:-256}
 CHUNK_MIB=${CHUNK_MIB:-32}
 BASELINE_MIB=${BASELINE_MIB:-0}
 BASELINE_CHUNK_MIB=${BASELINE_CHUNK_MIB:-8}
+MIG_MIB=${MIG_MIB:-8}
+MIG_AFTER=${MIG_AFTER:-4}
+MIG_SECONDS=${MIG_SECONDS:-600}
 MAC_A=52:54:00:20:00:01
 MAC_B=52:54:00:20:00:02
 IP_A=10.20.0.1
@@ -50,6 +59,7 @@ start_clock "$NVMEOF_LIMIT"
 l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0
 l1_tap tapa br0
+l1_tap tapa2 br0
 
 # This host's signal server (tests/guest/nvmeof.sh polls it): busybox from the guest userspace.
 mkdir -p "$SIG"
@@ -105,8 +115,9 @@ log "target: $(grep target_ "$OUT/nvmeof.env" | tr '\n' ' ')"
 header="HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT NQN=$NQN PORT=$PORT HOSTNQN=$HOSTNQN HOSTID=$HOSTID SIZE_MIB=$SIZE_MIB
 LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT CTRL_LOSS_TMO=$CTRL_LOSS_TMO"
 guest_script_disk "$WORK/nvmeof-a-run.img" "$header
-RDMA_DEV=vmw_pvrdma0 MY_IP=$IP_A WRITE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB CHECKED_SIGNAL=target-checked-a" "$GUEST_SCRIPTS/nvmeof.sh"
-run_guest nvmeof-a "$WORK/nvmeof-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
+RDMA_DEV=vmw_pvrdma0 MY_IP=$IP_A WRITE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB CHECKED_SIGNAL=target-checked-a
+MIG_MIB=$MIG_MIB MIG_AFTER=$MIG_AFTER MIG_SECONDS=$MIG_SECONDS" "$GUEST_SCRIPTS/nvmeof.sh"
+run_guest nvmeof-a "$WORK/nvmeof-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A" --api-socket "$WORK/a.api"
 pid_a=$VMM_PID
 
 RXE_GIDX=''
@@ -166,8 +177,45 @@ end_guest() {
   record nvmeof "${1}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-$1-vmm.log" || true)"
 }
 
+# migrate_mid_io: the migration phase (issue 14 item 7). Once guest A reports its verified
+# write+read loop running (and a few seconds more, so that rounds are in flight), its VM moves
+# from VMM A to a new VMM A2 (TAP tapa2) through pvrdma-remote on both API sockets, over a Unix
+# socket; then this host serves "migrated", upon which the guest finishes its rounds on A2.
+# Records the remote exit statuses, send-migration's "migration completed" line (the blackout) and
+# A's exit. Sets pid_a2.
+migrate_mid_io() {
+  local url=unix:$WORK/a2.sock
+  if ! wait_for_line "$OUT/nvmeof-a-serial.log" 'NVMEOF-(MIGRATION-LOOP|FAIL|DONE)' "$(remaining)" "$pid_a" ||
+    ! grep -q 'NVMEOF-MIGRATION-LOOP' "$OUT/nvmeof-a-serial.log"; then
+    record nvmeof "mig_loop=never-started"
+    : > "$SIG/migrated"
+    pid_a2=$pid_a
+    return 0
+  fi
+  record nvmeof "mig_loop=running"
+  sleep 4
+  start_receiver nvmeof-a2 "$WORK/a2.api"
+  pid_a2=$VMM_PID
+  local t
+  t=$(now_us)
+  record nvmeof "mig_receive_rc=$(remote_cmd nvmeof-a2 --api-socket "$WORK/a2.api" receive-migration "$url" --tap "$MAC_A=tapa2" --no-wait)"
+  record nvmeof "mig_send_rc=$(remote_cmd nvmeof-a-to-a2 --api-socket "$WORK/a.api" send-migration "$url" --downtime-ms 300)"
+  record nvmeof "mig_seconds=$(since "$t")"
+  record nvmeof "mig_completed=$(grep -m1 '^migration completed:' "$OUT/nvmeof-a-to-a2-remote.log" || true)"
+  : > "$SIG/migrated"
+  wait_for_exit "$pid_a" 30
+  record nvmeof "a_exit=$EXIT_STATUS"
+  record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
+  log "migration: $(grep '^mig_' "$OUT/nvmeof.env" | tr '\n' ' ')"
+}
+
 check_target a '' "$SIZE_MIB" "$CHUNK_MIB"
-end_guest a
+if ((MIG_MIB > 0)); then
+  migrate_mid_io
+  end_guest a2
+else
+  end_guest a
+fi
 # nvmet's side: the NVM controllers it created for the guest's host NQN.
 record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
 

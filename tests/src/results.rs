@@ -79,6 +79,18 @@ impl SerialLog {
         })
     }
 
+    /// One console's text made of several logs in order (a guest's consoles on the VMMs it
+    /// migrated through).
+    pub fn concat(logs: &[SerialLog]) -> Self {
+        Self {
+            text: logs
+                .iter()
+                .map(|l| l.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     /// The rest of the first line carrying `marker` (after it, trimmed). Kernel messages may share
     /// a line with a marker on a serial console, so the marker need not start the line.
     pub fn marker(&self, marker: &str) -> Option<&str> {
