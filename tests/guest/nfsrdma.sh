@@ -32,7 +32,9 @@
 #                                           manifest (`md5sum` of every file, paths tree/...,
 #                                           sorted), which it also writes to the export as
 #                                           MANIFEST.md5
-#   SECTION-BEGIN mount-1|mount-2|umount-1|umount-2 ... SECTION-END NAME rc=N
+#   SECTION-BEGIN mount-wrong-port|mount-1|mount-2|umount-1|umount-2 ... SECTION-END NAME rc=N
+#   NFSRDMA-WRONG-PORT port=P rc=N mounted=1|0   the negative control: a mount of port NFS_PORT + 1
+#                                           (where nothing listens) must fail
 #   NFSRDMA-MOUNTED n=1|2 line=<its /proc/mounts line, spaces as '|'>
 #   NFSRDMA-WRITTEN files=N bytes=B centis=T   cp -r of the tree onto the mount, sync included
 #   NFSRDMA-SIGNAL name=nfs-checked got=1|0
@@ -128,6 +130,20 @@ say "TREE files=$files bytes=$bytes manifest_md5=$manifest_md5"
 
 got=$(wait_signal "$READY_WAIT" nfs-ready nfs-failed) || got=nothing
 [ "$got" = nfs-ready ] || fail "the test host's NFS server is not ready: $got"
+
+# The negative control: the same mount on a port where nothing listens (NFS_PORT + 1) must fail,
+# so that the mounts below succeeding means that the server's RDMA port answered.
+echo "SECTION-BEGIN mount-wrong-port"
+timeout 90 mount -t nfs4 -o "vers=4.1,proto=rdma,port=$((NFS_PORT + 1)),sec=sys,soft,timeo=100,retrans=1,clientaddr=$MY_IP" \
+  "$HOST_IP:/" "$MNT" 2>&1
+wrong_rc=$?
+echo "SECTION-END mount-wrong-port rc=$wrong_rc"
+if [ -n "$(nfs_mounted)" ]; then
+  umount "$MNT"
+  say "WRONG-PORT port=$((NFS_PORT + 1)) rc=$wrong_rc mounted=1"
+else
+  say "WRONG-PORT port=$((NFS_PORT + 1)) rc=$wrong_rc mounted=0"
+fi
 
 # Write: the whole tree and its manifest, flushed to the server (sync) inside the time.
 mount_nfs 1

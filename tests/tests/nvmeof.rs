@@ -65,6 +65,8 @@ const NFS_SMALL_FILES: u64 = 200;
 const NFS_LARGE_FILES: u64 = 3;
 const NFS_LARGE_MIB: u64 = 32;
 const NFS_FILES: u64 = NFS_SMALL_FILES + NFS_LARGE_FILES;
+/// Set, the port the NFS guest's mount asks for instead of `NFS_PORT` (a broken run).
+const NFS_MOUNT_PORT_ENV: &str = "NFSRDMA_MOUNT_PORT";
 
 /// Lines of the NFS guest's kernel log (about NFS or RPC) that mean NFS/RDMA broke.
 const NFS_KERNEL_ERRORS: &[&str] = &[
@@ -116,6 +118,12 @@ fn suite() -> &'static Suite {
                 })?,
             Err(_) => 0,
         };
+        // NFSRDMA_MOUNT_PORT=N: the NFS guest mounts port N instead of the server's, to see the
+        // nfs_* tests fail.
+        let mut extra = Vec::new();
+        if let Ok(port) = std::env::var(NFS_MOUNT_PORT_ENV) {
+            extra.push(("NFS_MOUNT_PORT", port));
+        }
         let outcome = suite::run_vmm_scenario(
             "nvmeof",
             &[
@@ -126,7 +134,10 @@ fn suite() -> &'static Suite {
                 ("SMALL_FILES", NFS_SMALL_FILES.to_string()),
                 ("LARGE_FILES", NFS_LARGE_FILES.to_string()),
                 ("LARGE_MIB", NFS_LARGE_MIB.to_string()),
-            ],
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<_>>(),
             // Typically ~12 min; the scenario's own limit is 2700 s, which only a data path that
             // hangs at every bounded step needs.
             Duration::from_secs(2820),
@@ -816,4 +827,16 @@ fn nfs_vmm_runs_clean() {
             problems.join("\n")
         )
     });
+}
+
+/// The negative control: the same mount of a port where nothing listens fails (so the mounts that
+/// succeed reached the server's RDMA port), and leaves nothing mounted.
+#[test]
+fn nfs_mount_of_a_wrong_port_fails() {
+    let s = suite();
+    let line = s.nfs_marker("WRONG-PORT");
+    s.expect(
+        field(line, "rc") != Some("0") && field(line, "mounted") == Some("0"),
+        || format!("a mount of a port where nothing listens did not fail: '{line}'"),
+    );
 }
