@@ -32,6 +32,9 @@
 //! bounded by `timeout`, a lost controller fails its I/O after `CTRL_LOSS_TMO` seconds and the NFS
 //! mount is `soft`, so a broken data path fails these tests instead of hanging them.
 //!
+//! With `NFSRDMA_MOUNT_PORT=N` the NFS guest mounts port N instead of 20049: the `nfs_*` tests
+//! must then fail (the mounts are refused), which shows they test the NFS/RDMA path.
+//!
 //! With `NVMEOF_BASELINE_MIB=N` in the environment the same run then measures the Soft-RoCE
 //! baseline: a second guest with a plain vmxnet3 NIC, Soft-RoCE in its own kernel, writes and
 //! verifies the first N MiB the same way (minutes more at nested speed: not by default).
