@@ -29,8 +29,11 @@ GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma r
 # loads them itself. rdma_rxe: Soft-RoCE, the baseline of bench-rdma (its guests run `rdma link add
 # rxe0 type rxe netdev eth0`); crc32_generic: rxe's ICRC needs a "crc32" crypto algorithm, which
 # the kernel would otherwise request through a /sbin/modprobe the guest does not have; nvme_rdma:
-# the NVMe over Fabrics initiator of the nvmeof suite (with nvme_fabrics, nvme_core, rdma_cm).
-GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma"
+# the NVMe over Fabrics initiator of the nvmeof suite (with nvme_fabrics, nvme_core, rdma_cm);
+# nfsv4 and rpcrdma: the NFS client and its RDMA transport, for the nvmeof suite's NFS/RDMA phase
+# (with nfs, sunrpc, lockd, fscache, netfs, dns_resolver; busybox's mount hands `-t nfs4` options
+# to the kernel as text, so no nfs-common is needed).
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
@@ -58,8 +61,10 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # Soft-RoCE (rxe) there as the native endpoint the guests talk to (rdma link, libibverbs with the
 # rxe provider, ibv_rc_pingpong, perftest, rping). iproute2: the scenarios' bridges and TAPs
 # (ip) and the free ports of a test-host pair (ss); iputils-ping: two test hosts check their cable.
+# nfs-kernel-server: exportfs and rpc.mountd for the kernel NFS server the nvmeof suite's NFS/RDMA
+# phase runs in the test host (nfsd's export upcalls are answered by rpc.mountd).
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)

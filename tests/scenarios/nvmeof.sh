@@ -18,18 +18,29 @@
 # TAP tapa2 on br0); A finishes its rounds, disconnects and powers off on A2 (migrate_mid_io).
 # The kernel's nvme-rdma is the device's first kernel RDMA user here: fast registration (REG_MR),
 # SEND_WITH_INV, LOCAL_INV, kernel CQ polling.
+# Then NFS over RDMA (issue 14, item 2), in the same test-host boot: this host's kernel NFS server
+# (nfsd, NFSv4.x only, svcrdma listening on RDMA port 20049 over the same Soft-RoCE; rpc.mountd
+# answers nfsd's export upcalls, no rpcbind) exports a tmpfs as NFSv4's root; a third guest
+# (10.20.0.3, --pvrdma on tapn) runs tests/guest/nfsrdma.sh: mounts it with proto=rdma, writes a
+# tree of files (SMALL_FILES of 1-64 KiB, LARGE_FILES of LARGE_MIB) and reads it back over a fresh
+# mount, verified against its manifest of MD5s; this host checks the manifest on its side (md5sum
+# -c of the guest's MANIFEST.md5, and its own manifest of what it holds).
 # Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
 # B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
 # results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
 # $OUT/nvmeof-a-to-a2-remote.log (send-migration's output: the blackout),
-# $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's side), $OUT/rxe-devinfo.txt.
+# $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's and nfsd's side), $OUT/rxe-devinfo.txt;
+# $OUT/nfsrdma.env (the NFS server's set-up and check, the NFS guest's VMM exit and panics),
+# $OUT/nfsrdma-{serial,vmm}.log (see tests/guest/nfsrdma.sh), $OUT/nfsrdma-host-manifest.txt and
+# nfsrdma-guest-manifest.txt (this host's MD5s of the export, the guest's MANIFEST.md5),
+# $OUT/nfsrdma-mountd.log.
 
 isolate_network
 
-# The whole run, boot included: typically 3–10 min at nested speed (176 s with the migration phase
-# on 2026-11-26); a data path that hangs costs the guest's bounded waits (LIMIT per command,
-# CTRL_LOSS_TMO per lost controller).
-NVMEOF_LIMIT=${NVMEOF_LIMIT:-2400}
+# The whole run, boot included: typically 6-12 min at nested speed (the NVMe-oF pass with its
+# migration phase took 176 s on 2026-11-26, NFS adds ~2.5 min); a data path that hangs costs the
+# guest's bounded waits (LIMIT per command, CTRL_LOSS_TMO per lost controller).
+NVMEOF_LIMIT=${NVMEOF_LIMIT:-2700}
 LIMIT=${LIMIT:-600}
 READY_WAIT=${READY_WAIT:-600}
 CHECK_WAIT=${CHECK_WAIT:-600}
@@ -53,6 +64,16 @@ HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:8d7c4f5e-2b1a-4c3d-9e8f-7a6b5c4d3e2f
 HOSTID=8d7c4f5e-2b1a-4c3d-9e8f-7a6b5c4d3e2f
 SIG=$WORK/sig
 CFG=/sys/kernel/config/nvmet
+# The NFS/RDMA phase: its guest, the server's RDMA port, the port the guest's mount asks for
+# (another one shows the test failing) and the tree.
+MAC_N=52:54:00:20:00:03
+IP_N=10.20.0.3
+NFS_RDMA_PORT=20049
+NFS_MOUNT_PORT=${NFS_MOUNT_PORT:-$NFS_RDMA_PORT}
+NFS_DIR=/srv/pvrdma-nfs-e2e
+SMALL_FILES=${SMALL_FILES:-200}
+LARGE_FILES=${LARGE_FILES:-3}
+LARGE_MIB=${LARGE_MIB:-32}
 
 start_clock "$NVMEOF_LIMIT"
 
@@ -143,6 +164,47 @@ record nvmeof "port_ready=$ready"
 if ((ready)); then : > "$SIG/target-ready"; else : > "$SIG/target-failed"; fi
 log "port: ready=$ready"
 
+# nfs_setup: the kernel NFS server, NFSv4.x only (v2/v3 would need lockd and rpcbind), exporting
+# a tmpfs at NFS_DIR as NFSv4's root (fsid=0: a tmpfs has no UUID) to the bridge's /24, listening
+# on RDMA only (port NFS_RDMA_PORT; no TCP/UDP listener). A grace period and lease of 10 s (the
+# least nfsd takes) so that the guest's OPENs are not held back 90 s by a fresh server's grace.
+# rpc.mountd (v4 only: no RPC listener, no rpcbind; started next, in this shell) answers nfsd's
+# upcalls for the export.
+nfs_setup() {
+  local v n=/proc/fs/nfsd
+  modprobe -a nfsd rpcrdma || { echo "modprobe nfsd rpcrdma"; return 1; }
+  mountpoint -q $n || mount -t nfsd nfsd $n || { echo "mount nfsd"; return 1; }
+  mkdir -p "$NFS_DIR" /var/lib/nfs/v4recovery && mount -t tmpfs -o size=512m,mode=1777 tmpfs "$NFS_DIR" || { echo "tmpfs $NFS_DIR"; return 1; }
+  exportfs -o rw,sync,no_root_squash,insecure,no_subtree_check,fsid=0 "10.20.0.0/24:$NFS_DIR" || { echo "exportfs"; return 1; }
+  for v in -2 -3 +4 +4.1 +4.2; do echo "$v" > $n/versions 2> /dev/null || true; done
+  echo 10 > $n/nfsv4leasetime && echo 10 > $n/nfsv4gracetime || { echo "lease and grace time"; return 1; }
+  echo "rdma $NFS_RDMA_PORT" > $n/portlist || { echo "portlist: rdma $NFS_RDMA_PORT"; return 1; }
+  echo 4 > $n/threads || { echo "nfsd threads"; return 1; }
+  grep -q '^rdma' $n/portlist || { echo "no rdma listener: $(tr '\n' ' ' < $n/portlist)"; return 1; }
+  echo "versions=$(cat $n/versions) portlist=$(tr '\n' ' ' < $n/portlist) threads=$(cat $n/threads)"
+}
+# nfs_teardown: what nfs_setup made, in reverse (DIRECT mode runs on a real host).
+nfs_teardown() {
+  echo 0 > /proc/fs/nfsd/threads 2> /dev/null || true
+  [[ -n ${MOUNTD_PID:-} ]] && kill "$MOUNTD_PID" 2> /dev/null || true
+  exportfs -u "10.20.0.0/24:$NFS_DIR" 2> /dev/null || true
+  umount "$NFS_DIR" 2> /dev/null || true
+}
+nfs_ready=0
+if [[ -n $RXE_GIDX ]]; then
+  if why=$(nfs_setup 2>&1); then
+    nfs_ready=1
+    rpc.mountd -F -N 2 -N 3 > "$OUT/nfsrdma-mountd.log" 2>&1 &
+    MOUNTD_PID=$!
+    record nfsrdma "nfs_setup=ok" "nfs_server=$(echo "$why" | tail -n 1)"
+  else
+    record nfsrdma "nfs_setup=fail" "nfs_why=$(echo "$why" | tr '\n' ' ')"
+  fi
+else
+  record nfsrdma "nfs_setup=fail" "nfs_why=no Soft-RoCE"
+fi
+log "nfs: $(tr '\n' ' ' < "$OUT/nfsrdma.env")"
+
 # check_target G PREFIX MIB CHUNK: what arrived on the RAM disk once guest G (VMM $pid_G) wrote
 # its MIB: each CHUNK's MD5 and the header of the first, a middle and the last block of each
 # chunk, as PREFIX-ed keys (the rest of the check is the guest's); then G's CHECKED_SIGNAL.
@@ -219,6 +281,41 @@ fi
 # nvmet's side: the NVM controllers it created for the guest's host NQN.
 record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
 
+# NFS over RDMA: guest N mounts the export, writes its tree and, once this host checked it, reads
+# it back.
+l1_tap tapn br0
+guest_script_disk "$WORK/nfsrdma-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT MY_IP=$IP_N NFS_PORT=$NFS_MOUNT_PORT
+SMALL_FILES=$SMALL_FILES LARGE_FILES=$LARGE_FILES LARGE_MIB=$LARGE_MIB LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT" \
+  "$GUEST_SCRIPTS/nfsrdma.sh"
+run_guest nfsrdma "$WORK/nfsrdma-run.img" --pvrdma "tap=tapn,mac=$MAC_N"
+pid_n=$VMM_PID
+if ((nfs_ready)); then : > "$SIG/nfs-ready"; else : > "$SIG/nfs-failed"; fi
+# This host's side of what the guest wrote: md5sum -c of the guest's manifest over the export,
+# and this host's own manifest (the same form: `md5sum` of tree/..., sorted) of what it holds.
+if ((nfs_ready)) && wait_for_line "$OUT/nfsrdma-serial.log" 'NFSRDMA-(WRITTEN|FAIL)' "$(remaining)" "$pid_n" &&
+  grep -q 'NFSRDMA-WRITTEN' "$OUT/nfsrdma-serial.log"; then
+  start=$(now_us)
+  (cd "$NFS_DIR" && find tree -type f | LC_ALL=C sort | xargs md5sum) > "$OUT/nfsrdma-host-manifest.txt" 2>&1 || true
+  cp "$NFS_DIR/MANIFEST.md5" "$OUT/nfsrdma-guest-manifest.txt" 2> /dev/null || true
+  (cd "$NFS_DIR" && md5sum -c MANIFEST.md5) > "$WORK/nfs-check.txt" 2>&1 || true
+  record nfsrdma "host_manifest_md5=$(md5sum < "$OUT/nfsrdma-host-manifest.txt" | cut -d' ' -f1)" \
+    "host_guest_manifest_md5=$( (md5sum < "$NFS_DIR/MANIFEST.md5" 2> /dev/null || echo none) | cut -d' ' -f1)" \
+    "host_files=$(find "$NFS_DIR/tree" -type f 2> /dev/null | wc -l)" \
+    "host_bytes=$(find "$NFS_DIR/tree" -type f -printf '%s\n' 2> /dev/null | awk '{ s += $1 } END { print s + 0 }')" \
+    "host_check_ok=$(grep -c ': OK$' "$WORK/nfs-check.txt")" \
+    "host_check_failed=$(grep -vc ': OK$' "$WORK/nfs-check.txt")" \
+    "host_check=done" "host_check_secs=$(since "$start")"
+else
+  record nfsrdma "host_check=skipped"
+fi
+: > "$SIG/nfs-checked"
+wait_for_line "$OUT/nfsrdma-serial.log" 'GUEST-POWEROFF' "$(remaining)" "$pid_n" || true
+wait_for_exit "$pid_n" 60
+record nfsrdma "n_exit=$EXIT_STATUS" "n_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nfsrdma-vmm.log" || true)"
+# nfsd's side: its RDMA connections, and anything it complained about.
+record nfsrdma "server_rdma_log_lines=$(dmesg | grep -ciE 'svcrdma|rpcrdma' || true)"
+log "nfsrdma: $(tr '\n' ' ' < "$OUT/nfsrdma.env")"
+
 # The baseline: guest B, Soft-RoCE in its own kernel, on a RAM disk zeroed first (what A wrote
 # there must not pass for what B wrote; O_DIRECT, as check_target reads).
 if ((BASELINE_MIB > 0)); then
@@ -234,5 +331,6 @@ fi
 record nvmeof "seconds=$(since "$t0")"
 # nvmet's side of the whole run, and anything it complained about.
 dmesg > "$OUT/nvmeof-l1-dmesg.txt" 2>&1 || true
+nfs_teardown
 target_teardown
 log "nvmeof: $(grep -vE '^(b\.)?target\.' "$OUT/nvmeof.env" | tr '\n' ' ')"

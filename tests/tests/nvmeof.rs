@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-//! End to end: NVMe over Fabrics from a guest on the PVRDMA device to a native Linux target
-//! (issue 14, item 1), as a user would run it. The test host runs the kernel's NVMe target
+//! End to end: the kernel's storage over RDMA from guests on the PVRDMA device to native Linux
+//! servers in the test host, as a user would run them: NVMe over Fabrics (issue 14, item 1) and
+//! NFS over RDMA (item 2), in one test-host boot.
+//!
+//! NVMe over Fabrics: The test host runs the kernel's NVMe target
 //! (nvmet + nvmet-rdma, configured through configfs) on Soft-RoCE, port 4420, with a brd RAM disk
 //! as its namespace. An unmodified guest with `--pvrdma` loads nvme-rdma, runs nvme-cli's
 //! `nvme discover` and `nvme connect -t rdma`, writes a known pattern over the whole 256 MiB
@@ -14,10 +17,23 @@
 //! take; a wrong opcode there leaves `nvme connect` to time out ("pvrdma: qp=2: Unknown send
 //! opcode 0xb" before e8c9324).
 //!
-//! All tests share ONE run of `tests/scenarios/nvmeof.sh` (one test-host boot, one guest running
-//! `tests/guest/nvmeof.sh`); every command there is bounded by `timeout`, and a lost controller
-//! fails its I/O after `CTRL_LOSS_TMO` seconds, so a broken data path fails these tests instead of
-//! hanging them.
+//! NFS over RDMA (the `nfs_*` tests): the same test host then runs the kernel NFS server (nfsd,
+//! NFSv4.x only, svcrdma on RDMA port 20049 over the same Soft-RoCE) exporting a tmpfs; another
+//! guest with `--pvrdma` loads rpcrdma and nfsv4, mounts the export with `proto=rdma` (busybox's
+//! mount, options handed to the kernel as text), copies a tree of 200 files of 1-64 KiB and 3 of
+//! 32 MiB of random content onto it (the time of `cp -r` + `sync`), unmounts, drops its caches,
+//! mounts again and copies the tree back (the time of `cp -r`), checks every file against the
+//! MD5s it took before writing, and unmounts. The test host checks the same MD5s on its side of
+//! the export. rpcrdma, like nvme-rdma, registers its buffers with REG_MR and lets the server
+//! RDMA-READ and RDMA-WRITE them.
+//!
+//! All tests share ONE run of `tests/scenarios/nvmeof.sh` (one test-host boot; one guest running
+//! `tests/guest/nvmeof.sh`, then one running `tests/guest/nfsrdma.sh`); every command there is
+//! bounded by `timeout`, a lost controller fails its I/O after `CTRL_LOSS_TMO` seconds and the NFS
+//! mount is `soft`, so a broken data path fails these tests instead of hanging them.
+//!
+//! With `NFSRDMA_MOUNT_PORT=N` the NFS guest mounts port N instead of 20049: the `nfs_*` tests
+//! must then fail (the mounts are refused), which shows they test the NFS/RDMA path.
 //!
 //! Then the same guest runs a migration pass (issue 14 item 7): rounds of 8 MiB, each a distinct
 //! pattern written with O_DIRECT and read back verified, while the test host live-migrates it to
@@ -54,6 +70,34 @@ const BASELINE_ENV: &str = "NVMEOF_BASELINE_MIB";
 const MIG_MIB: u64 = 8;
 const MIG_AFTER: u64 = 4;
 
+/// The NFS/RDMA server's port (svcrdma) and the guest's tree: small files of 1-64 KiB (sizes from
+/// [`nfs_small_size`]) and large files of `NFS_LARGE_MIB`.
+const NFS_PORT: u32 = 20049;
+const NFS_SMALL_FILES: u64 = 200;
+const NFS_LARGE_FILES: u64 = 3;
+const NFS_LARGE_MIB: u64 = 32;
+const NFS_FILES: u64 = NFS_SMALL_FILES + NFS_LARGE_FILES;
+/// Set, the port the NFS guest's mount asks for instead of `NFS_PORT` (a broken run).
+const NFS_MOUNT_PORT_ENV: &str = "NFSRDMA_MOUNT_PORT";
+
+/// Kernel lines that match [`NFS_KERNEL_ERRORS`] but are expected, each with why.
+const NFS_EXPECTED_KERNEL_LINES: &[&str] = &[
+    // vmw_pvrdma.ko is built out of tree (resources/build-assets.sh), so it is unsigned.
+    "module verification failed: signature and/or required key missing",
+];
+
+/// Lines of the NFS guest's kernel log (about NFS or RPC) that mean NFS/RDMA broke.
+const NFS_KERNEL_ERRORS: &[&str] = &[
+    "not responding",
+    "timed out",
+    "I/O error",
+    "failed",
+    "giving up",
+    "connect error",
+    "BUG:",
+    "Oops",
+];
+
 /// Lines of the guest's kernel log (console and its dmesg section) that mean NVMe-oF broke.
 const KERNEL_ERRORS: &[&str] = &[
     "timeout",
@@ -74,6 +118,9 @@ struct Suite {
     /// A's console on its first VMM and on A2.
     source: SerialLog,
     destination: SerialLog,
+    /// The NFS/RDMA phase: the test host's results and the NFS guest's console.
+    nfs_env: KeyValues,
+    nfs: SerialLog,
     /// The Soft-RoCE baseline guest's console and MiB, if it ran.
     baseline: Option<(SerialLog, u64)>,
 }
@@ -95,6 +142,12 @@ fn suite() -> &'static Suite {
             Err(_) => 0,
         };
         let bins = e2e::binaries::locate().map_err(|e| e.to_string())?;
+        // NFSRDMA_MOUNT_PORT=N: the NFS guest mounts port N instead of the server's, to see the
+        // nfs_* tests fail.
+        let mut extra = Vec::new();
+        if let Ok(port) = std::env::var(NFS_MOUNT_PORT_ENV) {
+            extra.push(("NFS_MOUNT_PORT", port));
+        }
         let outcome = suite::run_vmm_scenario(
             "nvmeof",
             &[
@@ -105,11 +158,17 @@ fn suite() -> &'static Suite {
                 ("CHUNK_MIB", CHUNK_MIB.to_string()),
                 ("BASELINE_MIB", baseline_mib.to_string()),
                 ("BASELINE_CHUNK_MIB", BASELINE_CHUNK_MIB.to_string()),
-            ],
-            // Typically 3–10 min in the test host (176 s with the migration phase on 2026-11-26);
-            // the scenario's own limit is 2400 s, which only a data path that hangs at every
-            // bounded step needs.
-            Duration::from_secs(2520),
+                ("SMALL_FILES", NFS_SMALL_FILES.to_string()),
+                ("LARGE_FILES", NFS_LARGE_FILES.to_string()),
+                ("LARGE_MIB", NFS_LARGE_MIB.to_string()),
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<_>>(),
+            // Typically 6-12 min in the test host (the NVMe-oF pass with its migration phase took
+            // 176 s on 2026-11-26, NFS adds ~2.5 min); the scenario's own limit is 2700 s, which
+            // only a data path that hangs at every bounded step needs.
+            Duration::from_secs(2820),
             Hosts::One { l1_cpus: 1 },
         )?;
         let baseline = if baseline_mib > 0 {
@@ -129,6 +188,8 @@ fn suite() -> &'static Suite {
             ]),
             source: suite::serial_log(&outcome, "nvmeof-a-serial.log")?,
             destination: suite::serial_log(&outcome, "nvmeof-a2-serial.log")?,
+            nfs_env: suite::key_values(&outcome, "nfsrdma.env")?,
+            nfs: suite::serial_log(&outcome, "nfsrdma-serial.log")?,
             baseline,
             outcome,
         })
@@ -143,6 +204,9 @@ impl Suite {
         if let Some(why) = self.guest.marker("NVMEOF-FAIL ") {
             msg += &format!("\nthe guest's script failed: {why}");
         }
+        if let Some(why) = self.nfs.marker("NFSRDMA-FAIL ") {
+            msg += &format!("\nthe NFS guest's script failed: {why}");
+        }
         let logs = [
             "nvmeof-a-serial.log".to_string(),
             "nvmeof-a-vmm.log".to_string(),
@@ -150,6 +214,9 @@ impl Suite {
             "nvmeof-a2-vmm.log".to_string(),
             "nvmeof-a-to-a2-remote.log".to_string(),
             "nvmeof-b-serial.log".to_string(),
+            "nfsrdma-serial.log".to_string(),
+            "nfsrdma-vmm.log".to_string(),
+            "nfsrdma-mountd.log".to_string(),
         ];
         panic!("{}", self.outcome.failure(&msg, &logs, 25))
     }
@@ -168,6 +235,34 @@ impl Suite {
 
     fn vmm_log(&self, g: &str) -> PathBuf {
         self.outcome.file(&format!("nvmeof-{g}-vmm.log"))
+    }
+
+    fn nfs_env(&self, key: &str) -> &str {
+        self.nfs_env
+            .get(key)
+            .unwrap_or_else(|| self.fail(&format!("nfsrdma.env has no {key}")))
+    }
+
+    /// The rest of the NFS guest's `NFSRDMA-<name> ` line.
+    fn nfs_marker(&self, name: &str) -> &str {
+        self.nfs
+            .marker(&format!("NFSRDMA-{name} "))
+            .unwrap_or_else(|| self.fail(&format!("the NFS guest printed no NFSRDMA-{name} line")))
+    }
+
+    /// The NFS guest's section `name`; fails unless it exited 0.
+    fn nfs_section_ok(&self, name: &str) -> String {
+        let section = self
+            .nfs
+            .section(name)
+            .unwrap_or_else(|| self.fail(&format!("the NFS guest never ran its {name}")));
+        self.expect(section.rc == Some(0), || {
+            format!(
+                "the NFS guest's {name} exited {:?}; its output:\n{}",
+                section.rc, section.text
+            )
+        });
+        section.text
     }
 
     /// The rest of the guest's `NVMEOF-<name> ` line.
@@ -224,6 +319,42 @@ impl Suite {
 /// MB/s (10^6 bytes) of `bytes` in `centis` hundredths of a second.
 fn mb_per_s(bytes: u64, centis: u64) -> f64 {
     bytes as f64 / 1e6 / (centis.max(1) as f64 / 100.0)
+}
+
+/// The kernel's lines (`[ seconds]` first: the console's kernel messages and the dmesg section)
+/// of the NFS guest's console `log` that mean NFS/RDMA broke: [`NFS_KERNEL_ERRORS`] on a line
+/// about NFS, RPC or RDMA, or a kernel BUG or Oops anywhere. Not the scripts' own output (the
+/// negative control's "mount: ... failed: Connection refused" is expected), and not
+/// [`NFS_EXPECTED_KERNEL_LINES`].
+fn nfs_kernel_errors(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| {
+            l.trim_start()
+                .strip_prefix('[')
+                .and_then(|r| r.split_once(']'))
+                .is_some_and(|(t, _)| t.trim().parse::<f64>().is_ok())
+        })
+        .filter(|l| NFS_KERNEL_ERRORS.iter().any(|e| l.contains(e)))
+        .filter(|l| {
+            let lower = l.to_lowercase();
+            lower.contains("nfs")
+                || lower.contains("rpc")
+                || lower.contains("rdma")
+                || l.contains("BUG:")
+                || l.contains("Oops")
+        })
+        .filter(|l| !NFS_EXPECTED_KERNEL_LINES.iter().any(|e| l.contains(e)))
+        .collect()
+}
+
+/// The size of small file `i` of the NFS tree (tests/guest/nfsrdma.sh): 1 KiB to 64 KiB.
+fn nfs_small_size(i: u64) -> u64 {
+    1024 + (i * 40961) % 64513
+}
+
+/// The bytes of the whole NFS tree.
+fn nfs_tree_bytes() -> u64 {
+    (0..NFS_SMALL_FILES).map(nfs_small_size).sum::<u64>() + NFS_LARGE_FILES * (NFS_LARGE_MIB << 20)
 }
 
 /// The first 28 bytes of block `b` of the pattern (tests/guest/nvmeof.sh's `pattern`): what the
@@ -630,6 +761,41 @@ fn kernel_errors(log: &str) -> Vec<&str> {
 mod helpers {
     use super::*;
 
+    /// The lines of the first passing run's console (af7181a + 75f7cd4's guest script) that the
+    /// check must pass over, and the kernel's words for a server that stopped answering, which
+    /// it must catch.
+    #[test]
+    fn nfs_kernel_errors_of_a_console() {
+        let console = "mount: mounting 10.20.0.254:/ on /mnt/nfs failed: Connection refused
+[   10.584272] vmw_pvrdma: module verification failed: signature and/or required key missing - tainting kernel
+SECTION-BEGIN nfs-kernel-log
+[   30.100000] RPC: Registered rdma transport module.
+[   30.200000] NFS: Registering the id_resolver key type
+SECTION-END nfs-kernel-log rc=0";
+        assert!(nfs_kernel_errors(console).is_empty());
+        let broken = "[  400.000000] nfs: server 10.20.0.254 not responding, timed out
+NFSRDMA-FAIL cp -r onto NFS: cp: write error: I/O error
+[  401.000000] BUG: kernel NULL pointer dereference, address: 0000000000000008";
+        assert_eq!(
+            nfs_kernel_errors(broken),
+            vec![
+                "[  400.000000] nfs: server 10.20.0.254 not responding, timed out",
+                "[  401.000000] BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            ]
+        );
+    }
+
+    #[test]
+    fn nfs_tree_sizes() {
+        let sizes: Vec<u64> = (0..NFS_SMALL_FILES).map(nfs_small_size).collect();
+        assert!(sizes.iter().all(|s| (1024..=65536).contains(s)));
+        assert!(sizes.iter().any(|s| s % 4096 != 0));
+        assert_eq!(
+            nfs_tree_bytes() - NFS_LARGE_FILES * (NFS_LARGE_MIB << 20),
+            sizes.iter().sum()
+        );
+    }
+
     #[test]
     fn figures_and_headers() {
         assert_eq!(block_header(7), "pvrdma-nvmeof block 00000007");
@@ -643,4 +809,205 @@ mod helpers {
 #[test]
 fn guest_kernels_log_no_warning_bug_or_trace() {
     suite::expect_clean_guest_kernels(&suite().outcome, &[]);
+}
+
+/// The test host's NFS server came up NFSv4.x only, listening on RDMA port 20049.
+#[test]
+fn nfs_server_exports_over_rdma() {
+    let s = suite();
+    s.expect(s.nfs_env.get("nfs_setup") == Some("ok"), || {
+        format!(
+            "the test host's NFS server could not be set up: {:?}",
+            s.nfs_env.get("nfs_why")
+        )
+    });
+    let server = s.nfs_env("nfs_server");
+    s.expect(server.contains(&format!("rdma {NFS_PORT}")), || {
+        format!("nfsd does not listen on RDMA port {NFS_PORT}: '{server}'")
+    });
+    s.expect(server.contains("-3") && server.contains("+4.1"), || {
+        format!("nfsd should serve NFSv4.1 and not NFSv3: '{server}'")
+    });
+}
+
+/// Both mounts (before writing, and again before reading back) are NFSv4.1 over RDMA on the
+/// server's port 20049.
+#[test]
+fn nfs_mounts_with_proto_rdma() {
+    let s = suite();
+    for n in ["1", "2"] {
+        s.nfs_section_ok(&format!("mount-{n}"));
+        let line = s
+            .nfs
+            .markers("NFSRDMA-MOUNTED ")
+            .into_iter()
+            .find(|l| field(l, "n") == Some(n))
+            .unwrap_or_else(|| s.fail(&format!("the NFS guest never mounted ({n})")));
+        let mount = field(line, "line").unwrap_or("").replace('|', " ");
+        for want in [
+            " nfs4 ".to_string(),
+            "vers=4.1".to_string(),
+            "proto=rdma".to_string(),
+            format!("port={NFS_PORT}"),
+            format!("addr={HOST_IP}"),
+        ] {
+            s.expect(mount.contains(&want), || {
+                format!("mount {n} has no '{}': '{mount}'", want.trim())
+            });
+        }
+    }
+}
+
+/// The tree the guest copied onto the export is, file by file, on the test host: its own MD5s
+/// of what it holds are the guest's manifest, `md5sum -c` of that manifest passes for every
+/// file, and the sizes add up.
+#[test]
+fn nfs_tree_written_over_rdma_arrives_on_the_server() {
+    let s = suite();
+    let tree = s.nfs_marker("TREE");
+    let bytes = nfs_tree_bytes();
+    s.expect(
+        s.num(tree, "files") == NFS_FILES && s.num(tree, "bytes") == bytes,
+        || format!("the guest's tree should be {NFS_FILES} files, {bytes} bytes: '{tree}'"),
+    );
+    let written = s.nfs_marker("WRITTEN");
+    s.expect(s.num(written, "files") == NFS_FILES, || {
+        format!("the guest's write: '{written}'")
+    });
+    s.expect(s.nfs_env("host_check") == "done", || {
+        "the test host did not check the export".into()
+    });
+    let manifest = field(tree, "manifest_md5").unwrap_or("?");
+    for (key, what) in [
+        (
+            "host_guest_manifest_md5",
+            "the guest's MANIFEST.md5 on the export",
+        ),
+        (
+            "host_manifest_md5",
+            "the test host's own MD5s of the export",
+        ),
+    ] {
+        let got = s.nfs_env(key);
+        s.expect(got == manifest, || {
+            format!(
+                "{what} hash to {got}, the guest's manifest to {manifest} (see \
+                 nfsrdma-host-manifest.txt and nfsrdma-guest-manifest.txt)"
+            )
+        });
+    }
+    for (key, want) in [
+        ("host_files", NFS_FILES),
+        ("host_bytes", bytes),
+        ("host_check_ok", NFS_FILES),
+        ("host_check_failed", 0),
+    ] {
+        let got = s.nfs_env(key);
+        s.expect(got.parse::<u64>().ok() == Some(want), || {
+            format!("the test host's {key} is {got}, not {want}")
+        });
+    }
+    let centis = s.num(written, "centis");
+    e2e::announce(&format!(
+        "nfsrdma: wrote {NFS_FILES} files ({:.1} MiB) over NFSv4.1/RDMA (pvrdma -> Soft-RoCE nfsd) \
+         in {:.1} s, {:.2} MB/s (cp -r + sync)",
+        bytes as f64 / 1048576.0,
+        centis as f64 / 100.0,
+        mb_per_s(bytes, centis)
+    ));
+}
+
+/// Copied back from a fresh mount with the guest's caches dropped, every file has the MD5 the
+/// guest took before writing, and the manifest on the export is the guest's.
+#[test]
+fn nfs_tree_reads_back_verified() {
+    let s = suite();
+    let read = s.nfs_marker("READ");
+    let bytes = nfs_tree_bytes();
+    let bad = s.nfs.markers("NFSRDMA-BAD ").join("\n");
+    s.expect(
+        s.num(read, "files") == NFS_FILES
+            && s.num(read, "bytes") == bytes
+            && s.num(read, "ok") == NFS_FILES
+            && s.num(read, "bad") == 0,
+        || format!("the guest's read-back: '{read}'; files that did not match:\n{bad}"),
+    );
+    s.expect(field(read, "manifest_same") == Some("1"), || {
+        format!("the MANIFEST.md5 read back from the export is not the guest's: '{read}'")
+    });
+    let centis = s.num(read, "centis");
+    e2e::announce(&format!(
+        "nfsrdma: read and verified {NFS_FILES} files ({:.1} MiB) over NFSv4.1/RDMA in {:.1} s, \
+         {:.2} MB/s (cp -r from a fresh mount, caches dropped)",
+        bytes as f64 / 1048576.0,
+        centis as f64 / 100.0,
+        mb_per_s(bytes, centis)
+    ));
+}
+
+/// Both unmounts succeed and no NFS mount is left; the guest's script ends ok.
+#[test]
+fn nfs_unmounts_cleanly() {
+    let s = suite();
+    s.nfs_section_ok("umount-1");
+    s.nfs_section_ok("umount-2");
+    let line = s.nfs_marker("UNMOUNTED");
+    s.expect(
+        field(line, "rc") == Some("0") && field(line, "gone") == Some("1"),
+        || format!("the last unmount: '{line}'"),
+    );
+    s.expect(s.nfs_marker("DONE") == "ok=1", || {
+        format!(
+            "the NFS guest's script ended with '{}'",
+            s.nfs_marker("DONE")
+        )
+    });
+}
+
+/// The NFS guest's kernel reports no server that stopped responding, RPC timeout, I/O error or
+/// failure about NFS or RPC, and no kernel BUG.
+#[test]
+fn nfs_guest_kernel_logs_no_nfs_error() {
+    let s = suite();
+    let log = s.nfs.tail(usize::MAX);
+    s.expect(log.contains("SECTION-END nfs-kernel-log rc=0"), || {
+        "the NFS guest never printed its kernel log section".into()
+    });
+    let bad = nfs_kernel_errors(&log);
+    s.expect(bad.is_empty(), || {
+        format!("the NFS guest's kernel logged errors:\n{}", bad.join("\n"))
+    });
+}
+
+/// The NFS guest's VMM exits 0 after the guest powers off, without a panic, warning or error in
+/// its log.
+#[test]
+fn nfs_vmm_runs_clean() {
+    let s = suite();
+    s.expect(s.nfs_env("n_exit") == "0", || {
+        format!("the NFS guest's VMM exited {}", s.nfs_env("n_exit"))
+    });
+    s.expect(s.nfs_env("n_panics") == "0", || {
+        "the NFS guest's VMM panicked".into()
+    });
+    let problems = vmm_log_problems(&s.outcome.file("nfsrdma-vmm.log"))
+        .unwrap_or_else(|e| s.fail(&e.to_string()));
+    s.expect(problems.is_empty(), || {
+        format!(
+            "the NFS guest's VMM logged warnings or errors:\n{}",
+            problems.join("\n")
+        )
+    });
+}
+
+/// The negative control: the same mount of a port where nothing listens fails (so the mounts that
+/// succeed reached the server's RDMA port), and leaves nothing mounted.
+#[test]
+fn nfs_mount_of_a_wrong_port_fails() {
+    let s = suite();
+    let line = s.nfs_marker("WRONG-PORT");
+    s.expect(
+        field(line, "rc") != Some("0") && field(line, "mounted") == Some("0"),
+        || format!("a mount of a port where nothing listens did not fail: '{line}'"),
+    );
 }
