@@ -17,15 +17,65 @@ retry() {
   done
 }
 
-# again SECS CMD...: runs CMD until it succeeds, for at most SECS seconds, 2 s apart, with its
-# output (a client whose server may not listen yet).
+# again SECS CMD...: runs CMD, with its output, and again (2 s apart, for at most SECS seconds)
+# while it fails only because its server does not listen yet: its output then says so
+# (AGAIN_RE: ibv_rc_pingpong's "Couldn't connect to" a refused TCP port, rdma_cm's
+# RDMA_CM_EVENT_REJECTED from a port nobody listens on). Any other failure is CMD's result at once:
+# a client that failed on its data must not get another chance.
+AGAIN_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 again() {
   _end=$(($(now) + $1))
   shift
-  until "$@"; do
-    [ "$(now)" -lt "$_end" ] || return 1
+  _out=$(mktemp /tmp/again.XXXXXX)
+  while :; do
+    # Its output goes to ours as it comes, and to $_out to decide on another try.
+    { "$@"; echo $? > "$_out.rc"; } 2>&1 | tee "$_out"
+    _rc=$(cat "$_out.rc")
+    [ "$_rc" = 0 ] && break
+    grep -qE "$AGAIN_RE" "$_out" || break
+    [ "$(now)" -lt "$_end" ] || break
+    echo "again: could not connect (rc=$_rc), trying again: $*"
     sleep 2
   done
+  rm -f "$_out" "$_out.rc"
+  return "$_rc"
+}
+
+# pingpong_rts: an ibv_rc_pingpong of this guest has its RC QP on DEV in RTS: it exchanged QPs
+# with its server and posts its rounds (its own output reaches a file only when it ends).
+pingpong_rts() {
+  rdma res show qp link "$DEV/1" 2> /dev/null |
+    awk '/type RC / && /state RTS / && /comm ibv_rc_pingpong/ { f = 1 } END { exit !f }'
+}
+
+# rping_verified FILE: rping -v -V (client) wrote to FILE rounds whose data it checked, one
+# "ping data: ..." line each (its stdout reaches the file 4 KiB, ~55 rounds, at a time).
+rping_verified() { grep -q '^ping data: ' "$1" 2> /dev/null; }
+
+# running PID: process PID runs (a job that ended stays a zombie until the script waits for it).
+running() { [ -e "/proc/$1/status" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2> /dev/null; }
+
+# wait_traffic SECS RPING_LOG PID...: until ibv_rc_pingpong runs in RTS and rping verified rounds
+# (RPING_LOG), for at most SECS seconds; fails (with why in TRAFFIC_WHY) at once if one of the PIDs
+# (the programs' jobs) ended before, or after SECS seconds. A marker that says "traffic ran"
+# follows this, never a sleep.
+wait_traffic() {
+  _secs=$1 _log=$2
+  _end=$(($(now) + _secs))
+  shift 2
+  until pingpong_rts && rping_verified "$_log"; do
+    for _p in "$@"; do
+      running "$_p" && continue
+      TRAFFIC_WHY="a program ended before traffic flowed"
+      return 1
+    done
+    if [ "$(now)" -ge "$_end" ]; then
+      TRAFFIC_WHY="no traffic after $_secs s (pingpong in RTS: $(pingpong_rts && echo yes || echo no), rping rounds verified: $(rping_verified "$_log" && echo yes || echo no))"
+      return 1
+    fi
+    sleep 0.5
+  done
+  TRAFFIC_WHY=
 }
 
 # driver_log: the kernel's last lines about the RDMA and NIC drivers, for a failure report.
