@@ -248,7 +248,13 @@ impl RemoteSuite {
                     "no 'remote address: ... QPN' line of ibv_rc_pingpong in {serial}"
                 ))
             });
-        if !restored.contains(&format!("{qpn:#x}")) {
+        // One of the listed QPNs exactly ("0x1" is in "0x12" but is not it).
+        let qpns = restored
+            .split_once("qpns=[")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list)
+            .unwrap_or("");
+        if !qpns.split(',').any(|q| q.trim() == format!("{qpn:#x}")) {
             self.fail(&format!(
                 "the pingpong peer's QPN {qpn:#x} ({serial}) is not among the restored {restored}"
             ));
