@@ -78,6 +78,32 @@ wait_traffic() {
   TRAFFIC_WHY=
 }
 
+# has_host_signal NAME: the test host's signal server (HOST_IP:SIG_PORT) has NAME (HTTP by hand
+# over nc: this static busybox's wget crashes).
+has_host_signal() {
+  printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 3 "$HOST_IP" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
+}
+
+# wait_host_signal SECS NAME...: until the test host serves one of the NAMEs (polled once a second,
+# at least once, so that an idle guest stays nearly idle); prints that one.
+wait_host_signal() {
+  _end=$(($(now) + $1))
+  shift
+  while :; do
+    for _s in "$@"; do
+      if has_host_signal "$_s"; then
+        echo "$_s"
+        return 0
+      fi
+    done
+    [ "$(now)" -lt "$_end" ] || return 1
+    sleep 1
+  done
+}
+
+# centis: the uptime in hundredths of a second (the clock of the guests' throughput figures).
+centis() { awk '{ printf "%d\n", $1 * 100 }' /proc/uptime; }
+
 # driver_log: the kernel's last lines about the RDMA and NIC drivers, for a failure report.
 driver_log() { dmesg | grep -E 'rxe|vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20; }
 

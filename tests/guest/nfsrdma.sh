@@ -61,26 +61,6 @@ fail() {
   exit 1
 }
 
-# has_signal NAME / wait_signal SECS NAME...: the test host's signal server, as in
-# tests/guest/nvmeof.sh (HTTP by hand over nc: this static busybox's wget crashes).
-has_signal() {
-  printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 3 "$HOST_IP" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
-}
-wait_signal() {
-  _end=$(($(now) + $1))
-  shift
-  while [ "$(now)" -lt "$_end" ]; do
-    for _s in "$@"; do
-      if has_signal "$_s"; then
-        echo "$_s"
-        return 0
-      fi
-    done
-    sleep 1
-  done
-  return 1
-}
-centis() { awk '{ printf "%d\n", $1 * 100 }' /proc/uptime; }
 section() {
   _name=$1
   shift
@@ -128,7 +108,7 @@ bytes=$(find /tmp/src/tree -type f | xargs cat | wc -c)
 manifest_md5=$(md5sum < /tmp/manifest | cut -d' ' -f1)
 say "TREE files=$files bytes=$bytes manifest_md5=$manifest_md5"
 
-got=$(wait_signal "$READY_WAIT" nfs-ready nfs-failed) || got=nothing
+got=$(wait_host_signal "$READY_WAIT" nfs-ready nfs-failed) || got=nothing
 [ "$got" = nfs-ready ] || fail "the test host's NFS server is not ready: $got"
 
 # The negative control: the same mount on a port where nothing listens (NFS_PORT + 1) must fail,
@@ -158,7 +138,7 @@ rm -rf /tmp/src
 
 # The test host reads its side of the export meanwhile; this side waits, so that the read below
 # has the test host's CPU to itself.
-got=$(wait_signal "$CHECK_WAIT" nfs-checked) && checked=1 || checked=0
+got=$(wait_host_signal "$CHECK_WAIT" nfs-checked) && checked=1 || checked=0
 say "SIGNAL name=nfs-checked got=$checked"
 
 # Read back from a fresh mount, caches dropped: every byte comes over the wire again.

@@ -70,30 +70,6 @@ fail() {
   exit 1
 }
 
-# has_signal NAME: the test host's signal server has NAME (HTTP by hand over nc, as
-# tests/guest/rdma.sh does: this static busybox's wget crashes).
-has_signal() {
-  printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 3 "$HOST_IP" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
-}
-# wait_signal SECS NAME...: until the test host serves one of the NAMEs; prints that one.
-wait_signal() {
-  _end=$(($(now) + $1))
-  shift
-  while [ "$(now)" -lt "$_end" ]; do
-    for _s in "$@"; do
-      if has_signal "$_s"; then
-        echo "$_s"
-        return 0
-      fi
-    done
-    sleep 1
-  done
-  return 1
-}
-
-# centis: the uptime in hundredths of a second (the clock of the throughput figures).
-centis() { awk '{ printf "%d\n", $1 * 100 }' /proc/uptime; }
-
 # pattern FIRST COUNT: blocks FIRST .. FIRST+COUNT-1 of the pattern (see the header).
 pattern() {
   awk -v first="$1" -v count="$2" 'BEGIN {
@@ -135,7 +111,7 @@ modprobe nvme-rdma || fail "modprobe nvme-rdma"
 say "MODULES$(for m in nvme_core nvme_fabrics nvme_rdma rdma_cm; do printf ' %s=%s' "$m" "$([ -d "/sys/module/$m" ] && echo 1 || echo 0)"; done)"
 [ -c /dev/nvme-fabrics ] || fail "no /dev/nvme-fabrics after loading nvme-rdma"
 
-got=$(wait_signal "$READY_WAIT" target-ready target-failed) || got=nothing
+got=$(wait_host_signal "$READY_WAIT" target-ready target-failed) || got=nothing
 [ "$got" = target-ready ] || fail "the test host's target is not ready: $got"
 
 NVME_ID="--hostnqn=$HOSTNQN --hostid=$HOSTID"
@@ -185,7 +161,7 @@ say "WRITTEN bytes=$((chunks * CHUNK_MIB * 1048576)) centis=$wcs"
 
 # The test host reads its RAM disk meanwhile (what arrived there); this side waits, so that the
 # read below has the test host's CPU to itself.
-got=$(wait_signal "$CHECK_WAIT" "$CHECKED_SIGNAL") && checked=1 || checked=0
+got=$(wait_host_signal "$CHECK_WAIT" "$CHECKED_SIGNAL") && checked=1 || checked=0
 say "SIGNAL name=$CHECKED_SIGNAL got=$checked"
 
 # Read back: O_DIRECT (no page cache), caches dropped first all the same.
@@ -268,7 +244,7 @@ migration_pass() {
     r=$((r + 1))
     if [ $migrated = 1 ]; then
       after=$((after + 1))
-    elif has_signal migrated; then
+    elif has_host_signal migrated; then
       migrated=1
     fi
   done
