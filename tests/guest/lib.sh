@@ -78,6 +78,23 @@ wait_traffic() {
   TRAFFIC_WHY=
 }
 
+# section NAME CMD...: CMD's output (stdout and stderr) between "SECTION-BEGIN NAME" and
+# "SECTION-END NAME rc=N" lines, for the test to parse; bounded by LIMIT seconds when the script
+# sets LIMIT. Returns CMD's status.
+section() {
+  _name=$1
+  shift
+  echo "SECTION-BEGIN $_name"
+  if [ -n "${LIMIT:-}" ]; then
+    timeout "$LIMIT" "$@" 2>&1
+  else
+    "$@" 2>&1
+  fi
+  _rc=$?
+  echo "SECTION-END $_name rc=$_rc"
+  return $_rc
+}
+
 # has_host_signal NAME: the test host's signal server (HOST_IP:SIG_PORT) has NAME (HTTP by hand
 # over nc: this static busybox's wget crashes).
 has_host_signal() {

@@ -61,15 +61,6 @@ fail() {
   exit 1
 }
 
-section() {
-  _name=$1
-  shift
-  echo "SECTION-BEGIN $_name"
-  timeout "$LIMIT" "$@" 2>&1
-  _rc=$?
-  echo "SECTION-END $_name rc=$_rc"
-  return $_rc
-}
 # nfs_mounted: the /proc/mounts line of MNT (empty if none).
 nfs_mounted() { awk -v m="$MNT" '$2 == m' /proc/mounts; }
 # mount_nfs N: mounts the export's root on MNT over RDMA (section mount-N), says MOUNTED.

@@ -83,17 +83,6 @@ pattern() {
   }'
 }
 
-# section NAME CMD...: CMD's output framed for the test, bounded by LIMIT; returns its status.
-section() {
-  _name=$1
-  shift
-  echo "SECTION-BEGIN $_name"
-  timeout "$LIMIT" "$@" 2>&1
-  _rc=$?
-  echo "SECTION-END $_name rc=$_rc"
-  return $_rc
-}
-
 if [ "$DEV" = rxe0 ]; then
   # The baseline: Soft-RoCE in this guest. crc32_generic first: rxe's ICRC needs the "crc32"
   # algorithm and this guest has no /sbin/modprobe for the kernel to ask for it.
