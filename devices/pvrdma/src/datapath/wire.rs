@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use net_port::{FrameBackend, VnetHdr};
 use rdma_transport::net::{
-    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac,
+    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
 };
 use rdma_transport::packet::{recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
@@ -189,6 +189,7 @@ pub(crate) fn addr(
             flow_label,
         },
         udp_sport: udp_sport_for_qpn(qpn),
+        encap: Encap::V2,
     })
 }
 
@@ -207,6 +208,7 @@ pub(crate) fn no_addr() -> Addr {
             flow_label: 0,
         },
         udp_sport: 0,
+        encap: Encap::V2,
     }
 }
 
