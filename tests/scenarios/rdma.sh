@@ -89,9 +89,9 @@ fi
 
 header="IP_A=$IP_A IP_B=$IP_B IP_C=$IP_C HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT
 GATE_WAIT=$GATE_WAIT PP_ITERS=$PP_ITERS LOSS_PP_ITERS=$LOSS_PP_ITERS PERF_ITERS=$PERF_ITERS PING_COUNT=$PING_COUNT"
-guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/rdma.sh"
-guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/rdma.sh"
-guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
 
 # One vCPU each: the guests share L1's single vCPU.
 run_guest rdma-a "$WORK/rdma-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
