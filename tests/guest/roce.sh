@@ -77,10 +77,12 @@ gid_of() {
 }
 
 # cm_counters STEP SERVER CLIENT: the CM line of this guest after STEP, if it was one of its
-# parties (the kernel's IB CM counts the messages it sent and received in sysfs).
+# parties (the kernel's IB CM counts the messages it sent and received in sysfs: under the port
+# since Linux 5.14, under /sys/class/infiniband_cm before).
 cm_counters() {
   [ "$ROLE" = "$2" ] || [ "$ROLE" = "$3" ] || return 0
-  _cm=/sys/class/infiniband_cm/$DEV/1
+  _cm=/sys/class/infiniband/$DEV/ports/1
+  [ -d "$_cm/cm_rx_msgs" ] || _cm=/sys/class/infiniband_cm/$DEV/1
   _line="CM step=$1"
   for _d in tx rx; do
     for _m in req rep rej; do
