@@ -85,6 +85,6 @@ pub use server::{start_server, start_server_with, ApiError, ApiServerHandle, Ser
 pub use types::{
     ActionError, ApiMessage, ApiRequest, ApiResponse, DiskSummary, MigrationDirection,
     MigrationInfo, MigrationStatus, ReceiveMigrationParams, ResponseBody, SendMigrationParams,
-    SnapshotParams, VmConfigSummary, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
+    SnapshotParams, TlsParams, VmConfigSummary, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
     DEFAULT_MIGRATION_TIMEOUT_S,
 };

@@ -16,6 +16,9 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod protocol;
+#[cfg(any(test, feature = "test-pki"))]
+pub mod test_pki;
+pub mod tls;
 pub mod transport;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};

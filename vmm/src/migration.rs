@@ -26,13 +26,15 @@ use serde::{Deserialize, Serialize};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _, GuestMemoryRegion};
 use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
-use vm_migration::transport::{MigrationUrl, Stream};
+use vm_migration::tls::{TlsClient, TlsFiles};
+use vm_migration::transport::{AcceptError, Listener, MigrationUrl, Stream};
 use vm_migration::{MigratableError, Snapshot};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::state::{VcpuState, VmState};
-use crate::config::{MacAddr, VmConfig};
+use crate::config::VmConfig;
 use crate::device_manager::DevicesSnapshot;
+use crate::incoming::HostSettings;
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -247,6 +249,15 @@ fn receive_memory(
     Ok(table.bytes())
 }
 
+/// The PEM files of an API request's `tls`.
+pub fn tls_files(params: &api::TlsParams) -> TlsFiles {
+    TlsFiles {
+        cert: params.cert.clone(),
+        key: params.key.clone(),
+        ca: params.ca.clone(),
+    }
+}
+
 /// What the sending thread asks of the control loop, which owns the vCPUs.
 #[derive(Debug)]
 pub enum SourceRequest {
@@ -274,6 +285,7 @@ impl ControlLink {
 /// give up.
 pub struct Source {
     pub url: MigrationUrl,
+    pub tls: Option<TlsClient>,
     pub downtime: Duration,
     pub timeout: Duration,
     pub config: Vec<u8>,
@@ -325,7 +337,7 @@ impl Source {
     fn migrate(&self, started: Instant) -> Result<(), String> {
         let mut stream = self
             .url
-            .connect()
+            .connect(self.tls.as_ref())
             .map_err(|e| MigrationError::Connect(self.url.to_string(), e))
             .map_err(|e| crate::error_chain(&e))?;
         let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
@@ -434,51 +446,75 @@ pub trait Target: Sized {
     fn restore(&mut self, state: &VmSnapshot) -> Result<(), String>;
 }
 
-/// Host-side settings of the destination that replace the source's.
-pub struct HostSettings {
-    /// MAC (as in the config) → TAP on this host.
-    pub taps: std::collections::BTreeMap<String, String>,
-    pub serial: crate::config::SerialConfig,
-}
+/// How long a peer has, once connected, to send a valid `Start`: a
+/// connection that does not is no source and must not hold the listener.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the destination waits for the source's next request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
-impl HostSettings {
-    fn apply(&self, config: &mut VmConfig) -> Result<(), String> {
-        config.serial = self.serial.clone();
-        let mut unused: Vec<&String> = self.taps.keys().collect();
-        let nets = config
-            .nets
-            .iter_mut()
-            .chain(config.pvrdma.iter_mut().map(|p| &mut p.net));
-        for net in nets {
-            // The keys were checked to be MACs; compare them parsed, so
-            // that case does not matter.
-            let ours = Some(net.mac);
-            let found = self
-                .taps
-                .iter()
-                .find(|(mac, _)| mac.parse::<MacAddr>().ok() == ours);
-            if let Some((mac, tap)) = found {
-                net.tap = tap.clone();
-                unused.retain(|m| *m != mac);
-            }
-        }
-        if let Some(mac) = unused.first() {
-            return Err(format!("no NIC of the incoming VM has MAC {mac}"));
-        }
-        config.validate().map_err(|e| e.to_string())
-    }
-}
-
-/// Receives one migration on `url`: returns the built and restored VM once
-/// the source handed it over.
+/// Receives one migration on `listener`: returns the built and restored VM
+/// once the source handed it over. Peers that fail the TLS handshake or
+/// do not start with a valid `Start` are dropped and the listener goes on,
+/// so a stray or hostile connection cannot spoil a legitimate migration;
+/// a source that started and then fails ends the receive.
 pub fn receive<T: Target>(
-    listener: &vm_migration::transport::Listener,
+    listener: &Listener,
     host: &HostSettings,
     progress: &Progress,
 ) -> Result<(T, VmConfig), MigrationError> {
-    let mut stream = listener
-        .accept()
-        .map_err(|e| MigrationError::Listen("the receiver socket".into(), e))?;
+    loop {
+        let mut stream = match listener.accept() {
+            Ok(stream) => stream,
+            Err(e @ AcceptError::Peer(..)) => {
+                log::warn!("{}", crate::error_chain(&e));
+                continue;
+            }
+            Err(AcceptError::Socket(e)) => {
+                return Err(MigrationError::Listen("the receiver socket".into(), e))
+            }
+        };
+        match read_start(&mut *stream) {
+            Ok(()) => return receive_from(&mut *stream, host, progress),
+            Err(e) => log::warn!(
+                "Dropped a connection that is no migration source: {}",
+                crate::error_chain(&e)
+            ),
+        }
+    }
+}
+
+/// The first request of a source, answered.
+fn read_start(stream: &mut dyn Stream) -> Result<(), ProtocolError> {
+    stream
+        .set_read_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    let header = protocol::read_request_header(stream, 0)?;
+    header.expect(Command::Start)?;
+    let result = header
+        .payload(stream)
+        .and_then(|p| protocol::check_start(&p));
+    if let Err(e) = &result {
+        let _ = protocol::send_response(stream, Err(&e.to_string()));
+    }
+    result?;
+    protocol::send_response(stream, Ok(())).map_err(ProtocolError::Io)?;
+    stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)
+}
+
+/// The rest of a migration, after its `Start`.
+fn receive_from<T: Target>(
+    stream: &mut dyn Stream,
+    host: &HostSettings,
+    progress: &Progress,
+) -> Result<(T, VmConfig), MigrationError> {
     update(progress, |i| i.status = MigrationStatus::Active);
     let started = Instant::now();
     let mut target: Option<(T, VmConfig)> = None;

@@ -26,12 +26,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::arch::{self, acpi, boot, cpu, layout};
 use crate::config::{SerialConfig, VmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
+use crate::incoming::HostSettings;
 use crate::kvm::{KvmError, Vm};
 use crate::lock;
 use crate::memory::{self, GuestMemory, MemoryError};
-use crate::migration::{
-    self, ControlLink, HostSettings, Progress, Source, SourceRequest, VmSnapshot,
-};
+use crate::migration::{self, ControlLink, Progress, Source, SourceRequest, VmSnapshot};
 use crate::sandbox;
 use crate::vcpu::{self, ExitReporter, VcpuError, VcpuExitReason, VcpuHandle};
 
@@ -555,6 +554,14 @@ impl Vmm {
                 .map_err(|e: vm_migration::transport::UrlError| {
                     ActionError::BadRequest(e.to_string())
                 })?;
+        let tls = params
+            .tls
+            .as_ref()
+            .map(|t| migration::tls_files(t).client())
+            .transpose()
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+        url.check_plaintext(tls.is_some(), params.allow_plaintext)
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
         let config = serde_json::to_vec(&self.config)
             .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
         let (requests_tx, requests) = mpsc::channel();
@@ -572,6 +579,7 @@ impl Vmm {
         *lock(&self.migration) = Some(info);
         let source = Source {
             url,
+            tls,
             downtime: std::time::Duration::from_millis(params.downtime_ms),
             timeout: std::time::Duration::from_secs(params.timeout_s),
             config,
@@ -977,13 +985,36 @@ fn start_receiver(
             )));
         }
     }
-    let listener = url
-        .listen()
-        .map_err(|e| ActionError::Failed(format!("cannot listen on {url}: {e}")))?;
+    let tls = params
+        .tls
+        .as_ref()
+        .map(|t| migration::tls_files(t).server())
+        .transpose()
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    url.check_plaintext(tls.is_some(), params.allow_plaintext)
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    let disk_dirs = params
+        .disk_dirs
+        .iter()
+        .map(|dir| {
+            dir.canonicalize()
+                .map_err(|e| ActionError::BadRequest(format!("disk_dirs: {}: {e}", dir.display())))
+        })
+        .collect::<Result<_, _>>()?;
+    let max_memory = match params.max_memory_mib {
+        Some(mib) => mib.saturating_mul(1 << 20),
+        None => crate::incoming::host_memory(),
+    };
     let host = HostSettings {
         taps: params.taps.clone(),
+        disks: params.disks.clone(),
+        disk_dirs,
+        max_memory,
         serial: serial.clone(),
     };
+    let listener = url
+        .listen(tls)
+        .map_err(|e| ActionError::Failed(format!("cannot listen on {url}: {e}")))?;
     *lock(progress) = Some(migration::start_info(
         MigrationDirection::Receive,
         &url.to_string(),

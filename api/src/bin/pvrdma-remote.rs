@@ -17,7 +17,8 @@ use std::time::Duration;
 use api::client::{ApiClient, ClientError};
 use api::{
     ApiRequest, MigrationDirection, MigrationInfo, MigrationStatus, ReceiveMigrationParams,
-    SendMigrationParams, SnapshotParams, VmInfo, DEFAULT_DOWNTIME_MS, DEFAULT_MIGRATION_TIMEOUT_S,
+    SendMigrationParams, SnapshotParams, TlsParams, VmInfo, DEFAULT_DOWNTIME_MS,
+    DEFAULT_MIGRATION_TIMEOUT_S,
 };
 
 /// Exit status when the VMM answered with an error, or a followed migration failed.
@@ -84,7 +85,7 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: "send-migration",
-        args: "URL [--downtime-ms N] [--timeout-s N] [--no-wait]",
+        args: "URL [--downtime-ms N] [--timeout-s N] [TLS] [--no-wait]",
         help: "Live-migrate the VM to the VMM receiving on URL (unix:PATH or tcp:HOST:PORT)",
         build: send_migration,
     },
@@ -96,7 +97,8 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: "receive-migration",
-        args: "URL [--tap MAC=TAP]... [--no-wait]",
+        args: "URL [--tap MAC=TAP]... [--disk OLD=NEW]... [--disk-dir DIR]... \
+               [--max-memory-mib N] [TLS] [--no-wait]",
         help: "Listen on URL for a migrating VM and run it (VMM started without a kernel)",
         build: receive_migration,
     },
@@ -119,14 +121,21 @@ fn no_args(args: &[String], request: ApiRequest) -> Result<Action, String> {
     }
 }
 
+/// Flags and options both migration commands take.
+const TLS_FLAGS: [&str; 2] = ["--no-wait", "--allow-plaintext"];
+const TLS_OPTIONS: [&str; 3] = ["--tls-cert", "--tls-key", "--tls-ca"];
+
 fn send_migration(args: &[String]) -> Result<Action, String> {
-    let args = CommandArgs::parse(args, &["--no-wait"], &["--downtime-ms", "--timeout-s"])?;
+    let valued = [&TLS_OPTIONS[..], &["--downtime-ms", "--timeout-s"]].concat();
+    let args = CommandArgs::parse(args, &TLS_FLAGS, &valued)?;
     let params = SendMigrationParams {
         destination_url: args.url.to_owned(),
         downtime_ms: args.number("--downtime-ms")?.unwrap_or(DEFAULT_DOWNTIME_MS),
         timeout_s: args
             .number("--timeout-s")?
             .unwrap_or(DEFAULT_MIGRATION_TIMEOUT_S),
+        tls: args.tls()?,
+        allow_plaintext: args.flags.contains(&"--allow-plaintext"),
     };
     Ok(Action {
         request: ApiRequest::SendMigration(params),
@@ -135,7 +144,12 @@ fn send_migration(args: &[String]) -> Result<Action, String> {
 }
 
 fn receive_migration(args: &[String]) -> Result<Action, String> {
-    let args = CommandArgs::parse(args, &["--no-wait"], &["--tap"])?;
+    let valued = [
+        &TLS_OPTIONS[..],
+        &["--tap", "--disk", "--disk-dir", "--max-memory-mib"],
+    ]
+    .concat();
+    let args = CommandArgs::parse(args, &TLS_FLAGS, &valued)?;
     let mut taps = BTreeMap::new();
     for tap in args.values("--tap") {
         let (mac, tap) = parse_tap(tap)?;
@@ -143,9 +157,24 @@ fn receive_migration(args: &[String]) -> Result<Action, String> {
             return Err(format!("--tap: {mac} is already given TAP '{earlier}'"));
         }
     }
+    let mut disks = BTreeMap::new();
+    for disk in args.values("--disk") {
+        let (old, new) = disk
+            .split_once('=')
+            .filter(|(old, new)| !old.is_empty() && !new.is_empty())
+            .ok_or_else(|| format!("--disk takes OLD=NEW (paths), not '{disk}'"))?;
+        if disks.insert(old.into(), new.into()).is_some() {
+            return Err(format!("--disk: {old} is mapped twice"));
+        }
+    }
     let params = ReceiveMigrationParams {
-        receiver_url: args.url.to_owned(),
         taps,
+        disks,
+        disk_dirs: args.values("--disk-dir").map(Into::into).collect(),
+        max_memory_mib: args.number("--max-memory-mib")?,
+        tls: args.tls()?,
+        allow_plaintext: args.flags.contains(&"--allow-plaintext"),
+        ..ReceiveMigrationParams::new(args.url)
     };
     Ok(Action {
         request: ApiRequest::ReceiveMigration(params),
@@ -265,6 +294,20 @@ impl<'a> CommandArgs<'a> {
             .transpose()
     }
 
+    /// `--tls-cert/--tls-key/--tls-ca`: all three or none.
+    fn tls(&self) -> Result<Option<TlsParams>, String> {
+        let [cert, key, ca] = TLS_OPTIONS.map(|name| self.value(name));
+        match (cert?, key?, ca?) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsParams {
+                cert: cert.into(),
+                key: key.into(),
+                ca: ca.into(),
+            })),
+            _ => Err("TLS needs all of --tls-cert, --tls-key and --tls-ca".into()),
+        }
+    }
+
     /// Whether to follow the migration: yes, unless `--no-wait` was given.
     fn watch(&self, direction: MigrationDirection) -> Option<MigrationDirection> {
         (!self.flags.contains(&"--no-wait")).then_some(direction)
@@ -301,7 +344,15 @@ fn help() -> String {
          --timeout-s N      Give up after N s; the source keeps running \
          (default {DEFAULT_MIGRATION_TIMEOUT_S})\n  \
          --tap MAC=TAP      Attach the incoming NIC with MAC to TAP on this host \
+         (repeatable; every NIC)\n  \
+         --disk OLD=NEW     Open NEW here for the source's disk OLD (repeatable)\n  \
+         --disk-dir DIR     Accept the source's disks that lie in DIR as they are \
          (repeatable)\n  \
+         --max-memory-mib N Refuse a VM with more memory (default: this host's RAM)\n  \
+         --tls-cert PEM     TLS 1.3 (tcp: only): this end's certificate,\n  \
+         --tls-key PEM      its private key,\n  \
+         --tls-ca PEM       and the CA the other end's certificate must be signed by\n  \
+         --allow-plaintext  Allow plain TCP to or on an address that is not loopback\n  \
          --no-wait          Return once the migration started; follow it with 'info'\n\n\
          On success the response body, if any, is printed as JSON. A migration is followed\n\
          until it ends, with a line on stdout per pre-copy pass.\n\
@@ -315,7 +366,11 @@ fn help() -> String {
 enum Invocation {
     Help,
     Version,
-    Call { socket: PathBuf, action: Action },
+    /// Boxed: an action's parameters dwarf the other variants.
+    Call {
+        socket: PathBuf,
+        action: Box<Action>,
+    },
 }
 
 /// Parses the arguments after the program name. `--api-socket`, `--help` and `--version` are
@@ -354,7 +409,10 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let action = (command.build)(&command_args).map_err(|e| format!("{name}: {e}"))?;
     let socket = socket.filter(|s| !s.as_os_str().is_empty());
     let socket = socket.ok_or("--api-socket PATH is required")?;
-    Ok(Invocation::Call { socket, action })
+    Ok(Invocation::Call {
+        socket,
+        action: Box::new(action),
+    })
 }
 
 /// An error and its causes on one line.
@@ -496,7 +554,7 @@ fn main() -> ExitCode {
             print(&format!("pvrdma-remote {}\n", env!("CARGO_PKG_VERSION")));
             return ExitCode::SUCCESS;
         }
-        Ok(Invocation::Call { socket, action }) => (socket, action),
+        Ok(Invocation::Call { socket, action }) => (socket, *action),
         Err(e) => {
             eprintln!("error: {e}\nRun 'pvrdma-remote --help' for usage.");
             return ExitCode::from(EXIT_UNREACHABLE);
@@ -535,7 +593,7 @@ mod tests {
     /// The action `list` asks for, which must parse.
     fn action(list: &[&str]) -> Action {
         match parse_args(&args(list)) {
-            Ok(Invocation::Call { action, .. }) => action,
+            Ok(Invocation::Call { action, .. }) => *action,
             Err(e) => panic!("{list:?}: {e}"),
             Ok(_) => panic!("{list:?}: not a call"),
         }
@@ -583,11 +641,7 @@ mod tests {
         let a = action(&["--api-socket", "/s", "send-migration", "tcp:10.0.0.2:6000"]);
         assert_eq!(
             a.request,
-            ApiRequest::SendMigration(SendMigrationParams {
-                destination_url: "tcp:10.0.0.2:6000".into(),
-                downtime_ms: DEFAULT_DOWNTIME_MS,
-                timeout_s: DEFAULT_MIGRATION_TIMEOUT_S,
-            })
+            ApiRequest::SendMigration(SendMigrationParams::new("tcp:10.0.0.2:6000"))
         );
         assert_eq!(a.watch, Some(MigrationDirection::Send));
 
@@ -600,6 +654,7 @@ mod tests {
             "--no-wait",
             "--api-socket",
             "/s",
+            "--allow-plaintext",
         ]);
         assert_eq!(
             a.request,
@@ -607,6 +662,8 @@ mod tests {
                 destination_url: "unix:/m.sock".into(),
                 downtime_ms: 50,
                 timeout_s: 60,
+                tls: None,
+                allow_plaintext: true,
             })
         );
         assert_eq!(a.watch, None, "--no-wait");
@@ -621,6 +678,13 @@ mod tests {
             "--tap",
             "52:54:00:00:00:02=tap-b1",
             "--tap=52:54:00:AB:CD:0E=tap-b2",
+            "--disk=/src/a.img=/dst/a.img",
+            "--disk-dir",
+            "/var/disks",
+            "--max-memory-mib=2048",
+            "--tls-cert=c.pem",
+            "--tls-key=k.pem",
+            "--tls-ca=ca.pem",
         ]);
         let taps = [
             ("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned()),
@@ -629,8 +693,16 @@ mod tests {
         assert_eq!(
             a.request,
             ApiRequest::ReceiveMigration(ReceiveMigrationParams {
-                receiver_url: "unix:/m.sock".into(),
                 taps: taps.into(),
+                disks: [("/src/a.img".into(), "/dst/a.img".into())].into(),
+                disk_dirs: vec!["/var/disks".into()],
+                max_memory_mib: Some(2048),
+                tls: Some(TlsParams {
+                    cert: "c.pem".into(),
+                    key: "k.pem".into(),
+                    ca: "ca.pem".into(),
+                }),
+                ..ReceiveMigrationParams::new("unix:/m.sock")
             })
         );
         assert_eq!(a.watch, Some(MigrationDirection::Receive));
@@ -690,6 +762,23 @@ mod tests {
             (
                 &["send-migration", "unix:/a", "--downtime-ms", "5ms"],
                 "whole number, not '5ms'",
+            ),
+            (
+                &["send-migration", "tcp:h:1", "--tls-cert=c", "--tls-key=k"],
+                "TLS needs all of --tls-cert, --tls-key and --tls-ca",
+            ),
+            (
+                &["receive-migration", "tcp:h:1", "--disk", "/a"],
+                "--disk takes OLD=NEW",
+            ),
+            (
+                &[
+                    "receive-migration",
+                    "tcp:h:1",
+                    "--disk=/a=/b",
+                    "--disk=/a=/c",
+                ],
+                "--disk: /a is mapped twice",
             ),
             (
                 &["send-migration", "unix:/a", "--timeout-s=-1"],
