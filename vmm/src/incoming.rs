@@ -58,33 +58,37 @@ impl HostSettings {
     }
 
     fn apply_taps(&self, config: &mut VmConfig) -> Result<(), String> {
-        let mut unused: Vec<&String> = self.taps.keys().collect();
-        let nets = config
+        let nets: Vec<_> = config
             .nets
             .iter_mut()
-            .chain(config.pvrdma.iter_mut().map(|p| &mut p.net));
-        for net in nets {
-            // The keys were checked to be MACs; compare them parsed, so
-            // that case does not matter.
-            let ours = Some(net.mac);
-            let (mac, tap) = self
-                .taps
+            .chain(config.pvrdma.iter_mut().map(|p| &mut p.net))
+            .collect();
+        // The keys were checked to be MACs; compare them parsed, so that
+        // case does not matter.
+        let tap_of = |mac: MacAddr| {
+            self.taps
                 .iter()
-                .find(|(mac, _)| mac.parse::<MacAddr>().ok() == ours)
+                .find(|(key, _)| key.parse::<MacAddr>().ok() == Some(mac))
+                .map(|(_, tap)| tap)
+        };
+        if let Some(mac) = self.taps.keys().find(|key| {
+            let key = key.parse::<MacAddr>().ok();
+            !nets.iter().any(|n| Some(n.mac) == key)
+        }) {
+            return Err(format!("no NIC of the incoming VM has MAC {mac}"));
+        }
+        for net in nets {
+            net.tap = tap_of(net.mac)
                 .ok_or_else(|| {
                     format!(
                         "the incoming NIC {} has no TAP on this host: give it one with \
                          --tap {}=TAP (taps)",
                         net.mac, net.mac
                     )
-                })?;
-            net.tap = tap.clone();
-            unused.retain(|m| *m != mac);
+                })?
+                .clone();
         }
-        match unused.first() {
-            Some(mac) => Err(format!("no NIC of the incoming VM has MAC {mac}")),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     fn apply_disks(&self, config: &mut VmConfig) -> Result<(), String> {
@@ -118,5 +122,141 @@ impl HostSettings {
             .iter()
             .any(|dir| real.starts_with(dir))
             .then_some(real)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+    use crate::config::{DiskConfig, NetConfig};
+
+    const MAC: &str = "52:54:00:00:00:01";
+
+    struct Dirs {
+        root: PathBuf,
+        allowed: PathBuf,
+        other: PathBuf,
+    }
+
+    fn dirs(name: &str) -> Dirs {
+        let root = std::env::temp_dir().join(format!("incoming-{name}-{}", std::process::id()));
+        let d = Dirs {
+            allowed: root.join("allowed"),
+            other: root.join("other"),
+            root,
+        };
+        for dir in [&d.allowed, &d.other] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("a.img"), b"").unwrap();
+        }
+        d
+    }
+
+    /// What a source sends: one NIC on its TAP, one disk.
+    fn incoming(disk: &Path) -> VmConfig {
+        VmConfig {
+            kernel: "/boot/vmlinux".into(),
+            initramfs: None,
+            cmdline: String::new(),
+            cpus: 1,
+            memory: 512 << 20,
+            disks: vec![DiskConfig {
+                path: disk.into(),
+                readonly: false,
+            }],
+            nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
+            pvrdma: None,
+            serial: SerialConfig::Tty,
+        }
+    }
+
+    fn host(d: &Dirs) -> HostSettings {
+        HostSettings {
+            taps: [(MAC.to_uppercase(), "tap-dst".to_owned())].into(),
+            disks: BTreeMap::new(),
+            disk_dirs: vec![d.allowed.canonicalize().unwrap()],
+            max_memory: 1 << 30,
+            serial: SerialConfig::Off,
+        }
+    }
+
+    fn refusal(host: &HostSettings, mut config: VmConfig) -> String {
+        host.apply(&mut config).unwrap_err()
+    }
+
+    #[test]
+    fn accepted_config_takes_this_hosts_settings() {
+        let d = dirs("accepted");
+        let mut config = incoming(&d.allowed.join("a.img"));
+        host(&d).apply(&mut config).unwrap();
+        assert_eq!(config.nets[0].tap, "tap-dst");
+        assert_eq!(config.serial, SerialConfig::Off);
+        assert_eq!(
+            config.disks[0].path,
+            d.allowed.join("a.img").canonicalize().unwrap()
+        );
+
+        // A mapped disk is opened where the destination says.
+        let mapped = d.other.join("a.img");
+        let mut h = host(&d);
+        h.disks.insert("/src/disk.img".into(), mapped.clone());
+        let mut config = incoming(Path::new("/src/disk.img"));
+        h.apply(&mut config).unwrap();
+        assert_eq!(config.disks[0].path, mapped);
+        std::fs::remove_dir_all(d.root).unwrap();
+    }
+
+    #[test]
+    fn what_the_destination_does_not_allow_refuses_the_vm() {
+        let d = dirs("refused");
+        let h = host(&d);
+        let ok = d.allowed.join("a.img");
+
+        let e = refusal(&h, incoming(&d.other.join("a.img")));
+        assert!(e.contains("is not allowed on this host"), "{e}");
+        // `..` and symbolic links are resolved before the check.
+        let e = refusal(&h, incoming(&d.allowed.join("../other/a.img")));
+        assert!(e.contains("is not allowed"), "{e}");
+        std::os::unix::fs::symlink(d.other.join("a.img"), d.allowed.join("link.img")).unwrap();
+        let e = refusal(&h, incoming(&d.allowed.join("link.img")));
+        assert!(e.contains("is not allowed"), "{e}");
+        // A disk that does not exist is in no directory.
+        let e = refusal(&h, incoming(&d.allowed.join("missing.img")));
+        assert!(e.contains("is not allowed"), "{e}");
+
+        let big = VmConfig {
+            memory: 2 << 30,
+            ..incoming(&ok)
+        };
+        let e = refusal(&h, big);
+        assert!(e.contains("over this host's limit of 1024 MiB"), "{e}");
+
+        let no_tap = HostSettings {
+            taps: BTreeMap::new(),
+            ..host(&d)
+        };
+        let e = refusal(&no_tap, incoming(&ok));
+        assert!(e.contains(&format!("--tap {MAC}=TAP")), "{e}");
+
+        let stray_tap = HostSettings {
+            taps: [("52:54:00:99:99:99".to_owned(), "tap-x".to_owned())].into(),
+            ..host(&d)
+        };
+        let e = refusal(&stray_tap, incoming(&ok));
+        assert!(
+            e.contains("no NIC of the incoming VM has MAC 52:54:00:99:99:99"),
+            "{e}"
+        );
+
+        let mut stray_disk = host(&d);
+        stray_disk.disks.insert("/src/other.img".into(), ok.clone());
+        let e = refusal(&stray_disk, incoming(&ok));
+        assert!(
+            e.contains("no disk of the incoming VM is /src/other.img"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(d.root).unwrap();
     }
 }

@@ -679,3 +679,166 @@ pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), Mig
 
 /// The receiving side of the channel a receiver thread hands its VM over.
 pub type Handover<T> = Receiver<Result<(T, VmConfig), String>>;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Write as _;
+    use std::net::TcpStream;
+    use std::str::FromStr;
+
+    use vm_migration::test_pki;
+
+    use super::*;
+    use crate::config::{NetConfig, SerialConfig};
+
+    /// A VM that is only its memory.
+    struct Memory(GuestMemory);
+
+    impl Target for Memory {
+        fn build(config: VmConfig) -> Result<Self, String> {
+            crate::memory::create_guest_memory(config.memory)
+                .map(Memory)
+                .map_err(|e| e.to_string())
+        }
+        fn memory(&self) -> &GuestMemory {
+            &self.0
+        }
+        fn restore(&mut self, _: &VmSnapshot) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    const MAC: &str = "52:54:00:00:00:01";
+
+    fn config(memory: u64) -> VmConfig {
+        VmConfig {
+            kernel: "/boot/vmlinux".into(),
+            initramfs: None,
+            cmdline: String::new(),
+            cpus: 1,
+            memory,
+            disks: Vec::new(),
+            nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
+            pvrdma: None,
+            serial: SerialConfig::Tty,
+        }
+    }
+
+    /// A source's whole conversation: its configuration, one page of
+    /// `0xab` at 1 MiB, the hand-over. The destination's refusal, if
+    /// any, is the error.
+    fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
+        protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
+        protocol::read_response(stream)?;
+        protocol::send_request(
+            stream,
+            Command::Config,
+            &serde_json::to_vec(config).unwrap(),
+        )?;
+        protocol::read_response(stream)?;
+        let mut table = MemoryRangeTable::default();
+        table.push(1 << 20, PAGE_SIZE);
+        protocol::send_request_header(stream, Command::Memory, table.encoded_len() + PAGE_SIZE)?;
+        stream.write_all(&table.encode())?;
+        stream.write_all(&[0xab; PAGE_SIZE as usize])?;
+        stream.flush()?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Complete, &[])?;
+        protocol::read_response(stream)
+    }
+
+    fn host() -> HostSettings {
+        HostSettings {
+            taps: [(MAC.to_owned(), "tap-dst".to_owned())].into(),
+            disks: BTreeMap::new(),
+            disk_dirs: Vec::new(),
+            max_memory: 256 << 20,
+            serial: SerialConfig::Off,
+        }
+    }
+
+    fn progress() -> Progress {
+        Arc::new(Mutex::new(Some(start_info(
+            MigrationDirection::Receive,
+            "tcp:",
+            MigrationStatus::Listening,
+        ))))
+    }
+
+    /// Peers without the right certificate, with the wrong CA, in plain
+    /// TCP or sending garbage are each dropped; the legitimate source
+    /// that comes after them migrates its VM.
+    #[test]
+    fn refused_peers_leave_a_later_migration_unaffected() {
+        let dir = std::env::temp_dir().join(format!("mig-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = test_pki::make(&dir, "good");
+        let other = test_pki::make(&dir, "other");
+        let listener = MigrationUrl::Tcp("127.0.0.1:0".into())
+            .listen(Some(good.destination.server().unwrap()))
+            .unwrap();
+        let Listener::Tcp(tcp, _) = &listener else {
+            unreachable!()
+        };
+        let addr = tcp.local_addr().unwrap();
+        let url = MigrationUrl::Tcp(addr.to_string());
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            // A certificate of another CA: the handshake fails.
+            let stranger = vm_migration::tls::TlsFiles {
+                ca: good.source.ca.clone(),
+                ..other.source.clone()
+            };
+            if let Ok(mut s) = url.connect(Some(&stranger.client().unwrap())) {
+                assert!(migrate(&mut *s, &config(128 << 20)).is_err());
+            }
+            // A source that trusts another CA refuses the destination.
+            let wrong_ca = vm_migration::tls::TlsFiles {
+                ca: other.source.ca.clone(),
+                ..good.source.clone()
+            };
+            assert!(url.connect(Some(&wrong_ca.client().unwrap())).is_err());
+            // Plain TCP against the TLS listener.
+            let mut plain = url.connect(None).unwrap();
+            assert!(migrate(&mut *plain, &config(128 << 20)).is_err());
+            // Garbage.
+            let mut garbage = TcpStream::connect(addr).unwrap();
+            let _ = garbage.write_all(&[0xff; 1 << 16]);
+            drop(garbage);
+
+            let source = good.source.client().unwrap();
+            let mut s = url.connect(Some(&source)).unwrap();
+            migrate(&mut *s, &config(128 << 20)).unwrap();
+            let (vm, config) = receiver.join().unwrap().unwrap();
+            assert_eq!(config.nets[0].tap, "tap-dst");
+            let mut page = [0u8; PAGE_SIZE as usize];
+            vm.memory()
+                .read_slice(&mut page, GuestAddress(1 << 20))
+                .unwrap();
+            assert_eq!(page, [0xab; PAGE_SIZE as usize]);
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A VM over the destination's memory limit is refused at its
+    /// configuration: the source is told why (and keeps its VM).
+    #[test]
+    fn policy_refusal_reaches_the_source() {
+        let path = std::env::temp_dir().join(format!("mig-policy-{}.sock", std::process::id()));
+        let url = MigrationUrl::Unix(path);
+        let listener = url.listen(None).unwrap();
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            let mut s = url.connect(None).unwrap();
+            let e = migrate(&mut *s, &config(512 << 20))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("over this host's limit of 256 MiB"), "{e}");
+            let e = receiver.join().unwrap().err().unwrap().to_string();
+            assert!(e.contains("Invalid configuration from the source"), "{e}");
+        });
+    }
+}
