@@ -51,7 +51,7 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # rxe provider, ibv_rc_pingpong, perftest, rping). iproute2: the scenarios' bridges and TAPs
 # (ip) and the free ports of a test-host pair (ss); iputils-ping: two test hosts check their cable.
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping openssl)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)

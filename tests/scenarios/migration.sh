@@ -76,7 +76,7 @@ send_in_background() {
 # 2a. The destination dies mid-transfer (after its first memory batch).
 receiver by
 pid_by=$VMM_PID
-remote_cmd migration-by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+remote_cmd migration-by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --disk-dir "$WORK" --no-wait > /dev/null
 send_in_background died "unix:$WORK/by.sock"
 wait_for_line "$OUT/migration-by-vmm.log" 'Migration from|virtio-blk' 60 "$pid_by" || true
 sleep 4
@@ -87,10 +87,10 @@ record migration "died_send_rc=$(cat "$WORK/died.rc")" "died_source_state=$(sour
 # 2b. A timeout, then 2c. a cancel, both to one receiver.
 receiver bz
 pid_bz=$VMM_PID
-remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait > /dev/null
+remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --disk-dir "$WORK" --no-wait > /dev/null
 record migration "timeout_send_rc=$(remote_cmd migration-timeout --api-socket "$WORK/b.api" send-migration "unix:$WORK/bz.sock" --timeout-s 3)"
 record migration "timeout_source_state=$(source_state)"
-record migration "rereceive_rc=$(remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --no-wait)"
+record migration "rereceive_rc=$(remote_cmd migration-bz --api-socket "$WORK/bz.api" receive-migration "unix:$WORK/bz.sock" --tap "$MAC_B=tapbx" --disk-dir "$WORK" --no-wait)"
 send_in_background cancelled "unix:$WORK/bz.sock"
 sleep 4
 record migration "cancel_rc=$(remote_cmd migration-cancel --api-socket "$WORK/b.api" cancel-migration)"
@@ -104,7 +104,7 @@ record migration "failures_receiver_exit=$EXIT_STATUS"
 receiver b2
 pid_b2=$VMM_PID
 t_mig=$(now_us)
-record migration "receive_rc=$(remote_cmd migration-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --no-wait)"
+record migration "receive_rc=$(remote_cmd migration-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --disk-dir "$WORK" --no-wait)"
 record migration "send_rc=$(remote_cmd migration-send --api-socket "$WORK/b.api" send-migration "tcp:127.0.0.1:6700" --downtime-ms 300)"
 record migration "migration_seconds=$(since "$t_mig")"
 wait_for_exit "$pid_b" 30
