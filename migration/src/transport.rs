@@ -24,6 +24,8 @@ pub enum UrlError {
          --tls-key, --tls-ca), or allow plain TCP explicitly (--allow-plaintext)"
     )]
     Plaintext(String),
+    #[error("TLS is for tcp: URLs, not {0} (a unix: socket stays on this host)")]
+    TlsNeedsTcp(String),
 }
 
 /// A stream endpoint of a migration.
@@ -152,10 +154,14 @@ impl MigrationUrl {
     /// Refuses plain TCP beyond this host: without TLS anyone on the
     /// network may drive the migration and read guest memory, so that
     /// takes the user's explicit `allow_plaintext`. Unix sockets and
-    /// addresses that resolve to loopback only stay on this host.
+    /// addresses that resolve to loopback only stay on this host. TLS
+    /// asked for a `unix:` URL is refused too, rather than ignored.
     pub fn check_plaintext(&self, tls: bool, allow_plaintext: bool) -> Result<(), UrlError> {
         let Self::Tcp(addr) = self else {
-            return Ok(());
+            return match tls {
+                true => Err(UrlError::TlsNeedsTcp(self.to_string())),
+                false => Ok(()),
+            };
         };
         if tls || allow_plaintext {
             return Ok(());
@@ -246,6 +252,26 @@ mod tests {
         );
         assert!(parse_file_url("file://rel").is_err());
         assert!(parse_file_url("/var/snap").is_err());
+    }
+
+    #[test]
+    fn plain_tcp_beyond_loopback_needs_consent() {
+        let url = |s: &str| s.parse::<MigrationUrl>().unwrap();
+        for local in ["tcp:127.0.0.1:6000", "tcp:[::1]:6000", "tcp:localhost:6000"] {
+            url(local).check_plaintext(false, false).unwrap();
+        }
+        for remote in ["tcp:0.0.0.0:6000", "tcp:10.0.0.2:6000", "tcp:[::]:6000"] {
+            let e = url(remote).check_plaintext(false, false).unwrap_err();
+            assert!(matches!(e, UrlError::Plaintext(_)), "{remote}: {e}");
+            assert!(e.to_string().contains("--allow-plaintext"));
+            url(remote).check_plaintext(true, false).unwrap();
+            url(remote).check_plaintext(false, true).unwrap();
+        }
+        url("unix:/m.sock").check_plaintext(false, false).unwrap();
+        assert!(matches!(
+            url("unix:/m.sock").check_plaintext(true, false),
+            Err(UrlError::TlsNeedsTcp(_))
+        ));
     }
 
     #[test]
