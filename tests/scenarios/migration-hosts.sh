@@ -49,16 +49,18 @@ make_tls() {
   local key=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
   openssl req -x509 "${key[@]}" -days 2 -subj /CN=migration-hosts-ca -keyout "$TLS/ca-key.pem" \
     -out "$TLS/ca.pem" -addext basicConstraints=critical,CA:TRUE \
-    -addext keyUsage=critical,keyCertSign,cRLSign 2> "$WORK/tls.log"
+    -addext keyUsage=critical,keyCertSign,cRLSign 2> "$TLS/openssl.log"
   local end ip
   for end in a b; do
     ip=10.15.0.253
     [[ $end == b ]] && ip=$HOST_B_IP
     openssl req "${key[@]}" -subj "/CN=host-$end" -keyout "$TLS/$end-key.pem" -out "$WORK/$end.csr" \
-      2>> "$WORK/tls.log"
+      2>> "$TLS/openssl.log"
+    # A file, not <(...): the test host's /dev has no /dev/fd.
+    printf '%s\n' "subjectAltName=IP:$ip" basicConstraints=CA:FALSE \
+      extendedKeyUsage=serverAuth,clientAuth > "$WORK/$end.ext"
     openssl x509 -req -in "$WORK/$end.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca-key.pem" -CAcreateserial \
-      -days 2 -out "$TLS/$end.pem" -extfile <(printf '%s\n' "subjectAltName=IP:$ip" \
-        basicConstraints=CA:FALSE extendedKeyUsage=serverAuth,clientAuth) 2>> "$WORK/tls.log"
+      -days 2 -out "$TLS/$end.pem" -extfile "$WORK/$end.ext" 2>> "$TLS/openssl.log"
   done
 }
 
