@@ -26,7 +26,7 @@ pub struct HostSettings {
 }
 
 /// This host's RAM: the default memory limit of an incoming VM.
-pub fn host_memory() -> u64 {
+fn host_memory() -> u64 {
     // SAFETY: sysconf only reads system constants.
     let (pages, page) = unsafe {
         (
@@ -40,6 +40,32 @@ pub fn host_memory() -> u64 {
 }
 
 impl HostSettings {
+    /// The settings a `vm.receive-migration` request gives; its allowed
+    /// directories must exist (they are kept resolved).
+    pub fn new(
+        params: &api::ReceiveMigrationParams,
+        serial: &SerialConfig,
+    ) -> Result<Self, String> {
+        let disk_dirs = params
+            .disk_dirs
+            .iter()
+            .map(|dir| {
+                dir.canonicalize()
+                    .map_err(|e| format!("disk_dirs: {}: {e}", dir.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            taps: params.taps.clone(),
+            disks: params.disks.clone(),
+            disk_dirs,
+            max_memory: match params.max_memory_mib {
+                Some(mib) => mib.saturating_mul(1 << 20),
+                None => host_memory(),
+            },
+            serial: serial.clone(),
+        })
+    }
+
     /// Puts this host's settings into an incoming configuration, or says
     /// why the VM may not run here.
     pub fn apply(&self, config: &mut VmConfig) -> Result<(), String> {
@@ -205,6 +231,24 @@ mod tests {
         let mut config = incoming(Path::new("/src/disk.img"));
         h.apply(&mut config).unwrap();
         assert_eq!(config.disks[0].path, mapped);
+        std::fs::remove_dir_all(d.root).unwrap();
+    }
+
+    #[test]
+    fn settings_from_a_request() {
+        let d = dirs("request");
+        let mut params = api::ReceiveMigrationParams::new("tcp:127.0.0.1:6000");
+        params.disk_dirs = vec![d.allowed.join("../allowed")];
+        let h = HostSettings::new(&params, &SerialConfig::Off).unwrap();
+        assert_eq!(h.disk_dirs, [d.allowed.canonicalize().unwrap()]);
+        assert_eq!(h.max_memory, host_memory());
+        assert!(h.max_memory > 0);
+        params.max_memory_mib = Some(300);
+        let h = HostSettings::new(&params, &SerialConfig::Off).unwrap();
+        assert_eq!(h.max_memory, 300 << 20);
+        params.disk_dirs = vec![d.root.join("missing")];
+        let e = HostSettings::new(&params, &SerialConfig::Off).unwrap_err();
+        assert!(e.starts_with("disk_dirs: "), "{e}");
         std::fs::remove_dir_all(d.root).unwrap();
     }
 

@@ -993,25 +993,7 @@ fn start_receiver(
         .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
     url.check_plaintext(tls.is_some(), params.allow_plaintext)
         .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
-    let disk_dirs = params
-        .disk_dirs
-        .iter()
-        .map(|dir| {
-            dir.canonicalize()
-                .map_err(|e| ActionError::BadRequest(format!("disk_dirs: {}: {e}", dir.display())))
-        })
-        .collect::<Result<_, _>>()?;
-    let max_memory = match params.max_memory_mib {
-        Some(mib) => mib.saturating_mul(1 << 20),
-        None => crate::incoming::host_memory(),
-    };
-    let host = HostSettings {
-        taps: params.taps.clone(),
-        disks: params.disks.clone(),
-        disk_dirs,
-        max_memory,
-        serial: serial.clone(),
-    };
+    let host = HostSettings::new(params, serial).map_err(ActionError::BadRequest)?;
     let listener = url
         .listen(tls)
         .map_err(|e| ActionError::Failed(format!("cannot listen on {url}: {e}")))?;
