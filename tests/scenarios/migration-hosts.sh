@@ -118,6 +118,8 @@ host_b() {
   local pid_b2=$VMM_PID
   local rc
   make_tls
+  # Host a writes B's disk there later; an allowed directory must exist when receiving starts.
+  mkdir -p "$OUT/disks"
   rc=$(remote_cmd hosts-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:$HOST_B_IP:$PORT" \
     --tap "$MAC_B=tapb" --disk-dir "$OUT/disks" \
     --tls-cert "$TLS/b.pem" --tls-key "$TLS/b-key.pem" --tls-ca "$TLS/ca.pem" --no-wait)
