@@ -28,18 +28,29 @@ GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma r
 # Modules the guest image carries (with their dependencies) but does not load at boot: a test
 # loads them itself. rdma_rxe: Soft-RoCE, the baseline of bench-rdma (its guests run `rdma link add
 # rxe0 type rxe netdev eth0`); crc32_generic: rxe's ICRC needs a "crc32" crypto algorithm, which
-# the kernel would otherwise request through a /sbin/modprobe the guest does not have.
-GUEST_EXTRA_MODULES="rdma_rxe crc32_generic"
+# the kernel would otherwise request through a /sbin/modprobe the guest does not have; nvme_rdma:
+# the NVMe over Fabrics initiator of the nvmeof suite (with nvme_fabrics, nvme_core, rdma_cm);
+# nfsv4 and rpcrdma: the NFS client and its RDMA transport, for the nvmeof suite's NFS/RDMA phase
+# (with nfs, sunrpc, lockd, fscache, netfs, dns_resolver; busybox's mount hands `-t nfs4` options
+# to the kernel as text, so no nfs-common is needed).
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
 # which rping's threads do at the end of a run ("libgcc_s.so.1 must be installed", abort).
+# nvme-cli (`nvme connect -t rdma` of the nvmeof suite) and what its libnvme and libnvme-mi load:
+# libjson-c5, libcrypto (picked from libssl3, below), libdbus-1-3 and through it libsystemd0 with
+# its compression and crypto libraries (libgcrypt20, libgpg-error0, liblzma5, libzstd1, liblz4-1).
+# nvme-cli's declared uuid-runtime (uuidgen, uuidd) is left out: `nvme connect` is given its host
+# NQN and ID. Together they grow the initramfs from 7.2 to about 11 MB.
 USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1
   libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2
-  libgcc-s1)
+  libgcc-s1 nvme-cli libnvme1 libjson-c5 libdbus-1-3 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
+  liblz4-1)
 # Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
-# would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary.
-USERSPACE_PICKS=(iproute2:usr/bin/rdma)
+# would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary; of
+# libssl3, libnvme needs only libcrypto (not libssl, its engines or its provider modules).
+USERSPACE_PICKS=(iproute2:usr/bin/rdma libssl3:usr/lib/x86_64-linux-gnu/libcrypto.so.3)
 # Packages unpacked only to build guest programs against (guest/verbs-check.c, guest/access-check.c,
 # guest/write-check.c, which also uses librdmacm), never shipped.
 USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
@@ -50,8 +61,10 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # Soft-RoCE (rxe) there as the native endpoint the guests talk to (rdma link, libibverbs with the
 # rxe provider, ibv_rc_pingpong, perftest, rping). iproute2: the scenarios' bridges and TAPs
 # (ip) and the free ports of a test-host pair (ss); iputils-ping: two test hosts check their cable.
+# nfs-kernel-server: exportfs and rpc.mountd for the kernel NFS server the nvmeof suite's NFS/RDMA
+# phase runs in the test host (nfsd's export upcalls are answered by rpc.mountd).
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping openssl)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server openssl)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)

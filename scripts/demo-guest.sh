@@ -12,7 +12,10 @@ eth0_up_with_gid
 echo "demo: $DEV port $(cat /sys/class/infiniband/$DEV/ports/1/state), GID[$GIDX] = ::ffff:$MY_IP"
 
 # Both programs run at once, for PP_ITERS and RPING_COUNT rounds: long enough for the client's
-# VM to be live-migrated while they run (scripts/demo.sh watches for DEMO-TRAFFIC).
+# VM to be live-migrated while they run (scripts/demo.sh watches for DEMO-TRAFFIC). The client
+# says DEMO-TRAFFIC only once traffic flows: its ibv_rc_pingpong's QP is in RTS and its rping
+# (-v: a line per round) verified rounds; DEMO-FAIL at once if a program ends before or nothing
+# flows within TRAFFIC_WAIT seconds (the connect retries included).
 if [ "$ROLE" = server ]; then
   timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 > /tmp/pp.log 2>&1 &
   pp=$!
@@ -22,10 +25,12 @@ else
   sleep 3
   (again 120 timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 "$PEER_IP") > /tmp/pp.log 2>&1 &
   pp=$!
-  (again 120 timeout 900 rping -c -a "$PEER_IP" -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
+  (again 120 timeout 900 rping -c -a "$PEER_IP" -v -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
   rp=$!
-  sleep 5
-  echo "DEMO-TRAFFIC ibv_rc_pingpong and rping running"
+  if ! wait_traffic "${TRAFFIC_WAIT:-300}" /tmp/rping.log $pp $rp; then
+    fail "$TRAFFIC_WHY; pingpong: $(tail -n 3 /tmp/pp.log | tr '\n' ' ') rping: $(tail -n 3 /tmp/rping.log | tr '\n' ' ')"
+  fi
+  echo "DEMO-TRAFFIC ibv_rc_pingpong in RTS, rping rounds verified: $(grep -c '^ping data: ' /tmp/rping.log)"
 fi
 wait $pp; pp_rc=$?
 wait $rp; rp_rc=$?

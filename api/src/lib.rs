@@ -37,7 +37,7 @@
 //!         ApiRequest::Ping => Ok(ResponseBody::Ping(VmmPing::current(vec!["pvrdma".into()]))),
 //!         ApiRequest::Pause if paused => Err(ActionError::InvalidState("VM is already paused".into())),
 //!         ApiRequest::Pause => { paused = true; Ok(ResponseBody::Empty) }
-//!         // ... VmInfo, Resume, Shutdown
+//!         // ... VmInfo, Counters, Resume, Shutdown
 //! #       _ => Ok(ResponseBody::Empty),
 //!     };
 //!     message.respond(response);
@@ -83,8 +83,9 @@ pub use request::{Method, Route, ROUTES};
 pub use server::fuzz_request;
 pub use server::{start_server, start_server_with, ApiError, ApiServerHandle, ServerOptions};
 pub use types::{
-    ActionError, ApiMessage, ApiRequest, ApiResponse, DiskSummary, MigrationDirection,
-    MigrationInfo, MigrationStatus, ReceiveMigrationParams, ResponseBody, SendMigrationParams,
-    SnapshotParams, TlsParams, VmConfigSummary, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
+    ActionError, ApiMessage, ApiRequest, ApiResponse, BlackoutStages, DeviceCountersInfo,
+    DiskSummary, MigrationDirection, MigrationInfo, MigrationStatus, QpCountersInfo,
+    ReceiveMigrationParams, ResponseBody, SendMigrationParams, SnapshotParams, TlsParams,
+    VmConfigSummary, VmCounters, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
     DEFAULT_MIGRATION_TIMEOUT_S,
 };

@@ -64,6 +64,12 @@ const VM_INFO: Route = Route {
     parse: |body| check_no_body(body).map(|()| ApiRequest::VmInfo),
 };
 
+const VM_COUNTERS: Route = Route {
+    method: Method::Get,
+    path: "/api/v1/vm.counters",
+    parse: |body| check_no_body(body).map(|()| ApiRequest::Counters),
+};
+
 const VM_PAUSE: Route = Route {
     method: Method::Put,
     path: "/api/v1/vm.pause",
@@ -110,6 +116,7 @@ const VM_SNAPSHOT: Route = Route {
 pub static ROUTES: &[Route] = &[
     VMM_PING,
     VM_INFO,
+    VM_COUNTERS,
     VM_PAUSE,
     VM_RESUME,
     VM_SHUTDOWN,
@@ -125,6 +132,7 @@ impl ApiRequest {
         match self {
             Self::Ping => &VMM_PING,
             Self::VmInfo => &VM_INFO,
+            Self::Counters => &VM_COUNTERS,
             Self::Pause => &VM_PAUSE,
             Self::Resume => &VM_RESUME,
             Self::Shutdown => &VM_SHUTDOWN,
@@ -141,6 +149,7 @@ impl ApiRequest {
         match self {
             Self::Ping
             | Self::VmInfo
+            | Self::Counters
             | Self::Pause
             | Self::Resume
             | Self::Shutdown
@@ -317,6 +326,7 @@ mod tests {
         vec![
             ApiRequest::Ping,
             ApiRequest::VmInfo,
+            ApiRequest::Counters,
             ApiRequest::Pause,
             ApiRequest::Resume,
             ApiRequest::Shutdown,
@@ -452,6 +462,10 @@ mod tests {
             ApiRequest::VmInfo
         );
         assert_eq!(
+            parse_request("GET", "/api/v1/vm.counters", b"").unwrap(),
+            ApiRequest::Counters
+        );
+        assert_eq!(
             parse_request("PUT", "/api/v1/vm.pause", b"").unwrap(),
             ApiRequest::Pause
         );
@@ -515,12 +529,13 @@ mod tests {
 
     #[test]
     fn bad_bodies_are_400() {
-        let cases: [(&str, &str, &[u8]); 5] = [
+        let cases: [(&str, &str, &[u8]); 6] = [
             ("PUT", "/api/v1/vm.pause", b"{"),
             ("PUT", "/api/v1/vm.pause", b"[]"),
             ("PUT", "/api/v1/vm.pause", b"{\"force\": true}"),
             ("PUT", "/api/v1/vm.shutdown", b"\xff\xfe"),
             ("GET", "/api/v1/vm.info", b"{}"),
+            ("GET", "/api/v1/vm.counters", b"{}"),
         ];
         for (method, path, body) in cases {
             let err = parse_request(method, path, body).unwrap_err();

@@ -595,6 +595,7 @@ fn reply_from(response: ApiResponse) -> Reply {
         }
         Ok(ResponseBody::Ping(ping)) => serde_json::to_vec(&ping),
         Ok(ResponseBody::VmInfo(info)) => serde_json::to_vec(&info),
+        Ok(ResponseBody::Counters(counters)) => serde_json::to_vec(&counters),
         Err(e @ ActionError::BadRequest(_)) => return Reply::error(400, &e.to_string()),
         Err(e @ ActionError::InvalidState(_)) => return Reply::error(409, &e.to_string()),
         Err(e @ ActionError::Failed(_)) => return Reply::error(500, &e.to_string()),

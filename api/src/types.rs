@@ -27,6 +27,8 @@ pub enum ApiRequest {
     Ping,
     /// `GET /api/v1/vm.info`: state and configuration of the VM.
     VmInfo,
+    /// `GET /api/v1/vm.counters`: every device's counters and the last migration's figures.
+    Counters,
     /// `PUT /api/v1/vm.pause`: stop the vCPUs; devices stop taking new work.
     Pause,
     /// `PUT /api/v1/vm.resume`: undo [`ApiRequest::Pause`].
@@ -195,6 +197,8 @@ pub enum ResponseBody {
     Ping(VmmPing),
     /// Body of `vm.info`.
     VmInfo(VmInfo),
+    /// Body of `vm.counters`.
+    Counters(VmCounters),
 }
 
 /// Why the VMM refused or failed an action. The server maps each variant to an HTTP status,
@@ -313,10 +317,67 @@ pub struct MigrationInfo {
     /// Measured blackout (VM paused on the source until the destination took over), once
     /// known.
     pub downtime_ms: Option<u64>,
+    /// Where that blackout went, stage by stage; measured by the source once it completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blackout: Option<BlackoutStages>,
     /// Milliseconds since the migration started.
     pub total_ms: u64,
     /// Why it failed.
     pub error: Option<String>,
+}
+
+/// The stages of a migration's blackout, in order; their sum is about
+/// [`MigrationInfo::downtime_ms`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlackoutStages {
+    /// Pausing the vCPUs and devices and saving their state.
+    pub pause_save_ms: u64,
+    /// Sending the memory dirtied since the last pre-copy pass.
+    pub last_memory_ms: u64,
+    /// Bytes of that memory.
+    pub last_memory_bytes: u64,
+    /// Sending the saved state and the destination restoring it.
+    pub state_ms: u64,
+    /// Bytes of that state.
+    pub state_bytes: u64,
+    /// The destination taking the VM over (`Complete` answered).
+    pub handover_ms: u64,
+}
+
+/// Body of `GET /api/v1/vm.counters`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmCounters {
+    /// Every device that counts, in PCI order: each PVRDMA function, each vmxnet3 NIC, each
+    /// virtio-blk disk.
+    pub devices: Vec<DeviceCountersInfo>,
+    /// The last or current migration, as in `vm.info`; `null` before any.
+    pub migration: Option<MigrationInfo>,
+}
+
+/// The counters of one device, in [`VmCounters`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCountersInfo {
+    /// `"pvrdma"`, `"vmxnet3"` or `"virtio-blk"`.
+    pub kind: String,
+    /// PCI address as the guest's `lspci` shows it, e.g. `"00:03.1"`.
+    pub pci: String,
+    /// Every counter by name, zeros included; monotonic while the VMM runs (a destination's
+    /// start at zero).
+    pub counters: BTreeMap<String, u64>,
+    /// Devices with queue pairs (PVRDMA): each connected QP's transport counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qps: Option<Vec<QpCountersInfo>>,
+}
+
+/// The transport counters of one queue pair, in [`DeviceCountersInfo`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpCountersInfo {
+    /// The QP number the guest and its peers see.
+    pub qpn: u32,
+    /// The QP is in the error state.
+    pub error: bool,
+    /// Every counter by name (rxe's names: retransmissions, NAKs, drops).
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// The parts of the VM configuration an operator wants to see; not a full config dump.
@@ -388,6 +449,7 @@ mod tests {
             bandwidth_bytes_per_s: 800 << 20,
             expected_downtime_ms: 5,
             downtime_ms: None,
+            blackout: None,
             total_ms: 2500,
             error: Some("Destination closed the connection".into()),
         });
@@ -396,6 +458,47 @@ mod tests {
         assert_eq!(json["migration"]["status"], "Failed");
         assert_eq!(json["migration"]["downtime_ms"], serde_json::Value::Null);
         assert_eq!(serde_json::from_value::<VmInfo>(json).unwrap(), info);
+    }
+
+    #[test]
+    fn counters_json_shape() {
+        let counters = VmCounters {
+            devices: vec![
+                DeviceCountersInfo {
+                    kind: "pvrdma".into(),
+                    pci: "00:03.1".into(),
+                    counters: [("roce_tx".to_owned(), 7)].into(),
+                    qps: Some(vec![QpCountersInfo {
+                        qpn: 0x11,
+                        error: false,
+                        counters: [("completer_retry".to_owned(), 2)].into(),
+                    }]),
+                },
+                DeviceCountersInfo {
+                    kind: "virtio-blk".into(),
+                    pci: "00:02.0".into(),
+                    counters: [("read_requests".to_owned(), 3)].into(),
+                    qps: None,
+                },
+            ],
+            migration: None,
+        };
+        let json = serde_json::to_value(&counters).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "devices": [
+                    {"kind": "pvrdma", "pci": "00:03.1", "counters": {"roce_tx": 7},
+                     "qps": [{"qpn": 17, "error": false, "counters": {"completer_retry": 2}}]},
+                    {"kind": "virtio-blk", "pci": "00:02.0", "counters": {"read_requests": 3}}
+                ],
+                "migration": null
+            })
+        );
+        assert_eq!(
+            serde_json::from_value::<VmCounters>(json).unwrap(),
+            counters
+        );
     }
 
     #[test]

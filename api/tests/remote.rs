@@ -49,7 +49,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn help_lists_commands_and_flags() {
+fn help_lists_commands_flags_and_exit_status() {
     for flag in ["--help", "-h"] {
         let out = remote(&[flag]);
         assert_eq!(out.status.code(), Some(0));
@@ -57,22 +57,57 @@ fn help_lists_commands_and_flags() {
         for word in [
             "ping",
             "info",
+            "counters",
             "pause",
             "resume",
             "shutdown",
             "send-migration",
+            "cancel-migration",
             "receive-migration",
             "snapshot",
-            "--downtime-ms",
-            "--timeout-s",
-            "--tap MAC=TAP",
-            "--no-wait",
-            "--api-socket",
+            "--api-socket <PATH>",
             "--help",
+            "--version",
+            "Exit status:",
+            "2  usage error, VMM unreachable",
         ] {
             assert!(help.contains(word), "{word} missing from:\n{help}");
         }
     }
+    // Each command documents its own options, and every one has a help line.
+    for (command, words) in [
+        (
+            "send-migration",
+            &[
+                "<URL>",
+                "--downtime-ms <N>",
+                "[default: 300]",
+                "--timeout-s <N>",
+                "--no-wait",
+            ][..],
+        ),
+        (
+            "receive-migration",
+            &["<URL>", "--tap <MAC=TAP>", "--no-wait"],
+        ),
+        ("snapshot", &["<URL>", "file:///DIR"]),
+        ("counters", &["same-host channel", "--api-socket <PATH>"]),
+    ] {
+        let out = remote(&[command, "--help"]);
+        assert_eq!(out.status.code(), Some(0), "{command}");
+        let help = text(&out.stdout);
+        for word in words {
+            assert!(
+                help.contains(word),
+                "{command}: {word} missing from:\n{help}"
+            );
+        }
+    }
+    let out = remote(&["--version"]);
+    assert_eq!(
+        text(&out.stdout),
+        format!("pvrdma-remote {}\n", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
@@ -89,6 +124,16 @@ fn success_prints_pretty_json_and_exits_0() {
     assert_eq!(out.status.code(), Some(0));
     let body: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(body["state"], "Running");
+
+    let out = remote_on(&h.path, "counters");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("\n  \"devices\": ["),
+        "not pretty: {stdout}"
+    );
+    let body: api::VmCounters = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(body, common::test_counters(None));
 
     for command in ["pause", "resume", "shutdown"] {
         let out = remote_on(&h.path, command);
@@ -128,9 +173,12 @@ fn no_socket_exits_2_with_one_line() {
 
 #[test]
 fn usage_errors_exit_2() {
+    // Nothing at all: the help on stderr, as a usage error.
+    let out = remote(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("Usage: pvrdma-remote"));
     for args in [
-        &[][..],
-        &["ping"],
+        &["ping"][..],
         &["--api-socket", "/x", "reboot"],
         &["--frobnicate"],
         &["--api-socket", "/x", "send-migration"],

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use api::client::ClientError;
 use api::{
     ApiError, ApiRequest, ReceiveMigrationParams, SendMigrationParams, ServerOptions,
-    SnapshotParams, VmInfo, VmState, VmmPing, MAX_BODY_BYTES,
+    SnapshotParams, VmCounters, VmInfo, VmState, VmmPing, MAX_BODY_BYTES,
 };
-use common::{raw_exchange, status_of, test_config, Behaviour, Harness};
+use common::{raw_exchange, status_of, test_config, test_counters, Behaviour, Harness};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
 
@@ -52,6 +52,10 @@ fn every_endpoint_round_trips() {
     assert_eq!(vm.migration, None);
     assert_eq!(vm.uptime_ms, 42);
 
+    let counters: VmCounters =
+        serde_json::from_value(h.client.call(&ApiRequest::Counters).unwrap().unwrap()).unwrap();
+    assert_eq!(counters, test_counters(None));
+
     assert_eq!(h.client.call(&ApiRequest::Pause).unwrap(), None);
     assert_eq!(info(&h).state, VmState::Paused);
     assert_eq!(h.client.call(&ApiRequest::Resume).unwrap(), None);
@@ -65,6 +69,7 @@ fn every_endpoint_round_trips() {
         [
             R::Ping,
             R::VmInfo,
+            R::Counters,
             R::Pause,
             R::VmInfo,
             R::Resume,

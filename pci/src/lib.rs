@@ -71,6 +71,7 @@ impl std::fmt::Debug for DeviceHooks {
 
 mod bus;
 mod configuration;
+mod counters;
 mod doorbells;
 mod msix;
 // Test support (mock hypervisor hooks), not device code: it may panic.
@@ -80,6 +81,7 @@ pub mod test_utils;
 
 pub use bus::{PciBus, PciBusError};
 pub use configuration::{BarKind, BarSpec, PciConfiguration, PciConfigurationState, PciHeader};
+pub use counters::{Counter, DeviceCounters, QueuePairCounters};
 pub use doorbells::{DoorbellAddress, IoEventDoorbells};
 pub use msix::{
     msix_pba_size, msix_table_size, Msix, MsixError, MsixState, MAX_MSIX_VECTORS, MSIX_CAP_ID,

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#define STEP_TAG "ACCESS-STEP"
 #define FAIL_TAG "ACCESS-FAIL"
 #include "check.h"
 
@@ -75,23 +76,6 @@ struct pair {
 	struct ibv_qp *req, *resp;
 };
 
-static int steps;
-
-static void ok(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	steps++;
-	printf("ACCESS-STEP %s ok", step);
-	if (fmt) {
-		putchar(' ');
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-	}
-	putchar('\n');
-	fflush(stdout);
-}
 
 static void modify(const char *step, struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * What the guest's check programs (verbs-check.c, write-check.c) share: failing a step with one
- * "<FAIL_TAG> <step>: <reason>" line on stdout and exit status 1, and turning the two ways
- * libibverbs and librdmacm report errors into such a failure. Define FAIL_TAG before including.
+ * What the guest's check programs (verbs-check.c, access-check.c, write-check.c) share: failing a
+ * step with one "<FAIL_TAG> <step>: <reason>" line on stdout and exit status 1, turning the two
+ * ways libibverbs and librdmacm report errors into such a failure, and (with STEP_TAG defined)
+ * reporting a step done. Define FAIL_TAG (and STEP_TAG) before including.
  */
 #ifndef PVRDMA_GUEST_CHECK_H
 #define PVRDMA_GUEST_CHECK_H
@@ -44,5 +45,27 @@ static void *check_ptr(const char *step, void *p)
 		fail(step, "%s", strerror(errno ? errno : EINVAL));
 	return p;
 }
+
+#ifdef STEP_TAG
+/* Programs that report their steps (verbs-check.c, access-check.c): one "<STEP_TAG> <step> ok
+ * [details]" line per step done, counted for their final line. */
+static int steps;
+
+static void __attribute__((format(printf, 2, 3))) ok(const char *step, const char *fmt, ...)
+{
+	va_list ap;
+
+	steps++;
+	printf(STEP_TAG " %s ok", step);
+	if (fmt) {
+		putchar(' ');
+		va_start(ap, fmt);
+		vprintf(fmt, ap);
+		va_end(ap);
+	}
+	putchar('\n');
+	fflush(stdout);
+}
+#endif
 
 #endif

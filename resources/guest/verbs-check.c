@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define STEP_TAG "VERBS-STEP"
 #define FAIL_TAG "VERBS-FAIL"
 #include "check.h"
 
@@ -37,23 +38,6 @@
 #define QKEY 0x11111111u
 #define MAX_GIDS 256
 
-static int steps;
-
-static void ok(const char *step, const char *fmt, ...)
-{
-	va_list ap;
-
-	steps++;
-	printf("VERBS-STEP %s ok", step);
-	if (fmt) {
-		putchar(' ');
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-	}
-	putchar('\n');
-	fflush(stdout);
-}
 
 static const char *qp_state_name(enum ibv_qp_state s)
 {

@@ -1,8 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # Stage "userspace": the guest's user land, unpacked from Debian's packages: busybox (static) and
-# rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, with every
-# library they load; plus pvrdma-verbs-check (guest/verbs-check.c), pvrdma-access-check
+# rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, nvme-cli, with
+# every library they load; plus pvrdma-verbs-check (guest/verbs-check.c), pvrdma-access-check
 # (guest/access-check.c) and pvrdma-write-check (guest/write-check.c) compiled against
 # libibverbs-dev and librdmacm-dev.
 # Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version": unpacked whole), PICK_PACKAGES (lines
@@ -72,6 +72,6 @@ done)
 [[ -z $unresolved ]] || die "libraries resolved outside the guest tree (add their packages):"$'\n'"$unresolved"
 for f in bin/busybox etc/libibverbs.d/vmw_pvrdma.driver 'usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so' \
          usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check \
-         usr/bin/pvrdma-write-check usr/bin/pvrdma-access-check; do
+         usr/bin/pvrdma-write-check usr/bin/pvrdma-access-check usr/sbin/nvme; do
   compgen -G "$root/$f" >/dev/null || die "expected $f in the guest tree"
 done

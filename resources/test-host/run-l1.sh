@@ -75,7 +75,7 @@ STALL_LIMIT=${STALL_LIMIT:-180}
 SOFTLOCKUP_LIMIT=${SOFTLOCKUP_LIMIT:-120}
 
 # L1 takes most of a CPU per vCPU for its whole run: one at a time per machine (or one pair).
-((lock == 0)) || l1_lock
+((lock == 0)) || l1_lock "$out"
 
 log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out${link:+ link=$link}${share:+ share=$share}"
 t0=${EPOCHREALTIME/./}

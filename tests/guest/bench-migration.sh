@@ -45,29 +45,6 @@ fail() {
   exit 1
 }
 
-# has_signal NAME: the test host's signal server has NAME (HTTP by hand: this static busybox's
-# wget crashes).
-has_signal() {
-  printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 3 "$HOST_IP" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
-}
-
-# wait_signal SECS NAME...: until the test host serves one of the NAMEs (polled once a second, so
-# that an idle guest stays nearly idle); prints that one.
-wait_signal() {
-  _end=$(($(now) + $1))
-  shift
-  while :; do
-    for _s in "$@"; do
-      if has_signal "$_s"; then
-        echo "$_s"
-        return 0
-      fi
-    done
-    [ "$(now)" -lt "$_end" ] || return 1
-    sleep 1
-  done
-}
-
 # rts_qps: how many RC QPs of ib_write_bw are in RTS (rdma's resource tracking; the state is the
 # device's answer to QUERY_QP).
 rts_qps() {
@@ -128,7 +105,7 @@ traffic() {
   # it is still measuring), and after 60 s more either side's program is killed.
   _stopped=
   while kill -0 "$_pid" 2> /dev/null; do
-    if [ -z "$_stopped" ] && has_signal "$PAIR-stop-$_cell"; then
+    if [ -z "$_stopped" ] && has_host_signal "$PAIR-stop-$_cell"; then
       _stopped=$(now)
       [ "$ROLE" = b ] && kill -ALRM "$_pid" 2> /dev/null
       say "STOP cell=$_cell"
@@ -161,7 +138,7 @@ say "READY role=$ROLE"
 n=0
 for qps in $CELLS; do
   n=$((n + 1))
-  got=$(wait_signal "$SIGNAL_WAIT" "$PAIR-start-$n" "$PAIR-end") || fail "no start signal for cell $n after $SIGNAL_WAIT s"
+  got=$(wait_host_signal "$SIGNAL_WAIT" "$PAIR-start-$n" "$PAIR-end") || fail "no start signal for cell $n after $SIGNAL_WAIT s"
   # The test host gave up on this pair.
   [ "$got" = "$PAIR-end" ] && break
   if [ "$qps" = 0 ]; then
@@ -170,5 +147,5 @@ for qps in $CELLS; do
     traffic "$n" "$qps"
   fi
 done
-wait_signal "$SIGNAL_WAIT" "$PAIR-end" > /dev/null || echo "bench-migration: no end signal after $SIGNAL_WAIT s"
+wait_host_signal "$SIGNAL_WAIT" "$PAIR-end" > /dev/null || echo "bench-migration: no end signal after $SIGNAL_WAIT s"
 say "DONE role=$ROLE"

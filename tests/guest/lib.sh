@@ -17,16 +17,109 @@ retry() {
   done
 }
 
-# again SECS CMD...: runs CMD until it succeeds, for at most SECS seconds, 2 s apart, with its
-# output (a client whose server may not listen yet).
+# again SECS CMD...: runs CMD, with its output, and again (2 s apart, for at most SECS seconds)
+# while it fails only because its server does not listen yet: its output then says so
+# (AGAIN_RE: ibv_rc_pingpong's "Couldn't connect to" a refused TCP port, rdma_cm's
+# RDMA_CM_EVENT_REJECTED from a port nobody listens on). Any other failure is CMD's result at once:
+# a client that failed on its data must not get another chance.
+AGAIN_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 again() {
   _end=$(($(now) + $1))
   shift
-  until "$@"; do
-    [ "$(now)" -lt "$_end" ] || return 1
+  _out=$(mktemp /tmp/again.XXXXXX)
+  while :; do
+    # Its output goes to ours as it comes, and to $_out to decide on another try.
+    { "$@"; echo $? > "$_out.rc"; } 2>&1 | tee "$_out"
+    _rc=$(cat "$_out.rc")
+    [ "$_rc" = 0 ] && break
+    grep -qE "$AGAIN_RE" "$_out" || break
+    [ "$(now)" -lt "$_end" ] || break
+    echo "again: could not connect (rc=$_rc), trying again: $*"
     sleep 2
   done
+  rm -f "$_out" "$_out.rc"
+  return "$_rc"
 }
+
+# pingpong_rts: an ibv_rc_pingpong of this guest has its RC QP on DEV in RTS: it exchanged QPs
+# with its server and posts its rounds (its own output reaches a file only when it ends).
+pingpong_rts() {
+  rdma res show qp link "$DEV/1" 2> /dev/null |
+    awk '/type RC / && /state RTS / && /comm ibv_rc_pingpong/ { f = 1 } END { exit !f }'
+}
+
+# rping_verified FILE: rping -v -V (client) wrote to FILE rounds whose data it checked, one
+# "ping data: ..." line each (its stdout reaches the file 4 KiB, ~55 rounds, at a time).
+rping_verified() { grep -q '^ping data: ' "$1" 2> /dev/null; }
+
+# running PID: process PID runs (a job that ended stays a zombie until the script waits for it).
+running() { [ -e "/proc/$1/status" ] && ! grep -q '^State:.*Z' "/proc/$1/status" 2> /dev/null; }
+
+# wait_traffic SECS RPING_LOG PID...: until ibv_rc_pingpong runs in RTS and rping verified rounds
+# (RPING_LOG), for at most SECS seconds; fails (with why in TRAFFIC_WHY) at once if one of the PIDs
+# (the programs' jobs) ended before, or after SECS seconds. A marker that says "traffic ran"
+# follows this, never a sleep.
+wait_traffic() {
+  _secs=$1 _log=$2
+  _end=$(($(now) + _secs))
+  shift 2
+  until pingpong_rts && rping_verified "$_log"; do
+    for _p in "$@"; do
+      running "$_p" && continue
+      TRAFFIC_WHY="a program ended before traffic flowed"
+      return 1
+    done
+    if [ "$(now)" -ge "$_end" ]; then
+      TRAFFIC_WHY="no traffic after $_secs s (pingpong in RTS: $(pingpong_rts && echo yes || echo no), rping rounds verified: $(rping_verified "$_log" && echo yes || echo no))"
+      return 1
+    fi
+    sleep 0.5
+  done
+  TRAFFIC_WHY=
+}
+
+# section NAME CMD...: CMD's output (stdout and stderr) between "SECTION-BEGIN NAME" and
+# "SECTION-END NAME rc=N" lines, for the test to parse; bounded by LIMIT seconds when the script
+# sets LIMIT. Returns CMD's status.
+section() {
+  _name=$1
+  shift
+  echo "SECTION-BEGIN $_name"
+  if [ -n "${LIMIT:-}" ]; then
+    timeout "$LIMIT" "$@" 2>&1
+  else
+    "$@" 2>&1
+  fi
+  _rc=$?
+  echo "SECTION-END $_name rc=$_rc"
+  return $_rc
+}
+
+# has_host_signal NAME: the test host's signal server (HOST_IP:SIG_PORT) has NAME (HTTP by hand
+# over nc: this static busybox's wget crashes).
+has_host_signal() {
+  printf 'GET /%s HTTP/1.0\r\n\r\n' "$1" | timeout 5 nc -w 3 "$HOST_IP" "$SIG_PORT" 2> /dev/null | head -n 1 | grep -q ' 200 '
+}
+
+# wait_host_signal SECS NAME...: until the test host serves one of the NAMEs (polled once a second,
+# at least once, so that an idle guest stays nearly idle); prints that one.
+wait_host_signal() {
+  _end=$(($(now) + $1))
+  shift
+  while :; do
+    for _s in "$@"; do
+      if has_host_signal "$_s"; then
+        echo "$_s"
+        return 0
+      fi
+    done
+    [ "$(now)" -lt "$_end" ] || return 1
+    sleep 1
+  done
+}
+
+# centis: the uptime in hundredths of a second (the clock of the guests' throughput figures).
+centis() { awk '{ printf "%d\n", $1 * 100 }' /proc/uptime; }
 
 # driver_log: the kernel's last lines about the RDMA and NIC drivers, for a failure report.
 driver_log() { dmesg | grep -E 'rxe|vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20; }

@@ -13,7 +13,8 @@
 # B, phase 2: pvrdma-write-check server: A streams RDMA WRITEs into B's memory and B's CPU writes
 #   memory of its own, every round verified by checksum and pattern; the scenario migrates B again.
 # A: pvrdma-write-check client towards B, retried until B listens (B gets there after phase 1).
-# Lines: MIGPEER-TRAFFIC (B's programs started), MIGPEER-RXE-DONE pp_rc=N rping_rc=N,
+# Lines: MIGPEER-TRAFFIC (B's traffic flows: its pingpong's QP in RTS, rping rounds verified;
+# MIGPEER-FAIL at once if not within 300 s), MIGPEER-RXE-DONE pp_rc=N rping_rc=N,
 # the programs' own WRITE-CHECK-* lines, MIGPEER-WRITE-DONE rc=N, MIGPEER-OK or MIGPEER-FAIL why.
 DEV=vmw_pvrdma0
 fail() { echo "MIGPEER-FAIL $*"; exit 1; }
@@ -24,10 +25,14 @@ if [ "$ROLE" = b ]; then
   (again 120 timeout 900 ibv_rc_pingpong -d $DEV -g "$GIDX" -c -n "$PP_ITERS" -s 4096 -p 18801 "$HOST_IP") \
     > /tmp/pp.log 2>&1 &
   pp=$!
-  (again 120 timeout 900 rping -c -a "$HOST_IP" -p 18802 -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
+  (again 120 timeout 900 rping -c -a "$HOST_IP" -p 18802 -v -V -C "$RPING_COUNT") > /tmp/rping.log 2>&1 &
   rp=$!
-  sleep 5
-  echo "MIGPEER-TRAFFIC ibv_rc_pingpong and rping towards Soft-RoCE running"
+  # Traffic flows (the pingpong's QP in RTS, rping rounds verified) before the scenario may
+  # migrate B: a marker after a mere sleep could not tell.
+  if ! wait_traffic 300 /tmp/rping.log $pp $rp; then
+    fail "$TRAFFIC_WHY; pingpong: $(tail -n 3 /tmp/pp.log | tr '\n' ' ') rping: $(tail -n 3 /tmp/rping.log | tr '\n' ' ')"
+  fi
+  echo "MIGPEER-TRAFFIC ibv_rc_pingpong in RTS, rping rounds verified: $(grep -c '^ping data: ' /tmp/rping.log)"
   wait $pp; pp_rc=$?
   wait $rp; rp_rc=$?
   grep -E 'local address|remote address|bytes in|iters in|Failed status|Completion with error' /tmp/pp.log

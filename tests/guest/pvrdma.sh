@@ -19,17 +19,6 @@ fail() {
   exit 1
 }
 
-# section NAME CMD...: CMD's output (stdout and stderr) framed for the test; returns CMD's status.
-section() {
-  _name=$1
-  shift
-  echo "SECTION-BEGIN $_name"
-  "$@" 2>&1
-  _rc=$?
-  echo "SECTION-END $_name rc=$_rc"
-  return $_rc
-}
-
 port_state_is() { ibv_devinfo -d "$DEV" | grep -q "state:.*$1"; }
 # Both RoCE v2 GIDs of eth0's addresses are in the table (ib_core adds them asynchronously).
 gids_ready() {

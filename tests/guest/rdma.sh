@@ -88,14 +88,14 @@ wait_signal() {
 }
 
 # listening KIND PORT: a server of this guest listens: KIND tcp: a TCP socket (IPv4 or IPv6) in
-# LISTEN on PORT; KIND cm: an rdma_cm ID in LISTEN on PORT.
+# LISTEN on PORT; KIND cm or cmep: an rdma_cm ID in LISTEN on PORT.
 listening() {
   case $1 in
     tcp)
       _hex=$(printf '%04X' "$2")
       cat /proc/net/tcp /proc/net/tcp6 2> /dev/null | awk -v p=":$_hex" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }'
       ;;
-    cm) rdma resource show cm_id 2> /dev/null | grep 'LISTEN' | grep -qE ":$2( |\$)" ;;
+    cm | cmep) rdma resource show cm_id 2> /dev/null | grep 'LISTEN' | grep -qE ":$2( |\$)" ;;
   esac
 }
 
@@ -120,6 +120,7 @@ serve() {
   _step=$1 _kind=$2 _port=$3
   shift 3
   [ "$_kind" = cm ] && set -- "$@" -s -a "$MY_IP"
+  [ "$_kind" = cmep ] && set -- "$@" -b "$MY_IP"
   _t0=$(now)
   echo "SECTION-BEGIN $_step-server"
   timeout "$LIMIT" "$@" &
@@ -167,6 +168,7 @@ connect() {
   case $_kind in
     tcp) set -- "$@" "$_sip" ;;
     cm) set -- "$@" -c -V -a "$_sip" ;;
+    cmep) set -- "$@" -s "$_sip" ;;
   esac
   echo "SECTION-BEGIN $_step-client"
   _attempts=0
@@ -189,7 +191,8 @@ connect() {
 
 # step NAME SERVER CLIENT GATE KIND PORT CMD...: one program between two parties. GATE: "-" or a
 # signal of the test host both sides wait for first. KIND: tcp (the client gets the server's
-# address as its last argument) or cm (rping: -s/-c -a ADDR added).
+# address as its last argument), cm (rping: -s/-c -a ADDR added) or cmep (librdmacm's examples:
+# the server gets -b OWN_ADDR, the client -s SERVER_ADDR).
 step() {
   _name=$1 _srv=$2 _cli=$3 _gate=$4 _kind=$5 _port=$6
   shift 6
@@ -239,6 +242,18 @@ echo "SECTION-BEGIN devinfo"
 ibv_devinfo -v -d "$DEV" 2>&1
 echo "SECTION-END devinfo rc=$?"
 
+# librdmacm's rdma_server and rdma_client (rdma_create_ep) as one program for the step table:
+# -b ADDR serves there, -s ADDR connects to it.
+cat > /tmp/rdma-ep << 'EOS'
+#!/bin/sh
+# rdma-ep -p PORT -b|-s ADDR
+case $3 in
+  -b) exec rdma_server -s "$4" -p "$2" ;;
+  *) exec rdma_client -s "$4" -p "$2" ;;
+esac
+EOS
+chmod +x /tmp/rdma-ep
+
 PP="-d $DEV -g $GIDX"
 PERF="-d $DEV -x $GIDX -F"
 # shellcheck disable=SC2086 # PP and PERF: word lists
@@ -256,6 +271,14 @@ PERF="-d $DEV -x $GIDX -F"
   step read-lat a b - tcp 18622 ib_read_lat $PERF -n "$PERF_ITERS" -s 64 -p 18622
   step send-lat a b - tcp 18623 ib_send_lat $PERF -n "$PERF_ITERS" -s 64 -p 18623
   step rping a b - cm 18631 rping -v -C "$PING_COUNT" -p 18631
+  # rdma_cm's endpoint API and its connection tests, each way: rdma_server/rdma_client
+  # (rdma_create_ep), ucmatose (RC, two connections) and udaddy (UD; its port is fixed: 7174).
+  step ep-ab a b - cmep 18641 /tmp/rdma-ep -p 18641
+  step ep-ba b a - cmep 18642 /tmp/rdma-ep -p 18642
+  step ucmatose-ab a b - cmep 18643 ucmatose -p 18643 -c 2 -C 10 -S 1024
+  step ucmatose-ba b a - cmep 18644 ucmatose -p 18644 -c 2 -C 10 -S 1024
+  step udaddy-ab a b - cmep 7174 udaddy -c 2 -C 10 -S 512
+  step udaddy-ba b a - cmep 7174 udaddy -c 2 -C 10 -S 512
   # Against Linux Soft-RoCE (rxe0 in the test host): each side once as server, once as client.
   step rxe-rc-host-server l a - tcp 18701 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18701
   step rxe-rc-guest-server a l - tcp 18702 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18702

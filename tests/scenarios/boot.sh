@@ -7,9 +7,13 @@
 #   vmm-boot       pvrdma-vmm boots the stock kernel, 2 vCPUs, read-only root disk; the guest
 #                  prints its markers and powers off
 #   vmm-boot-elf   the same with the kernel as an ELF vmlinux instead of the bzImage
-#   vmm-lifecycle  tick-mode guest: pause over the API (counter stops), resume (it goes on),
-#                  shutdown (the VMM exits)
+#   vmm-lifecycle  tick-mode guest with a disk, a vmxnet3 NIC and a PVRDMA device: every thread's
+#                  seccomp mode (/proc/PID/task/*/status); pause over the API (counter stops),
+#                  resume (it goes on), shutdown (the VMM exits)
 # Each phase writes $OUT/<phase>.env and $OUT/<phase>-serial.log.
+
+# The lifecycle phase makes TAPs (l1_tap).
+isolate_network
 
 # A stock kernel reaches /init in 24-35 s of L1 time; with margin for a loaded CI machine.
 BOOT_LIMIT=${BOOT_LIMIT:-240}
@@ -49,7 +53,13 @@ phase_vmm_boot_elf() {
 phase_vmm_lifecycle() {
   local t0 serial=$OUT/vmm-lifecycle-serial.log sock=$WORK/vmm-lifecycle.sock
   t0=$(now_us)
-  start_vmm vmm-lifecycle --cmdline "$GUEST_CMDLINE pvtest=tick" --serial "file=$serial" --api-socket "$sock"
+  # With every device (disk, vmxnet3 NIC, PVRDMA), so that the sandbox check of lifecycle_steps
+  # finds each device's worker thread among those it reads. The TAPs need no bridge: nothing is
+  # sent over them.
+  l1_tap tapn && l1_tap tapr || record vmm-lifecycle "taps=failed"
+  start_vmm vmm-lifecycle --cmdline "$GUEST_CMDLINE pvtest=tick" --serial "file=$serial" --api-socket "$sock" \
+    --disk "path=$PVRDMA_ROOTFS,readonly=on" --net "tap=tapn,mac=52:54:00:16:00:01" \
+    --pvrdma "tap=tapr,mac=52:54:00:16:00:02"
   if lifecycle_steps "$VMM_PID" "$serial" "$sock"; then
     wait_for_exit "$VMM_PID" 60
   else

@@ -13,7 +13,9 @@
 #      HTTP API with pvrdma-remote, which prints the progress and the blackout.
 # Results: $OUT/migration.env (exit statuses, remote exit codes, timings), $OUT/migration-*-vmm.log
 # (the device logs the QPNs and keys it saved and restored), the consoles
-# $OUT/migration-{a,b,b2}-serial.log and pvrdma-remote's output $OUT/migration-*-remote.log.
+# $OUT/migration-{a,b,b2}-serial.log, pvrdma-remote's output $OUT/migration-*-remote.log and
+# `pvrdma-remote counters` of B before its migration and of B2 after it,
+# $OUT/migration-{b,b2}-counters.json.
 
 isolate_network
 
@@ -100,6 +102,17 @@ timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/bz.api" shutdown > /dev/null
 wait_for_exit "$pid_bz" 30
 record migration "failures_receiver_exit=$EXIT_STATUS"
 
+# counters NAME: `pvrdma-remote counters` of $WORK/NAME.api into $OUT/migration-NAME-counters.json;
+# prints its exit status.
+counters() {
+  local rc=0
+  timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/$1.api" counters > "$OUT/migration-$1-counters.json" || rc=$?
+  echo "$rc"
+}
+
+# B's counters after its traffic ran a while and the four failed migrations (the last one cancelled).
+record migration "b_counters_rc=$(counters b)"
+
 # 3. The migration, over TCP, while both programs run.
 receiver b2
 pid_b2=$VMM_PID
@@ -107,6 +120,7 @@ t_mig=$(now_us)
 record migration "receive_rc=$(remote_cmd migration-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:127.0.0.1:6700" --tap "$MAC_B=tapb2" --disk-dir "$WORK" --no-wait)"
 record migration "send_rc=$(remote_cmd migration-send --api-socket "$WORK/b.api" send-migration "tcp:127.0.0.1:6700" --downtime-ms 300)"
 record migration "migration_seconds=$(since "$t_mig")"
+record migration "b2_counters_rc=$(counters b2)"
 wait_for_exit "$pid_b" 30
 record migration "source_exit=$EXIT_STATUS"
 

@@ -79,6 +79,18 @@ impl SerialLog {
         })
     }
 
+    /// One console's text made of several logs in order (a guest's consoles on the VMMs it
+    /// migrated through).
+    pub fn concat(logs: &[SerialLog]) -> Self {
+        Self {
+            text: logs
+                .iter()
+                .map(|l| l.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     /// The rest of the first line carrying `marker` (after it, trimmed). Kernel messages may share
     /// a line with a marker on a serial console, so the marker need not start the line.
     pub fn marker(&self, marker: &str) -> Option<&str> {
@@ -120,6 +132,14 @@ impl SerialLog {
             text: body.join("\n"),
             rc,
         })
+    }
+
+    /// What guest/init logged of the guest kernel's log before powering off: the
+    /// `GUEST-KERNEL-LOG` lines (each WARNING, BUG and Call Trace line with the lines after it),
+    /// or None when this console never reached the check (the guest moved away, or died first).
+    pub fn kernel_log(&self) -> Option<Vec<&str>> {
+        self.marker("GUEST-KERNEL-CHECK")?;
+        Some(self.markers("GUEST-KERNEL-LOG"))
     }
 
     /// The last `count` lines, to quote in a failure message.
@@ -220,6 +240,26 @@ mod tests {
         assert_eq!(log.marker("ROOTDISK-OK"), Some("id-1 mode=ro"));
         assert_eq!(log.marker("GUEST-MARKER-DONE"), None);
         assert_eq!(log.tail(1), "ROOTDISK-OK id-1 mode=ro");
+    }
+
+    #[test]
+    fn kernel_log_comes_from_the_guest_check() {
+        let log = |text: &str| SerialLog {
+            text: text.to_string(),
+        };
+        assert_eq!(log("GUEST-RUN-RC=0\nGUEST-POWEROFF").kernel_log(), None);
+        assert_eq!(
+            log("x\nGUEST-KERNEL-CHECK problems=0\n").kernel_log(),
+            Some(vec![])
+        );
+        let bad = log(
+            "GUEST-KERNEL-LOG [ 0.6] WARNING: CPU: 0 at x\nGUEST-KERNEL-LOG [ 0.6] Call Trace:\n\
+             GUEST-KERNEL-CHECK problems=2\n",
+        );
+        assert_eq!(
+            bad.kernel_log(),
+            Some(vec!["[ 0.6] WARNING: CPU: 0 at x", "[ 0.6] Call Trace:"])
+        );
     }
 
     #[test]

@@ -53,6 +53,60 @@ pub fn run_vmm_scenario(
     Ok(outcome)
 }
 
+/// Kernel log lines that match the problem patterns but are expected: each with why.
+const EXPECTED_KERNEL_LINES: &[&str] = &[
+    // An advisory, not a WARN(): the test host's emulated EPYC has no SRSO microcode.
+    "Speculative Return Stack Overflow: WARNING: See",
+];
+
+/// The lines of a guest kernel's log (see [`SerialLog::kernel_log`]) that show a problem: a
+/// WARNING, BUG or Call Trace that is not in [`EXPECTED_KERNEL_LINES`].
+pub fn kernel_problems<'a>(log: &[&'a str]) -> Vec<&'a str> {
+    log.iter()
+        .copied()
+        .filter(|l| {
+            ["WARNING:", "BUG:", "Call Trace:"]
+                .iter()
+                .any(|p| l.contains(p))
+        })
+        .filter(|l| !EXPECTED_KERNEL_LINES.iter().any(|e| l.contains(e)))
+        .collect()
+}
+
+/// Fails unless every guest console of `outcome` (but the files named in `except`, guests that
+/// are not ours) that reached guest/init's kernel check shows no unexpected kernel WARNING, BUG
+/// or Call Trace, and at least one did (a suite whose guests never got there proves nothing).
+/// Every suite calls it from a test of its own.
+pub fn expect_clean_guest_kernels(outcome: &Outcome, except: &[&str]) {
+    let mut checked = 0;
+    let mut problems = String::new();
+    let ours = |p: &std::path::Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| !except.contains(&n))
+    };
+    for path in outcome.serial_logs().into_iter().filter(|p| ours(p)) {
+        let log = SerialLog::read(&path).unwrap_or_else(|e| panic!("{e}\n{}", outcome.context()));
+        let Some(lines) = log.kernel_log() else {
+            continue;
+        };
+        checked += 1;
+        if !kernel_problems(&lines).is_empty() {
+            problems += &format!("---- {} ----\n{}\n", path.display(), lines.join("\n"));
+        }
+    }
+    assert!(
+        checked > 0,
+        "no guest console reached the kernel check (GUEST-KERNEL-CHECK)\n{}",
+        outcome.context()
+    );
+    assert!(
+        problems.is_empty(),
+        "guest kernels logged a WARNING, BUG or Call Trace:\n{problems}{}",
+        outcome.context()
+    );
+}
+
 /// The `key=value` file `name` the scenario wrote to `$OUT`.
 pub fn key_values(outcome: &Outcome, name: &str) -> Result<KeyValues, SetupError> {
     KeyValues::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
@@ -99,6 +153,11 @@ impl RemoteSuite {
             }
         };
         Ok(Self { outcome, env, logs })
+    }
+
+    /// See [`expect_clean_guest_kernels`].
+    pub fn expect_clean_guest_kernels(&self) {
+        expect_clean_guest_kernels(&self.outcome, &[]);
     }
 
     /// Fails the test with `what` and the end of every log of the suite.
@@ -189,10 +248,38 @@ impl RemoteSuite {
                     "no 'remote address: ... QPN' line of ibv_rc_pingpong in {serial}"
                 ))
             });
-        if !restored.contains(&format!("{qpn:#x}")) {
+        // One of the listed QPNs exactly ("0x1" is in "0x12" but is not it).
+        let qpns = restored
+            .split_once("qpns=[")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(list, _)| list)
+            .unwrap_or("");
+        if !qpns.split(',').any(|q| q.trim() == format!("{qpn:#x}")) {
             self.fail(&format!(
                 "the pingpong peer's QPN {qpn:#x} ({serial}) is not among the restored {restored}"
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_problems_skip_the_expected_lines() {
+        let log = [
+            "[ 0.63] Speculative Return Stack Overflow: WARNING: See https://kernel.org/doc/x",
+            "[ 0.65] XSAVE consistency problem: size 832 != kernel_size 576",
+            "[ 0.65] WARNING: CPU: 0 PID: 0 at arch/x86/kernel/fpu/xstate.c:606 x",
+            "[ 0.66] Call Trace:",
+            "[ 9.00] BUG: soft lockup - CPU#0 stuck for 22s!",
+        ];
+        assert_eq!(
+            kernel_problems(&log),
+            [log[2], log[3], log[4]],
+            "the SRSO advisory is expected, the rest are problems"
+        );
+        assert!(kernel_problems(&log[..2]).is_empty());
     }
 }

@@ -28,6 +28,9 @@ use crate::{announce, workspace_root, Error, Result};
 /// Time the runner gets beyond the scenario's own limit: L1's boot and power-off, and run-l1.sh's
 /// grace period before it kills QEMU.
 const RUNNER_GRACE: Duration = Duration::from_secs(90);
+/// How long a runner may wait for the machine's L1 lock (resources/test-host/l1-lock.sh), plus
+/// a minute for its own start.
+const L1_LOCK_WAIT: Duration = Duration::from_secs(3660);
 
 /// run-l1.sh's exit status when L1 stopped making progress (see `resources/test-host/run-l1.sh`).
 const L1_STALLED: i32 = 126;
@@ -108,6 +111,31 @@ impl Outcome {
             s += &tail_of(&runner_log, 4);
         }
         s
+    }
+
+    /// Every guest console the scenario wrote (`*serial*.log` under `$OUT`, those of a pair's
+    /// hosts included).
+    pub fn serial_logs(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            let Ok(entries) = fs::read_dir(dir) else {
+                return;
+            };
+            for path in entries.flatten().map(|e| e.path()) {
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.contains("serial") && n.ends_with(".log"))
+                {
+                    out.push(path);
+                }
+            }
+        }
+        let mut logs = Vec::new();
+        walk(&self.out, &mut logs);
+        logs.sort();
+        logs
     }
 
     /// Whether a test host stopped making progress (run-l1.sh's `l1-stalled`).
@@ -226,8 +254,12 @@ fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome>
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::new(format!("cannot start scenario {}: {e}", scenario.name)))?;
+    // In TEST-HOST mode the runner first waits (up to an hour) for the machine's L1 lock, which
+    // another suite may hold; the scenario's limit starts once it has the lock.
+    let locked = (mode == Mode::TestHost).then(|| out.join("l1-locked"));
     let status = wait_for_exit(
         &mut child,
+        locked.as_deref(),
         scenario.timeout + RUNNER_GRACE,
         &scenario.name,
         &log_path,
@@ -249,13 +281,29 @@ fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome>
     Ok(outcome)
 }
 
-fn wait_for_exit(child: &mut Child, limit: Duration, name: &str, log: &Path) -> Result<ExitStatus> {
-    let waited = wait_until(
-        &format!("scenario {name} to finish"),
-        limit,
-        Duration::from_millis(250),
-        || child.try_wait().unwrap_or(None),
-    );
+/// Waits for the runner: first, if `locked` is given, until that file appears (the runner holds
+/// the L1 lock) or the runner ends, then at most `limit` for it to end.
+fn wait_for_exit(
+    child: &mut Child,
+    locked: Option<&Path>,
+    limit: Duration,
+    name: &str,
+    log: &Path,
+) -> Result<ExitStatus> {
+    let poll = Duration::from_millis(250);
+    let lock_wait = locked.map_or(Ok(()), |marker| {
+        wait_until(
+            &format!("scenario {name} to get the L1 lock"),
+            L1_LOCK_WAIT,
+            poll,
+            || (marker.exists() || child.try_wait().ok().flatten().is_some()).then_some(()),
+        )
+    });
+    let waited = lock_wait.and_then(|()| {
+        wait_until(&format!("scenario {name} to finish"), limit, poll, || {
+            child.try_wait().unwrap_or(None)
+        })
+    });
     waited.map_err(|e| {
         // The runner and everything it started (QEMU, VMMs) share its process group.
         let _ = Command::new("kill")

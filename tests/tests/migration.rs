@@ -4,13 +4,15 @@
 //! rounds). Mid-run, four migrations of B fail before their switch-over (the destination refuses,
 //! dies, times out, is cancelled) and each must leave B running; then B is migrated over TCP to a
 //! new VMM process with a TAP of its own. Both programs must finish with their data checked, and
-//! B's QPNs and keys must be the same before and after.
+//! B's QPNs and keys must be the same before and after. `pvrdma-remote counters` on B's VMM
+//! before the migration and on B2's after it must show the traffic and the migrations.
 //!
 //! All tests share ONE run of `tests/scenarios/migration.sh` in the test host.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use api::{DeviceCountersInfo, MigrationDirection, MigrationStatus, VmCounters};
 use e2e::suite::{self, RemoteSuite, SetupError};
 use e2e::testhost::Hosts;
 
@@ -45,6 +47,8 @@ const LOGS: &[&str] = &[
     "migration-timeout-remote.log",
     "migration-cancelled-remote.log",
     "migration-cancel-remote.log",
+    "migration-b-counters.json",
+    "migration-b2-counters.json",
 ];
 
 #[test]
@@ -148,4 +152,113 @@ fn no_vmm_panicked() {
     for g in ["a", "b", "b2", "bx", "by", "bz"] {
         s.expect_value(&format!("{g}_panics"), "0");
     }
+}
+
+/// `pvrdma-remote counters` as saved in `$OUT/migration-NAME-counters.json`.
+fn counters(s: &RemoteSuite, name: &str) -> VmCounters {
+    s.expect_value(&format!("{name}_counters_rc"), "0");
+    let file = format!("migration-{name}-counters.json");
+    serde_json::from_str(&s.text(&file))
+        .unwrap_or_else(|e| s.fail(&format!("{file} is not vm.counters: {e}")))
+}
+
+/// The one device of `kind`, with its PCI address.
+fn device<'a>(s: &RemoteSuite, c: &'a VmCounters, kind: &str, pci: &str) -> &'a DeviceCountersInfo {
+    let found: Vec<_> = c.devices.iter().filter(|d| d.kind == kind).collect();
+    match found.as_slice() {
+        [d] if d.pci.ends_with(pci) => d,
+        _ => s.fail(&format!("expected one {kind} at {pci}, got {found:?}")),
+    }
+}
+
+/// A counter that must exist.
+fn value(s: &RemoteSuite, d: &DeviceCountersInfo, name: &str) -> u64 {
+    d.counters
+        .get(name)
+        .copied()
+        .unwrap_or_else(|| s.fail(&format!("{} has no counter {name}", d.kind)))
+}
+
+/// B ran pingpong and rping for a while before the counters were read: its PVRDMA function sent
+/// and received RoCE frames (over the same-host channel or the wire; A is on this host) and
+/// completed work, its NIC carried the programs' TCP set-up, its script disk was read and never
+/// written, and the last migration is the cancelled one.
+#[test]
+fn counters_show_the_traffic_before_the_migration() {
+    let s = suite();
+    let c = counters(s, "b");
+    let disk = device(s, &c, "virtio-blk", ".0");
+    let nic = device(s, &c, "vmxnet3", ".0");
+    let rdma = device(s, &c, "pvrdma", ".1");
+    if nic.pci.split('.').next() != rdma.pci.split('.').next() {
+        s.fail(&format!(
+            "NIC {} and PVRDMA {} share no slot",
+            nic.pci, rdma.pci
+        ));
+    }
+    // roce_tx counts the wire only, roce_rx both paths (roce_local_rx is its same-host part).
+    let sent = value(s, rdma, "roce_tx") + value(s, rdma, "roce_local_tx");
+    let received = value(s, rdma, "roce_rx");
+    let cqes = value(s, rdma, "cqe_posted");
+    // Every pingpong round trip is a SEND each way and its completions.
+    if sent < 100 || received < 100 || cqes < 100 || value(s, rdma, "doorbell_qp") == 0 {
+        s.fail(&format!(
+            "PVRDMA counters do not show the traffic: {rdma:?}"
+        ));
+    }
+    let qps = rdma.qps.as_deref().unwrap_or_default();
+    if !qps
+        .iter()
+        .any(|q| !q.error && q.counters.contains_key("completer_retry"))
+    {
+        s.fail(&format!("no live QP with transport counters: {qps:?}"));
+    }
+    if value(s, nic, "tx_frames") == 0 || value(s, nic, "rx_frames") == 0 {
+        s.fail(&format!(
+            "vmxnet3 counters do not show the TCP set-up: {nic:?}"
+        ));
+    }
+    if value(s, disk, "read_requests") == 0 || value(s, disk, "write_requests") != 0 {
+        s.fail(&format!("the read-only script disk: {disk:?}"));
+    }
+    match &c.migration {
+        Some(m)
+            if m.direction == MigrationDirection::Send
+                && m.status == MigrationStatus::Failed
+                && m.error.as_deref().is_some_and(|e| e.contains("Cancelled")) => {}
+        other => s.fail(&format!(
+            "last migration should be the cancelled one: {other:?}"
+        )),
+    }
+    e2e::announce(&format!(
+        "migration: B before its migration: {sent} RoCE frames sent, {received} received, \
+         {cqes} CQEs, {} QPs",
+        qps.len()
+    ));
+}
+
+/// B2 right after taking B over: the received migration with its passes and bytes, and the
+/// PVRDMA function serving B's restored QPs.
+#[test]
+fn counters_show_the_received_migration() {
+    let s = suite();
+    let c = counters(s, "b2");
+    let rdma = device(s, &c, "pvrdma", ".1");
+    if rdma.qps.as_deref().unwrap_or_default().is_empty() {
+        s.fail(&format!("B2 serves no restored QP: {rdma:?}"));
+    }
+    match &c.migration {
+        Some(m)
+            if m.direction == MigrationDirection::Receive
+                && m.status == MigrationStatus::Completed
+                && m.pass >= 1
+                && m.bytes_transferred > 0 => {}
+        other => s.fail(&format!("B2's migration: {other:?}")),
+    }
+}
+
+/// The guest kernels that reached power-off logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite().expect_clean_guest_kernels();
 }

@@ -125,3 +125,9 @@ fn no_vmm_panicked() {
         s.expect_value(&format!("{g}_panics"), "0");
     }
 }
+
+/// The guest kernels that reached power-off logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite().expect_clean_guest_kernels();
+}

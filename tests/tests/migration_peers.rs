@@ -137,3 +137,9 @@ fn both_guests_finish_and_every_vmm_ends_cleanly() {
         s.expect_value(&format!("{g}_panics"), "0");
     }
 }
+
+/// The guest kernels that reached power-off logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite().expect_clean_guest_kernels();
+}

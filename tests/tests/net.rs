@@ -300,3 +300,9 @@ fn mac_change_in_the_guest_takes_effect() {
         },
     );
 }
+
+/// The guest kernels logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite::expect_clean_guest_kernels(&suite().outcome, &[]);
+}

@@ -489,3 +489,9 @@ fn driver_reload_works() {
         )
     });
 }
+
+/// The guest kernels logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite::expect_clean_guest_kernels(&suite().outcome, &[]);
+}

@@ -3,7 +3,8 @@
 //! with a PVRDMA slot on one bridge of the test host, run rdma-core's and perftest's programs
 //! against each other: `ibv_rc_pingpong` with data check and with completion events,
 //! `ibv_ud_pingpong`, `ibv_srq_pingpong`, `ib_{write,read,send,atomic}_bw`,
-//! `ib_{write,read,send}_lat` and `rping` over rdma_cm with its data verified; their VMMs share
+//! `ib_{write,read,send}_lat`, `rping` over rdma_cm with its data verified, and librdmacm's
+//! `rdma_server`/`rdma_client` (the endpoint API), `ucmatose` and `udaddy` each way; their VMMs share
 //! the host, so the traffic should take the same-host channel (no RoCE frame on their TAPs). Guest
 //! A also talks to a native endpoint, Linux Soft-RoCE (rxe0) in the test host, with
 //! `ibv_rc_pingpong -c` and `ib_write_bw`, each side once as server and once as client. Last, A
@@ -535,6 +536,41 @@ fn ib_send_lat_between_guests() {
     suite().perftest("send-lat", Party::A, Party::B, LAT_SIZE, PERF_ITERS);
 }
 
+/// librdmacm's own tests of its API, between the guests and each way: both sides exit 0 and say
+/// that they got to the end (`want` in the server's and in the client's output).
+fn rdma_cm_program(step: &str, server: Party, client: Party, want: [&str; 2]) {
+    let s = suite();
+    let runs = s.both_succeed(step, server, client);
+    for (run, want) in runs.iter().zip(want) {
+        s.expect_in(run, run.text.contains(want), || format!("no '{want}'"));
+    }
+}
+
+/// rdma_server and rdma_client: the endpoint API (rdma_getaddrinfo, rdma_create_ep,
+/// rdma_post_recv/rdma_post_send, rdma_get_recv_comp), which the ESXi device does not support.
+#[test]
+fn rdma_create_ep_server_and_client_between_guests() {
+    let want = ["rdma_server: end 0", "rdma_client: end 0"];
+    rdma_cm_program("ep-ab", Party::A, Party::B, want);
+    rdma_cm_program("ep-ba", Party::B, Party::A, want);
+}
+
+/// ucmatose: two RC connections over rdma_cm, ten 1 KiB messages each way on each.
+#[test]
+fn ucmatose_between_guests() {
+    let want = ["test complete", "test complete"];
+    rdma_cm_program("ucmatose-ab", Party::A, Party::B, want);
+    rdma_cm_program("ucmatose-ba", Party::B, Party::A, want);
+}
+
+/// udaddy: two UD endpoints over rdma_cm (address handles from its events), ten messages each.
+#[test]
+fn udaddy_between_guests() {
+    let want = ["test complete", "test complete"];
+    rdma_cm_program("udaddy-ab", Party::A, Party::B, want);
+    rdma_cm_program("udaddy-ba", Party::B, Party::A, want);
+}
+
 /// rping over rdma_cm (address and route resolution, CM MADs on QP1, then SEND, RDMA READ and
 /// RDMA WRITE per ping): the client verifies every echo (-V) and prints it (-v), the server prints
 /// what it read; both must be exactly what rping's client generates.
@@ -721,4 +757,10 @@ mod helpers {
         let lat = " #bytes #iterations    t_min[usec]\n 64       100          5.10\n";
         assert_eq!(perftest_results(lat), vec![vec![64, 100]]);
     }
+}
+
+/// The guest kernels logged no WARNING, BUG or Call Trace.
+#[test]
+fn guest_kernels_log_no_warning_bug_or_trace() {
+    suite::expect_clean_guest_kernels(&suite().outcome, &[]);
 }

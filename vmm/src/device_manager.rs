@@ -13,7 +13,7 @@ use legacy_devices::{
     I8042_PORT, I8042_PORT_LEN, SERIAL_IRQ, SERIAL_PORT, SERIAL_PORT_LEN,
 };
 use net_port::{Port, Tap};
-use pci::{DeviceHooks, PciBus};
+use pci::{DeviceCounters, DeviceHooks, PciBus};
 use pvrdma::Pvrdma;
 use serde::{Deserialize, Serialize};
 use virtio_devices::{Block, BlockConfig};
@@ -121,6 +121,44 @@ pub struct DeviceManager {
     bus: Arc<IoBus>,
     serial: Arc<Mutex<Serial>>,
     serial_room: EventFd,
+    counters: Vec<CounterSource>,
+}
+
+/// One device's counters for `vm.counters`, kept apart from the device on
+/// the bus so that reading them never waits for a vCPU's MMIO exit.
+struct CounterSource {
+    /// `"pvrdma"`, `"vmxnet3"` or `"virtio-blk"`.
+    kind: &'static str,
+    slot: u8,
+    function: u8,
+    handle: Arc<dyn DeviceCounters>,
+}
+
+impl CounterSource {
+    /// The API's form: names as strings, the PCI address as `lspci` shows
+    /// it, and the QP list only for devices that have QPs.
+    fn read(&self) -> api::DeviceCountersInfo {
+        let named = |values: Vec<(&str, u64)>| {
+            values
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect()
+        };
+        api::DeviceCountersInfo {
+            kind: self.kind.to_owned(),
+            pci: format!("00:{:02x}.{}", self.slot, self.function),
+            counters: named(self.handle.values()),
+            qps: self.handle.queue_pairs().map(|qps| {
+                qps.into_iter()
+                    .map(|qp| api::QpCountersInfo {
+                        qpn: qp.qpn,
+                        error: qp.error,
+                        counters: named(qp.values),
+                    })
+                    .collect()
+            }),
+        }
+    }
 }
 
 /// The GET_ID serial of disk `index`: what the guest sees in
@@ -217,6 +255,7 @@ impl DeviceManager {
             msi: vm.msi_router(),
             ioevents: vm.ioevent_registrar(),
         };
+        let mut counters = Vec::new();
         for (index, disk) in config.disks.iter().enumerate() {
             let cfg = BlockConfig {
                 path: disk.path.clone(),
@@ -229,6 +268,12 @@ impl DeviceManager {
             let slot = bus
                 .next_free_slot()
                 .ok_or(DeviceError::NoSlot("virtio-blk"))?;
+            counters.push(CounterSource {
+                kind: "virtio-blk",
+                slot,
+                function: 0,
+                handle: block.counters(),
+            });
             bus.add_device(slot, 0, Arc::new(Mutex::new(block)))
                 .map_err(DeviceError::Pci)?;
             log::info!(
@@ -239,13 +284,14 @@ impl DeviceManager {
         }
         for net in &config.nets {
             let mut bus = crate::lock(&pci);
-            add_vmxnet3(&mut bus, net, false, mem, &hooks)?;
+            add_vmxnet3(&mut bus, net, false, mem, &hooks, &mut counters)?;
         }
         if let Some(rdma) = &config.pvrdma {
             let mut bus = crate::lock(&pci);
             // One converged slot: the NIC at function 0 owns the port, PVRDMA
             // at function 1 follows it (the guest driver pairs them by slot).
-            let (slot, port, tap) = add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks)?;
+            let (slot, port, tap) =
+                add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks, &mut counters)?;
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
                 limits: rdma.budget.limits()?,
@@ -256,6 +302,12 @@ impl DeviceManager {
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;
+            counters.push(CounterSource {
+                kind: "pvrdma",
+                slot,
+                function: 1,
+                handle: dev.counters(),
+            });
             bus.add_device(slot, 1, Arc::new(Mutex::new(dev)))
                 .map_err(DeviceError::Pci)?;
             log::info!("PVRDMA ({:?}) at 00:{slot:02x}.1", rdma.gid);
@@ -265,7 +317,13 @@ impl DeviceManager {
             bus: Arc::new(IoBus { pio, pci }),
             serial,
             serial_room,
+            counters,
         })
+    }
+
+    /// Every device's counters, in PCI order, read while the devices run.
+    pub fn counters(&self) -> Vec<api::DeviceCountersInfo> {
+        self.counters.iter().map(CounterSource::read).collect()
     }
 
     pub fn bus(&self) -> Arc<IoBus> {
@@ -315,14 +373,16 @@ impl DeviceManager {
     }
 }
 
-/// Adds a vmxnet3 NIC on `net`'s TAP as function 0 of a new slot; returns
-/// the slot and the port it publishes (for a PVRDMA function beside it).
+/// Adds a vmxnet3 NIC on `net`'s TAP as function 0 of a new slot, with its
+/// counters; returns the slot and the port it publishes (for a PVRDMA
+/// function beside it).
 fn add_vmxnet3(
     bus: &mut PciBus,
     net: &NetConfig,
     multifunction: bool,
     mem: &Arc<GuestMemory>,
     hooks: &DeviceHooks,
+    counters: &mut Vec<CounterSource>,
 ) -> Result<(u8, Arc<Port>, Arc<Tap>), DeviceError> {
     let tap = Arc::new(Tap::open(&net.tap).map_err(|e| DeviceError::Tap(net.tap.clone(), e))?);
     if let (true, Some(mtu)) = (tap.created(), net.mtu) {
@@ -337,6 +397,12 @@ fn add_vmxnet3(
     let nic = Vmxnet3::new(&cfg, port.clone(), tap.clone(), mem.clone(), hooks.clone())
         .map_err(|e| DeviceError::Vmxnet3(net.tap.clone(), e))?;
     let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("vmxnet3"))?;
+    counters.push(CounterSource {
+        kind: "vmxnet3",
+        slot,
+        function: 0,
+        handle: nic.metrics(),
+    });
     bus.add_device(slot, 0, Arc::new(Mutex::new(nic)))
         .map_err(DeviceError::Pci)?;
     log::info!(
@@ -349,4 +415,53 @@ fn add_vmxnet3(
 
 fn register_irqfd(vm: &VmFd, fd: &EventFd, gsi: u32) -> Result<(), DeviceError> {
     vm.register_irqfd(fd, gsi).map_err(DeviceError::SerialIrq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device with one counter and, if `qps`, one QP in error.
+    struct Fake {
+        qps: bool,
+    }
+
+    impl DeviceCounters for Fake {
+        fn values(&self) -> Vec<(&'static str, u64)> {
+            vec![("frames", 3)]
+        }
+
+        fn queue_pairs(&self) -> Option<Vec<pci::QueuePairCounters>> {
+            self.qps.then(|| {
+                vec![pci::QueuePairCounters {
+                    qpn: 0x12,
+                    error: true,
+                    values: vec![("retry_exceeded", 1)],
+                }]
+            })
+        }
+    }
+
+    #[test]
+    fn counter_sources_read_as_the_api_shows_them() {
+        let source = |kind, slot, function, qps| CounterSource {
+            kind,
+            slot,
+            function,
+            handle: Arc::new(Fake { qps }),
+        };
+        let json = serde_json::to_value([
+            source("virtio-blk", 1, 0, false).read(),
+            source("pvrdma", 0x1f, 1, true).read(),
+        ])
+        .unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"kind": "virtio-blk", "pci": "00:01.0", "counters": {"frames": 3}},
+                {"kind": "pvrdma", "pci": "00:1f.1", "counters": {"frames": 3},
+                 "qps": [{"qpn": 18, "error": true, "counters": {"retry_exceeded": 1}}]}
+            ])
+        );
+    }
 }

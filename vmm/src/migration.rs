@@ -21,7 +21,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api::{MigrationDirection, MigrationInfo, MigrationStatus};
+use api::{BlackoutStages, MigrationDirection, MigrationInfo, MigrationStatus};
 use serde::{Deserialize, Serialize};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _, GuestMemoryRegion};
@@ -118,6 +118,7 @@ pub fn start_info(
         bandwidth_bytes_per_s: 0,
         expected_downtime_ms: 0,
         downtime_ms: None,
+        blackout: None,
         total_ms: 0,
         error: None,
     }
@@ -418,18 +419,30 @@ impl Source {
         let restored = blackout.elapsed();
         protocol::send_request(stream, Command::Complete, &[]).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
-        let downtime = blackout.elapsed().as_millis() as u64;
-        // Where the blackout went, to tell what to make faster.
+        let done = blackout.elapsed();
+        let downtime = done.as_millis() as u64;
+        // Where the blackout went, to tell what to make faster: logged,
+        // and kept for vm.info and vm.counters.
+        let stages = BlackoutStages {
+            pause_save_ms: saved.as_millis() as u64,
+            last_memory_ms: copied.saturating_sub(saved).as_millis() as u64,
+            last_memory_bytes: last,
+            state_ms: restored.saturating_sub(copied).as_millis() as u64,
+            state_bytes: state.len() as u64,
+            handover_ms: done.saturating_sub(restored).as_millis() as u64,
+        };
         log::info!(
             "Migration switch-over: paused and saved in {} ms, last {last} bytes of memory in {} ms, \
-             {} bytes of state restored in {} ms, blackout {downtime} ms",
-            saved.as_millis(),
-            copied.saturating_sub(saved).as_millis(),
-            state.len(),
-            restored.saturating_sub(copied).as_millis(),
+             {} bytes of state restored in {} ms, handed over in {} ms, blackout {downtime} ms",
+            stages.pause_save_ms,
+            stages.last_memory_ms,
+            stages.state_bytes,
+            stages.state_ms,
+            stages.handover_ms,
         );
         update(&self.progress, |i| {
             i.downtime_ms = Some(downtime);
+            i.blackout = Some(stages);
             i.bytes_transferred += state.len() as u64;
         });
         Ok(())

@@ -341,6 +341,8 @@ impl Machine {
         for (id, fd) in (0u8..).zip(&self.vcpu_fds) {
             let setup = || -> Result<(), cpu::CpuError> {
                 cpu::set_boot_msrs(fd)?;
+                // Every vCPU alike (INIT keeps XCR0): state saved on one must restore on another.
+                cpu::set_boot_xcr0(fd, self.vm.supported_cpuid())?;
                 if id == 0 {
                     // Application processors start from INIT/SIPI sent by the guest.
                     cpu::set_boot_regs(fd, entry.entry)?;
@@ -729,6 +731,11 @@ impl Vmm {
                     }
                     Ok(ResponseBody::VmInfo(info))
                 }
+                // Still served after a hand-over: the final counts of this VMM.
+                ApiRequest::Counters => Ok(ResponseBody::Counters(api::VmCounters {
+                    devices: self.devices.counters(),
+                    migration: lock(&self.migration).clone(),
+                })),
                 _ if self.handed_over.is_some() => Err(ActionError::InvalidState(
                     "the VM has migrated to another VMM; this one is exiting".into(),
                 )),

@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
 //! `pvrdma-remote`: drives a running pvrdma-vmm through its API socket.
-//!
-//! Argument parsing is hand-written: eight commands and a handful of options do not justify
-//! clap's build time, and the command table below doubles as the `--help` text.
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -20,11 +17,13 @@ use api::{
     SendMigrationParams, SnapshotParams, TlsParams, VmInfo, DEFAULT_DOWNTIME_MS,
     DEFAULT_MIGRATION_TIMEOUT_S,
 };
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 /// Exit status when the VMM answered with an error, or a followed migration failed.
 const EXIT_REFUSED: u8 = 1;
 /// Exit status for a usage error, or when the VMM could not be reached or made no sense
-/// (for a followed migration: its outcome is unknown).
+/// (for a followed migration: its outcome is unknown). Clap's own usage errors exit 2 too.
 const EXIT_UNREACHABLE: u8 = 2;
 
 /// How often a followed migration's progress is read from `vm.info`.
@@ -33,14 +32,136 @@ const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Linux interface names are shorter than IFNAMSIZ (16).
 const MAX_TAP_NAME: usize = 15;
 
-/// One subcommand: its name, its arguments and help line, and how its arguments make an
-/// action.
-struct Command {
-    name: &'static str,
-    /// Synopsis of the arguments; empty for commands without any.
-    args: &'static str,
-    help: &'static str,
-    build: fn(&[String]) -> Result<Action, String>,
+const AFTER_HELP: &str = "\
+On success the response body, if any, is printed as pretty JSON. A migration is followed
+until it ends, with a line on stdout per pre-copy pass; 'COMMAND --help' shows a command's
+options.
+
+Exit status:
+  0  success
+  1  the VMM refused the request, or the followed migration failed
+  2  usage error, VMM unreachable, or the followed migration's outcome unknown";
+
+/// Drive a running pvrdma-vmm through its HTTP API socket.
+#[derive(Debug, Parser)]
+#[command(name = "pvrdma-remote", version, after_help = AFTER_HELP, subcommand_required = true)]
+struct Cli {
+    /// Unix socket of the VMM's API (pvrdma-vmm --api-socket). Required; accepted before or
+    /// after the command.
+    #[arg(long, value_name = "PATH", global = true)]
+    api_socket: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// One subcommand per API endpoint.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check that the VMM answers; print its version, pid and features.
+    Ping,
+    /// Print the VM's state, configuration and last migration.
+    Info,
+    /// Print every device's counters and the last migration's figures.
+    ///
+    /// Per PVRDMA function its data path (RoCE frames on the wire and over the same-host
+    /// channel, commands, doorbells, completions, errors) and each connected QP's transport
+    /// counters; per vmxnet3 NIC and virtio-blk disk its counters. Read while the VM runs.
+    Counters,
+    /// Pause the VM.
+    Pause,
+    /// Resume a paused VM.
+    Resume,
+    /// Shut the VM down.
+    Shutdown,
+    /// Live-migrate the VM to the VMM receiving on URL.
+    ///
+    /// Followed until it ends (unless --no-wait): a line per pre-copy pass, then the
+    /// blackout. On failure the VM keeps running on this VMM.
+    SendMigration {
+        /// Where the destination listens: unix:PATH or tcp:HOST:PORT.
+        #[arg(value_name = "URL")]
+        url: String,
+        /// End pre-copy once the expected blackout fits this many milliseconds.
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_DOWNTIME_MS)]
+        downtime_ms: u64,
+        /// Give up after this many seconds; the source keeps running.
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_MIGRATION_TIMEOUT_S)]
+        timeout_s: u64,
+        /// Return once the migration started; follow it with 'info'.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        security: Security,
+    },
+    /// Stop an outgoing migration before its switch-over; the VM keeps running here.
+    CancelMigration,
+    /// Listen on URL for a migrating VM and run it (VMM started without a kernel).
+    ///
+    /// Followed until the VM runs here (unless --no-wait).
+    ReceiveMigration {
+        /// Where to listen for the source: unix:PATH or tcp:HOST:PORT.
+        #[arg(value_name = "URL")]
+        url: String,
+        /// Attach the incoming NIC with MAC to TAP on this host (TAP names are per host;
+        /// NICs not listed keep the source's). Repeatable.
+        #[arg(long = "tap", value_name = "MAC=TAP", value_parser = parse_tap)]
+        taps: Vec<Tap>,
+        /// Open NEW on this host for the source's disk OLD. Repeatable.
+        #[arg(long = "disk", value_name = "OLD=NEW", value_parser = parse_disk)]
+        disks: Vec<(PathBuf, PathBuf)>,
+        /// Accept the source's disks that lie in DIR as they are. Repeatable. A disk neither
+        /// mapped nor in one of these refuses the VM (the source keeps running).
+        #[arg(long = "disk-dir", value_name = "DIR")]
+        disk_dirs: Vec<PathBuf>,
+        /// Largest guest memory accepted, in MiB (default: this host's RAM).
+        #[arg(long, value_name = "N")]
+        max_memory_mib: Option<u64>,
+        /// Return once listening; follow the migration with 'info'.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        security: Security,
+    },
+    /// Write the paused VM's state and memory to URL (file:///DIR).
+    Snapshot {
+        /// The directory to write: file:///DIR.
+        #[arg(value_name = "URL")]
+        url: String,
+    },
+}
+
+/// How a `tcp:` migration is protected: TLS 1.3 with both ends authenticated, or plain TCP
+/// where the user allows it.
+#[derive(Debug, Args)]
+struct Security {
+    /// TLS 1.3 (tcp: only): this end's certificate (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// TLS: this end's private key (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// TLS: the CA that must have signed the other end's certificate (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// Allow plain TCP to or on an address that is not loopback (guest memory in the clear,
+    /// the other end unauthenticated).
+    #[arg(long, conflicts_with = "tls_cert")]
+    allow_plaintext: bool,
+}
+
+impl Security {
+    /// The TLS files, given all three (clap requires that).
+    fn tls(&self) -> Option<TlsParams> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsParams {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// What a command asks of the VMM.
@@ -52,150 +173,91 @@ struct Action {
     watch: Option<MigrationDirection>,
 }
 
-const COMMANDS: &[Command] = &[
-    Command {
-        name: "ping",
-        args: "",
-        help: "Check that the VMM answers; print its version, pid and features",
-        build: |args| no_args(args, ApiRequest::Ping),
-    },
-    Command {
-        name: "info",
-        args: "",
-        help: "Print the VM's state, configuration and last migration",
-        build: |args| no_args(args, ApiRequest::VmInfo),
-    },
-    Command {
-        name: "pause",
-        args: "",
-        help: "Pause the VM",
-        build: |args| no_args(args, ApiRequest::Pause),
-    },
-    Command {
-        name: "resume",
-        args: "",
-        help: "Resume a paused VM",
-        build: |args| no_args(args, ApiRequest::Resume),
-    },
-    Command {
-        name: "shutdown",
-        args: "",
-        help: "Shut the VM down",
-        build: |args| no_args(args, ApiRequest::Shutdown),
-    },
-    Command {
-        name: "send-migration",
-        args: "URL [--downtime-ms N] [--timeout-s N] [TLS] [--no-wait]",
-        help: "Live-migrate the VM to the VMM receiving on URL (unix:PATH or tcp:HOST:PORT)",
-        build: send_migration,
-    },
-    Command {
-        name: "cancel-migration",
-        args: "",
-        help: "Stop an outgoing migration before its switch-over; the VM keeps running here",
-        build: |args| no_args(args, ApiRequest::CancelMigration),
-    },
-    Command {
-        name: "receive-migration",
-        args: "URL [--tap MAC=TAP]... [--disk OLD=NEW]... [--disk-dir DIR]... \
-               [--max-memory-mib N] [TLS] [--no-wait]",
-        help: "Listen on URL for a migrating VM and run it (VMM started without a kernel)",
-        build: receive_migration,
-    },
-    Command {
-        name: "snapshot",
-        args: "URL",
-        help: "Write the paused VM's state and memory to URL (file:///DIR)",
-        build: snapshot,
-    },
-];
-
-/// For commands that take no arguments.
-fn no_args(args: &[String], request: ApiRequest) -> Result<Action, String> {
-    match args.first() {
-        None => Ok(Action {
-            request,
-            watch: None,
-        }),
-        Some(extra) => Err(format!("unexpected argument '{extra}'")),
+impl Command {
+    /// The request and whether to follow it; fails on what clap cannot check alone (a MAC
+    /// given two TAPs).
+    fn action(self) -> Result<Action, String> {
+        let watch = |no_wait: bool, direction| (!no_wait).then_some(direction);
+        let (request, watch) = match self {
+            Self::Ping => (ApiRequest::Ping, None),
+            Self::Info => (ApiRequest::VmInfo, None),
+            Self::Counters => (ApiRequest::Counters, None),
+            Self::Pause => (ApiRequest::Pause, None),
+            Self::Resume => (ApiRequest::Resume, None),
+            Self::Shutdown => (ApiRequest::Shutdown, None),
+            Self::CancelMigration => (ApiRequest::CancelMigration, None),
+            Self::SendMigration {
+                url,
+                downtime_ms,
+                timeout_s,
+                no_wait,
+                security,
+            } => (
+                ApiRequest::SendMigration(SendMigrationParams {
+                    destination_url: url,
+                    downtime_ms,
+                    timeout_s,
+                    tls: security.tls(),
+                    allow_plaintext: security.allow_plaintext,
+                }),
+                watch(no_wait, MigrationDirection::Send),
+            ),
+            Self::ReceiveMigration {
+                url,
+                taps,
+                disks,
+                disk_dirs,
+                max_memory_mib,
+                no_wait,
+                security,
+            } => {
+                let mut by_mac = BTreeMap::new();
+                for Tap { mac, name } in taps {
+                    if let Some(earlier) = by_mac.insert(mac.clone(), name) {
+                        return Err(format!("--tap: {mac} is already given TAP '{earlier}'"));
+                    }
+                }
+                let mut by_old = BTreeMap::new();
+                for (old, new) in disks {
+                    if by_old.insert(old.clone(), new).is_some() {
+                        return Err(format!("--disk: {} is mapped twice", old.display()));
+                    }
+                }
+                (
+                    ApiRequest::ReceiveMigration(ReceiveMigrationParams {
+                        receiver_url: url,
+                        taps: by_mac,
+                        disks: by_old,
+                        disk_dirs,
+                        max_memory_mib,
+                        tls: security.tls(),
+                        allow_plaintext: security.allow_plaintext,
+                    }),
+                    watch(no_wait, MigrationDirection::Receive),
+                )
+            }
+            Self::Snapshot { url } => (
+                ApiRequest::Snapshot(SnapshotParams {
+                    destination_url: url,
+                }),
+                None,
+            ),
+        };
+        Ok(Action { request, watch })
     }
 }
 
-/// Flags and options both migration commands take.
-const TLS_FLAGS: [&str; 2] = ["--no-wait", "--allow-plaintext"];
-const TLS_OPTIONS: [&str; 3] = ["--tls-cert", "--tls-key", "--tls-ca"];
-
-fn send_migration(args: &[String]) -> Result<Action, String> {
-    let valued = [&TLS_OPTIONS[..], &["--downtime-ms", "--timeout-s"]].concat();
-    let args = CommandArgs::parse(args, &TLS_FLAGS, &valued)?;
-    let params = SendMigrationParams {
-        destination_url: args.url.to_owned(),
-        downtime_ms: args.number("--downtime-ms")?.unwrap_or(DEFAULT_DOWNTIME_MS),
-        timeout_s: args
-            .number("--timeout-s")?
-            .unwrap_or(DEFAULT_MIGRATION_TIMEOUT_S),
-        tls: args.tls()?,
-        allow_plaintext: args.flags.contains(&"--allow-plaintext"),
-    };
-    Ok(Action {
-        request: ApiRequest::SendMigration(params),
-        watch: args.watch(MigrationDirection::Send),
-    })
+/// `MAC=TAP` of `--tap`.
+#[derive(Clone, Debug)]
+struct Tap {
+    /// Lower case, the form the VMM prints and matches.
+    mac: String,
+    name: String,
 }
 
-fn receive_migration(args: &[String]) -> Result<Action, String> {
-    let valued = [
-        &TLS_OPTIONS[..],
-        &["--tap", "--disk", "--disk-dir", "--max-memory-mib"],
-    ]
-    .concat();
-    let args = CommandArgs::parse(args, &TLS_FLAGS, &valued)?;
-    let mut taps = BTreeMap::new();
-    for tap in args.values("--tap") {
-        let (mac, tap) = parse_tap(tap)?;
-        if let Some(earlier) = taps.insert(mac.clone(), tap) {
-            return Err(format!("--tap: {mac} is already given TAP '{earlier}'"));
-        }
-    }
-    let mut disks = BTreeMap::new();
-    for disk in args.values("--disk") {
-        let (old, new) = disk
-            .split_once('=')
-            .filter(|(old, new)| !old.is_empty() && !new.is_empty())
-            .ok_or_else(|| format!("--disk takes OLD=NEW (paths), not '{disk}'"))?;
-        if disks.insert(old.into(), new.into()).is_some() {
-            return Err(format!("--disk: {old} is mapped twice"));
-        }
-    }
-    let params = ReceiveMigrationParams {
-        taps,
-        disks,
-        disk_dirs: args.values("--disk-dir").map(Into::into).collect(),
-        max_memory_mib: args.number("--max-memory-mib")?,
-        tls: args.tls()?,
-        allow_plaintext: args.flags.contains(&"--allow-plaintext"),
-        ..ReceiveMigrationParams::new(args.url)
-    };
-    Ok(Action {
-        request: ApiRequest::ReceiveMigration(params),
-        watch: args.watch(MigrationDirection::Receive),
-    })
-}
-
-fn snapshot(args: &[String]) -> Result<Action, String> {
-    let args = CommandArgs::parse(args, &[], &[])?;
-    let params = SnapshotParams {
-        destination_url: args.url.to_owned(),
-    };
-    Ok(Action {
-        request: ApiRequest::Snapshot(params),
-        watch: None,
-    })
-}
-
-/// `MAC=TAP` of `--tap`. The MAC is put in lower case, the form the VMM prints and matches.
-/// TAP names are only checked for what Linux refuses, so that the mistake shows up here.
-fn parse_tap(text: &str) -> Result<(String, String), String> {
+/// Parses `--tap MAC=TAP`. TAP names are only checked for what Linux refuses, so that the
+/// mistake shows up here.
+fn parse_tap(text: &str) -> Result<Tap, String> {
     let (mac, tap) = text.split_once('=').ok_or_else(|| {
         format!("--tap takes MAC=TAP, e.g. 52:54:00:00:00:02=tap-b1, not '{text}'")
     })?;
@@ -205,7 +267,7 @@ fn parse_tap(text: &str) -> Result<(String, String), String> {
             .all(|octet| octet.len() == 2 && octet.bytes().all(|b| b.is_ascii_hexdigit()));
     if !is_mac {
         return Err(format!(
-            "--tap: '{mac}' is not a MAC address like 52:54:00:00:00:02"
+            "'{mac}' is not a MAC address like 52:54:00:00:00:02"
         ));
     }
     let is_ifname = (1..=MAX_TAP_NAME).contains(&tap.len())
@@ -214,205 +276,41 @@ fn parse_tap(text: &str) -> Result<(String, String), String> {
         && !tap.contains(|c: char| c == '/' || c == ':' || c.is_whitespace());
     if !is_ifname {
         return Err(format!(
-            "--tap: '{tap}' is not a TAP name (1 to {MAX_TAP_NAME} bytes, no '/', ':' or spaces)"
+            "'{tap}' is not a TAP name (1 to {MAX_TAP_NAME} bytes, no '/', ':' or spaces)"
         ));
     }
-    Ok((mac.to_ascii_lowercase(), tap.to_owned()))
-}
-
-/// The words after a command's name: exactly one positional (the URL), flags, and options
-/// with a value (`--name VALUE` or `--name=VALUE`).
-struct CommandArgs<'a> {
-    url: &'a str,
-    flags: Vec<&'a str>,
-    values: Vec<(&'a str, &'a str)>,
-}
-
-impl<'a> CommandArgs<'a> {
-    /// Splits `args`, accepting only the flags in `flags` and the options in `valued`.
-    fn parse(args: &'a [String], flags: &[&str], valued: &[&str]) -> Result<Self, String> {
-        let mut url = None;
-        let mut found = Self {
-            url: "",
-            flags: Vec::new(),
-            values: Vec::new(),
-        };
-        let mut iter = args.iter();
-        while let Some(arg) = iter.next() {
-            let (name, inline) = match arg.split_once('=') {
-                Some((name, value)) if name.starts_with("--") => (name, Some(value)),
-                _ => (arg.as_str(), None),
-            };
-            if flags.contains(&name) {
-                if inline.is_some() {
-                    return Err(format!("{name} takes no value"));
-                }
-                found.flags.push(name);
-            } else if valued.contains(&name) {
-                let value = match inline {
-                    Some(value) => value,
-                    None => iter.next().ok_or_else(|| format!("{name} needs a value"))?,
-                };
-                found.values.push((name, value));
-            } else if arg.starts_with('-') {
-                return Err(format!("unknown option '{arg}'"));
-            } else if url.is_some() {
-                return Err(format!("unexpected argument '{arg}'"));
-            } else {
-                url = Some(arg.as_str());
-            }
-        }
-        found.url = url.ok_or("URL is missing")?;
-        Ok(found)
-    }
-
-    /// Every value given to a repeatable option, in order.
-    fn values<'s>(&'s self, name: &'s str) -> impl Iterator<Item = &'a str> + 's {
-        self.values
-            .iter()
-            .filter(move |(n, _)| *n == name)
-            .map(|(_, value)| *value)
-    }
-
-    /// The value of an option that may be given once.
-    fn value(&self, name: &str) -> Result<Option<&'a str>, String> {
-        let mut given = self.values(name);
-        match (given.next(), given.next()) {
-            (value, None) => Ok(value),
-            (_, Some(_)) => Err(format!("{name} is given twice")),
-        }
-    }
-
-    /// The value of an option that takes a whole number.
-    fn number(&self, name: &str) -> Result<Option<u64>, String> {
-        self.value(name)?
-            .map(|value| {
-                value
-                    .parse()
-                    .map_err(|_| format!("{name} takes a whole number, not '{value}'"))
-            })
-            .transpose()
-    }
-
-    /// `--tls-cert/--tls-key/--tls-ca`: all three or none.
-    fn tls(&self) -> Result<Option<TlsParams>, String> {
-        let [cert, key, ca] = TLS_OPTIONS.map(|name| self.value(name));
-        match (cert?, key?, ca?) {
-            (None, None, None) => Ok(None),
-            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsParams {
-                cert: cert.into(),
-                key: key.into(),
-                ca: ca.into(),
-            })),
-            _ => Err("TLS needs all of --tls-cert, --tls-key and --tls-ca".into()),
-        }
-    }
-
-    /// Whether to follow the migration: yes, unless `--no-wait` was given.
-    fn watch(&self, direction: MigrationDirection) -> Option<MigrationDirection> {
-        (!self.flags.contains(&"--no-wait")).then_some(direction)
-    }
-}
-
-/// Column where the help text of a command starts.
-const HELP_COLUMN: usize = 20;
-
-fn help() -> String {
-    let commands: String = COMMANDS
-        .iter()
-        .map(|c| {
-            let synopsis = format!("{} {}", c.name, c.args);
-            let synopsis = synopsis.trim_end();
-            if synopsis.len() < HELP_COLUMN {
-                format!("  {synopsis:HELP_COLUMN$}{}\n", c.help)
-            } else {
-                format!("  {synopsis}\n  {:HELP_COLUMN$}{}\n", "", c.help)
-            }
-        })
-        .collect();
-    format!(
-        "Drive a running pvrdma-vmm through its HTTP API socket.\n\n\
-         Usage: pvrdma-remote --api-socket PATH <COMMAND>\n\n\
-         Commands:\n{commands}\n\
-         Options:\n  \
-         --api-socket PATH  Unix socket of the VMM's API (required)\n  \
-         -h, --help         Print this help\n  \
-         -V, --version      Print the version\n\n\
-         Migration options:\n  \
-         --downtime-ms N    End pre-copy once the expected blackout fits N ms \
-         (default {DEFAULT_DOWNTIME_MS})\n  \
-         --timeout-s N      Give up after N s; the source keeps running \
-         (default {DEFAULT_MIGRATION_TIMEOUT_S})\n  \
-         --tap MAC=TAP      Attach the incoming NIC with MAC to TAP on this host \
-         (repeatable; every NIC)\n  \
-         --disk OLD=NEW     Open NEW here for the source's disk OLD (repeatable)\n  \
-         --disk-dir DIR     Accept the source's disks that lie in DIR as they are \
-         (repeatable)\n  \
-         --max-memory-mib N Refuse a VM with more memory (default: this host's RAM)\n  \
-         --tls-cert PEM     TLS 1.3 (tcp: only): this end's certificate,\n  \
-         --tls-key PEM      its private key,\n  \
-         --tls-ca PEM       and the CA the other end's certificate must be signed by\n  \
-         --allow-plaintext  Allow plain TCP to or on an address that is not loopback\n  \
-         --no-wait          Return once the migration started; follow it with 'info'\n\n\
-         On success the response body, if any, is printed as JSON. A migration is followed\n\
-         until it ends, with a line on stdout per pre-copy pass.\n\
-         Exit status: 0 success, {EXIT_REFUSED} the VMM refused the request or the migration \
-         failed,\n\
-         {EXIT_UNREACHABLE} usage error, VMM unreachable, or the migration's outcome unknown.\n"
-    )
-}
-
-/// What the command line asks for.
-enum Invocation {
-    Help,
-    Version,
-    /// Boxed: an action's parameters dwarf the other variants.
-    Call {
-        socket: PathBuf,
-        action: Box<Action>,
-    },
-}
-
-/// Parses the arguments after the program name. `--api-socket`, `--help` and `--version` are
-/// accepted anywhere; everything after the command name belongs to the command.
-fn parse_args(args: &[String]) -> Result<Invocation, String> {
-    let mut socket = None;
-    let mut command = None;
-    let mut command_args = Vec::new();
-    let mut iter = args.iter();
-    while let Some(arg) = iter.next() {
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(Invocation::Help),
-            "-V" | "--version" => return Ok(Invocation::Version),
-            "--api-socket" => {
-                let path = iter.next().ok_or("--api-socket needs a path")?;
-                socket = Some(PathBuf::from(path));
-            }
-            _ => {
-                if let Some(path) = arg.strip_prefix("--api-socket=") {
-                    socket = Some(PathBuf::from(path));
-                } else if command.is_some() {
-                    command_args.push(arg.clone());
-                } else if arg.starts_with('-') {
-                    return Err(format!("unknown option '{arg}'"));
-                } else {
-                    command = Some(arg.as_str());
-                }
-            }
-        }
-    }
-    let name = command.ok_or("no command given")?;
-    let command = COMMANDS
-        .iter()
-        .find(|c| c.name == name)
-        .ok_or_else(|| format!("unknown command '{name}'"))?;
-    let action = (command.build)(&command_args).map_err(|e| format!("{name}: {e}"))?;
-    let socket = socket.filter(|s| !s.as_os_str().is_empty());
-    let socket = socket.ok_or("--api-socket PATH is required")?;
-    Ok(Invocation::Call {
-        socket,
-        action: Box::new(action),
+    Ok(Tap {
+        mac: mac.to_ascii_lowercase(),
+        name: tap.to_owned(),
     })
+}
+
+/// Parses `--disk OLD=NEW` (two paths; the first `=` splits them).
+fn parse_disk(text: &str) -> Result<(PathBuf, PathBuf), String> {
+    match text.split_once('=') {
+        Some((old, new)) if !old.is_empty() && !new.is_empty() => Ok((old.into(), new.into())),
+        _ => Err(format!(
+            "--disk takes OLD=NEW (paths), e.g. /src/b.img=/dst/b.img, not '{text}'"
+        )),
+    }
+}
+
+/// The socket and the action of a parsed command line, or a usage error in clap's form.
+fn invocation(cli: Cli) -> Result<(PathBuf, Action), clap::Error> {
+    let usage = |kind, message: String| Cli::command().error(kind, message);
+    // Clap refuses an empty path; a missing one is ours to refuse, since a global option
+    // cannot be required.
+    let socket = cli.api_socket.ok_or_else(|| {
+        usage(
+            ErrorKind::MissingRequiredArgument,
+            "--api-socket PATH is required".into(),
+        )
+    })?;
+    let action = cli
+        .command
+        .action()
+        .map_err(|e| usage(ErrorKind::ValueValidation, e))?;
+    Ok((socket, action))
 }
 
 /// An error and its causes on one line.
@@ -544,22 +442,8 @@ fn watch(client: &ApiClient, direction: MigrationDirection) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (socket, action) = match parse_args(&args) {
-        Ok(Invocation::Help) => {
-            print(&help());
-            return ExitCode::SUCCESS;
-        }
-        Ok(Invocation::Version) => {
-            print(&format!("pvrdma-remote {}\n", env!("CARGO_PKG_VERSION")));
-            return ExitCode::SUCCESS;
-        }
-        Ok(Invocation::Call { socket, action }) => (socket, *action),
-        Err(e) => {
-            eprintln!("error: {e}\nRun 'pvrdma-remote --help' for usage.");
-            return ExitCode::from(EXIT_UNREACHABLE);
-        }
-    };
+    // Help, version and usage errors exit here (0, 0 and 2).
+    let (socket, action) = invocation(Cli::parse()).unwrap_or_else(|e| e.exit());
     let client = ApiClient::new(socket);
     match client.call(&action.request) {
         Ok(Some(body)) => {
@@ -586,35 +470,45 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| (*s).to_owned()).collect()
+    /// What `args` (after the program name) make, or the usage error's text.
+    fn parse(args: &[&str]) -> Result<(PathBuf, Action), String> {
+        let argv = std::iter::once("pvrdma-remote").chain(args.iter().copied());
+        Cli::try_parse_from(argv)
+            .and_then(invocation)
+            .map_err(|e| e.to_string())
     }
 
-    /// The action `list` asks for, which must parse.
-    fn action(list: &[&str]) -> Action {
-        match parse_args(&args(list)) {
-            Ok(Invocation::Call { action, .. }) => *action,
-            Err(e) => panic!("{list:?}: {e}"),
-            Ok(_) => panic!("{list:?}: not a call"),
-        }
+    /// The action `args` ask for, which must parse.
+    fn action(args: &[&str]) -> Action {
+        parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).1
     }
 
-    /// The smallest valid arguments of each command.
-    fn minimal_args(command: &str) -> Vec<String> {
-        match command {
-            "send-migration" | "receive-migration" => args(&["unix:/m.sock"]),
-            "snapshot" => args(&["file:///snap"]),
-            _ => Vec::new(),
-        }
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn every_request_has_a_command() {
+        let covered: Vec<&str> = Cli::command()
+            .get_subcommands()
+            .map(|c| {
+                let url = match c.get_name() {
+                    "snapshot" => Some("file:///snap"),
+                    "send-migration" | "receive-migration" => Some("unix:/m.sock"),
+                    _ => None,
+                };
+                let mut args = vec!["--api-socket", "/s", c.get_name()];
+                args.extend(url);
+                action(&args).request.route().path
+            })
+            .collect();
         for route in api::ROUTES {
-            let found = COMMANDS.iter().any(|c| {
-                (c.build)(&minimal_args(c.name)).is_ok_and(|a| a.request.route().path == route.path)
-            });
-            assert!(found, "no command for {}", route.path);
+            assert!(
+                covered.contains(&route.path),
+                "no command for {}",
+                route.path
+            );
         }
     }
 
@@ -625,14 +519,10 @@ mod tests {
             &["pause", "--api-socket", "/s"],
             &["--api-socket=/s", "pause"],
         ] {
-            match parse_args(&args(list)) {
-                Ok(Invocation::Call { socket, action }) => {
-                    assert_eq!(socket, PathBuf::from("/s"));
-                    assert_eq!(action.request, ApiRequest::Pause);
-                    assert_eq!(action.watch, None);
-                }
-                _ => panic!("{list:?}"),
-            }
+            let (socket, action) = parse(list).unwrap();
+            assert_eq!(socket, PathBuf::from("/s"));
+            assert_eq!(action.request, ApiRequest::Pause);
+            assert_eq!(action.watch, None);
         }
     }
 
@@ -716,7 +606,7 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_arguments() {
+    fn snapshot_and_counters_arguments() {
         let a = action(&["--api-socket=/s", "snapshot", "file:///var/snap"]);
         assert_eq!(
             a.request,
@@ -725,64 +615,78 @@ mod tests {
             })
         );
         assert_eq!(a.watch, None);
+        assert_eq!(
+            action(&["counters", "--api-socket", "/s"]).request,
+            ApiRequest::Counters
+        );
     }
 
     #[test]
     fn usage_errors() {
-        for list in [
-            &[][..],
-            &["pause"],
-            &["--api-socket"],
-            &["--api-socket", "/s"],
-            &["--api-socket", "/s", "reboot"],
-            &["--api-socket", "/s", "pause", "now"],
-            &["--bogus", "--api-socket", "/s", "pause"],
-            &["--api-socket=", "pause"],
-        ] {
-            assert!(parse_args(&args(list)).is_err(), "{list:?}");
+        let cases: &[(&[&str], &str)] = &[
+            (&["pause"], "--api-socket PATH is required"),
+            (
+                &["--api-socket"],
+                "a value is required for '--api-socket <PATH>'",
+            ),
+            (&["--api-socket", "/s"], "requires a subcommand"),
+            (
+                &["--api-socket", "/s", "reboot"],
+                "unrecognized subcommand 'reboot'",
+            ),
+            (
+                &["--api-socket", "/s", "pause", "now"],
+                "unexpected argument 'now'",
+            ),
+            (
+                &["--bogus", "--api-socket", "/s", "pause"],
+                "unexpected argument '--bogus'",
+            ),
+            (
+                &["--api-socket=", "pause"],
+                "a value is required for '--api-socket <PATH>'",
+            ),
+            (
+                &["--api-socket", "", "pause"],
+                "a value is required for '--api-socket <PATH>'",
+            ),
+        ];
+        for (list, expected) in cases {
+            match parse(list) {
+                Err(e) => assert!(e.contains(expected), "{list:?}: {e}"),
+                Ok(_) => panic!("{list:?} parsed"),
+            }
         }
-        assert!(matches!(
-            parse_args(&args(&["info", "--help"])),
-            Ok(Invocation::Help)
-        ));
+        let help = Cli::try_parse_from(["pvrdma-remote", "info", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        // Nothing at all: the help, as a usage error (exit status 2).
+        let bare = Cli::try_parse_from(["pvrdma-remote"]).unwrap_err();
+        assert_eq!(
+            bare.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        assert_eq!(bare.exit_code(), i32::from(EXIT_UNREACHABLE));
     }
 
     #[test]
     fn migration_usage_errors() {
         let cases: &[(&[&str], &str)] = &[
-            (&["send-migration"], "URL is missing"),
+            (&["send-migration"], "required arguments were not provided"),
             (
                 &["send-migration", "unix:/a", "unix:/b"],
                 "unexpected argument 'unix:/b'",
             ),
             (
                 &["send-migration", "unix:/a", "--downtime-ms"],
-                "--downtime-ms needs a value",
+                "a value is required for '--downtime-ms <N>'",
             ),
             (
                 &["send-migration", "unix:/a", "--downtime-ms", "5ms"],
-                "whole number, not '5ms'",
-            ),
-            (
-                &["send-migration", "tcp:h:1", "--tls-cert=c", "--tls-key=k"],
-                "TLS needs all of --tls-cert, --tls-key and --tls-ca",
-            ),
-            (
-                &["receive-migration", "tcp:h:1", "--disk", "/a"],
-                "--disk takes OLD=NEW",
-            ),
-            (
-                &[
-                    "receive-migration",
-                    "tcp:h:1",
-                    "--disk=/a=/b",
-                    "--disk=/a=/c",
-                ],
-                "--disk: /a is mapped twice",
+                "invalid value '5ms' for '--downtime-ms <N>'",
             ),
             (
                 &["send-migration", "unix:/a", "--timeout-s=-1"],
-                "whole number, not '-1'",
+                "invalid value '-1' for '--timeout-s <N>'",
             ),
             (
                 &[
@@ -793,15 +697,15 @@ mod tests {
                     "--timeout-s",
                     "2",
                 ],
-                "--timeout-s is given twice",
+                "'--timeout-s <N>' cannot be used multiple times",
             ),
             (
                 &["send-migration", "unix:/a", "--no-wait=yes"],
-                "--no-wait takes no value",
+                "unexpected value 'yes' for '--no-wait'",
             ),
             (
                 &["send-migration", "unix:/a", "--tap", "x"],
-                "unknown option '--tap'",
+                "unexpected argument '--tap'",
             ),
             (
                 &["receive-migration", "unix:/a", "--tap", "tap-b1"],
@@ -858,18 +762,50 @@ mod tests {
                 ],
                 "52:54:00:00:00:02 is already given TAP 't1'",
             ),
-            (&["snapshot"], "URL is missing"),
+            (
+                &["send-migration", "tcp:h:1", "--tls-cert=c", "--tls-key=k"],
+                "required arguments were not provided",
+            ),
+            (
+                &[
+                    "send-migration",
+                    "tcp:h:1",
+                    "--tls-cert=c",
+                    "--tls-key=k",
+                    "--tls-ca=a",
+                    "--allow-plaintext",
+                ],
+                "cannot be used with",
+            ),
+            (
+                &["receive-migration", "tcp:h:1", "--disk", "/a"],
+                "--disk takes OLD=NEW",
+            ),
+            (
+                &[
+                    "receive-migration",
+                    "tcp:h:1",
+                    "--disk=/a=/b",
+                    "--disk=/a=/c",
+                ],
+                "--disk: /a is mapped twice",
+            ),
+            (
+                &["receive-migration", "tcp:h:1", "--max-memory-mib=lots"],
+                "invalid value 'lots'",
+            ),
+            (&["snapshot"], "required arguments were not provided"),
             (
                 &["snapshot", "file:///s", "--no-wait"],
-                "unknown option '--no-wait'",
+                "unexpected argument '--no-wait'",
             ),
         ];
         for (list, expected) in cases {
             let mut list = list.to_vec();
             list.extend(["--api-socket", "/s"]);
-            match parse_args(&args(&list)) {
+            match parse(&list) {
                 Err(e) => {
-                    assert!(e.starts_with(&format!("{}: ", list[0])), "{e}");
+                    assert!(e.starts_with("error: "), "{e}");
                     assert!(e.contains(expected), "{list:?}: {e}");
                 }
                 Ok(_) => panic!("{list:?} parsed"),
@@ -891,6 +827,7 @@ mod tests {
             bandwidth_bytes_per_s: 891_599_667,
             expected_downtime_ms: 4,
             downtime_ms: None,
+            blackout: None,
             total_ms: 3_240,
             error: None,
         }

@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use api::client::ApiClient;
 use api::{
-    ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, DiskSummary,
-    MigrationDirection, MigrationInfo, MigrationStatus, ResponseBody, ServerOptions,
-    VmConfigSummary, VmInfo, VmState, VmmPing,
+    ActionError, ApiMessage, ApiRequest, ApiResponse, ApiServerHandle, BlackoutStages,
+    DeviceCountersInfo, DiskSummary, MigrationDirection, MigrationInfo, MigrationStatus,
+    QpCountersInfo, ResponseBody, ServerOptions, VmConfigSummary, VmCounters, VmInfo, VmState,
+    VmmPing,
 };
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::tempdir::TempDir;
@@ -81,9 +82,43 @@ pub fn report(direction: MigrationDirection, status: MigrationStatus, pass: u32)
         bandwidth_bytes_per_s: mib(800),
         expected_downtime_ms: 20,
         downtime_ms: done.then_some(45),
+        blackout: done.then_some(BlackoutStages {
+            pause_save_ms: 10,
+            last_memory_ms: 5,
+            last_memory_bytes: mib(1),
+            state_ms: 25,
+            state_bytes: 600_000,
+            handover_ms: 5,
+        }),
         total_ms: 1_000 * passes,
         error: (status == MigrationStatus::Failed)
             .then(|| "Destination closed the connection".into()),
+    }
+}
+
+/// The counters the fake VM reports: a PVRDMA function with one QP and a disk.
+pub fn test_counters(migration: Option<MigrationInfo>) -> VmCounters {
+    let named = |list: &[(&str, u64)]| list.iter().map(|(n, v)| ((*n).to_owned(), *v)).collect();
+    VmCounters {
+        devices: vec![
+            DeviceCountersInfo {
+                kind: "virtio-blk".into(),
+                pci: "00:01.0".into(),
+                counters: named(&[("read_requests", 12), ("read_bytes", 6144)]),
+                qps: None,
+            },
+            DeviceCountersInfo {
+                kind: "pvrdma".into(),
+                pci: "00:02.1".into(),
+                counters: named(&[("roce_tx", 40), ("roce_local_tx", 0)]),
+                qps: Some(vec![QpCountersInfo {
+                    qpn: 0x12,
+                    error: false,
+                    counters: named(&[("completer_retry", 1)]),
+                }]),
+            },
+        ],
+        migration,
     }
 }
 
@@ -116,6 +151,9 @@ impl FakeVmm {
                 uptime_ms: 42,
                 migration: self.next_report(),
             })),
+            (ApiRequest::Counters, _) => Ok(ResponseBody::Counters(test_counters(
+                self.migration.clone(),
+            ))),
             (ApiRequest::Pause, VmState::Running) => {
                 self.state = VmState::Paused;
                 Ok(ResponseBody::Empty)

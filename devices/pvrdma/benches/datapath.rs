@@ -1,106 +1,237 @@
 // SPDX-License-Identifier: Apache-2.0
-//! In-process data path figures (docs/benchmarks.md), each against a
-//! baseline measured in the same run:
+//! In-process data path figures (docs/benchmarks.md, issue 15), each
+//! against a baseline measured in the same run:
 //!
-//! - RDMA WRITE bandwidth, 64 KiB messages, 16 in flight, between two
-//!   devices over the same-host channel (two workers, real AF_UNIX
-//!   sockets), against a single-core memcpy of the same bytes;
+//! - RDMA WRITE, RDMA READ and SEND bandwidth, 4 KiB, 64 KiB and 1 MiB
+//!   messages, 1 and 16 QPs (16 signaled WRs in flight in all), between
+//!   two devices over the same-host channel, against a single-core memcpy
+//!   of the same bytes;
+//! - the message rate of 64-byte SENDs, 1 and 16 QPs;
 //! - 8-byte RDMA WRITE with immediate, post to the peer's receive
 //!   completion, against a one-way eventfd hand-off between two threads.
 //!
 //! Both devices are driven by simulated guest drivers; completions are
-//! polled the way a guest polls its CQ. Run: `cargo bench -p pvrdma`.
+//! polled the way a guest polls its CQ. Every figure is the median of
+//! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
+//! `-- bandwidth`, `-- rate` or `-- latency` for one part (profiling).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use pvrdma::sim_driver::endpoint::{connect, Endpoint, GID_A, GID_B, IOVA, MAC_A, MAC_B};
+use pvrdma::sim_driver::endpoint::{GID_A, GID_B, IOVA, MAC_A, MAC_B, RIGHTS};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::{QpSpec, SimDriver};
+use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
 use pvrdma::PvrdmaConfig;
-use pvrdma_abi::wqe::{wc_status, Cqe};
+use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
 use vmm_sys_util::eventfd::EventFd;
 
-const MSG: u32 = 64 << 10;
+/// Runs of each measurement; the median is reported.
+const RUNS: usize = 5;
+/// Signaled work requests in flight, spread over the QPs of a run.
 const DEPTH: usize = 16;
-const WRITES: usize = 3000;
-const PINGS: usize = 3000;
+/// Most QPs of a run.
+const QPS: usize = 16;
+/// The MR of each side, large enough for the largest message.
+const MR_LEN: u64 = 1 << 20;
+/// Bytes moved per bandwidth run (at least 64 messages).
+const RUN_BYTES: u64 = 32 << 20;
+/// Pings per latency run.
+const PINGS: usize = 1000;
 
-/// Polls `ep`'s CQ until `n` completions arrived, yielding the core
-/// between empty polls (the two device workers need the machine's cores).
-fn poll(ep: &Endpoint, n: usize) -> Vec<Cqe> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut got = Vec::new();
-    let mut spins = 0u32;
-    while got.len() < n {
-        got.extend(ep.sim.poll_cq(&ep.cq));
-        std::thread::yield_now();
-        spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(1024) {
-            assert!(Instant::now() < deadline, "no completion in 30 s");
-        }
-    }
-    for c in &got {
-        assert_eq!(c.status, wc_status::SUCCESS, "completion {c:?}");
-    }
-    got
+/// One device: a PD, a CQ, [`QPS`] RC QPs and a 1 MiB MR at [`IOVA`].
+struct Side {
+    sim: SimDriver,
+    cq: SimCq,
+    qps: Vec<SimQp>,
+    key: u32,
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
+impl Side {
+    fn new(config: &PvrdmaConfig, mac: [u8; 6], gid: [u8; 16]) -> Self {
+        let mut sim = SimDriver::with_config_and_mac(config, mac);
+        sim.probe().expect("probe");
+        sim.bind_gid(0, gid, 2).expect("bind");
+        let pd = sim.create_pd(0).expect("pd");
+        let cq = sim.create_cq(0, 2048).expect("cq");
+        let spec = QpSpec {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            ..QpSpec::rc(pd, cq.handle)
+        };
+        let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
+        let (mr, _) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
+        Side {
+            sim,
+            cq,
+            qps,
+            key: mr.lkey,
+        }
+    }
+
+    fn sge(&self, len: u32) -> Sge {
+        Sge {
+            addr: IOVA,
+            length: len,
+            lkey: self.key,
+        }
+    }
+
+    /// Posts a signaled `opcode` of `len` bytes on QP `i`, towards the
+    /// peer's MR (`rkey`) for RDMA.
+    fn post(&self, i: usize, wr_id: u64, opcode: u32, len: u32, rkey: u32, imm: u32) {
+        let mut hdr = SqWqeHdr {
+            wr_id,
+            opcode,
+            send_flags: send_flags::SIGNALED,
+            ex: imm,
+            ..SqWqeHdr::default()
+        };
+        hdr.wr[0] = IOVA;
+        hdr.wr[1] = rkey.into();
+        self.sim.post_send_wqe(&self.qps[i], hdr, &[self.sge(len)]);
+    }
+
+    /// Polls the CQ once, checking every completion succeeded.
+    fn poll(&self) -> Vec<Cqe> {
+        let got = self.sim.poll_cq(&self.cq);
+        for c in &got {
+            assert_eq!(c.status, wc_status::SUCCESS, "completion {c:?}");
+        }
+        got
+    }
+
+    /// Which of our QPs a CQE is of.
+    fn qp_index(&self, c: &Cqe) -> usize {
+        self.qps
+            .iter()
+            .position(|q| u64::from(q.handle) == c.qp)
+            .expect("CQE of one of our QPs")
+    }
+}
+
+/// Both devices, their QPs connected pairwise.
+struct Pair {
+    a: Side,
+    b: Side,
+    /// Receives B has posted and A has not yet consumed, per QP; each
+    /// covers the whole MR, so any SEND fits.
+    recvs: std::cell::RefCell<Vec<usize>>,
+}
+
+impl Pair {
+    fn new(config: &PvrdmaConfig) -> Self {
+        let mut a = Side::new(config, MAC_A, GID_A);
+        let mut b = Side::new(config, MAC_B, GID_B);
+        for i in 0..QPS {
+            let (qa, qb) = (a.qps[i].qpn, b.qps[i].qpn);
+            let (ha, hb) = (a.qps[i].handle, b.qps[i].handle);
+            a.sim
+                .connect_rc(ha, 0, (GID_B, MAC_B), qb, (0x10, 0x20))
+                .expect("A to RTS");
+            b.sim
+                .connect_rc(hb, 0, (GID_A, MAC_A), qa, (0x20, 0x10))
+                .expect("B to RTS");
+        }
+        Pair {
+            a,
+            b,
+            recvs: std::cell::RefCell::new(vec![0; QPS]),
+        }
+    }
+
+    /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
+    /// over the first `qps` QPs, [`DEPTH`] in flight in all; SENDs land
+    /// in receives B keeps posted. Returns the elapsed time.
+    fn transfer(&self, opcode: u32, len: u32, qps: usize, count: usize) -> Duration {
+        let (a, b) = (&self.a, &self.b);
+        let send = opcode == wr::SEND;
+        let mut recvs = self.recvs.borrow_mut();
+        let mut inflight = vec![0usize; qps];
+        let depth = (DEPTH / qps).max(1);
+        if send {
+            for (i, r) in recvs.iter_mut().enumerate().take(qps) {
+                while *r < 2 * DEPTH {
+                    b.sim.post_recv_sges(&b.qps[i], 0, &[b.sge(MR_LEN as u32)]);
+                    *r += 1;
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let t0 = Instant::now();
+        let (mut posted, mut done, mut received) = (0, 0, 0);
+        let mut spins = 0u32;
+        while done < count || (send && received < count) {
+            for i in 0..qps {
+                while posted < count && inflight[i] < depth && (!send || recvs[i] > 0) {
+                    a.post(i, posted as u64, opcode, len, b.key, 0);
+                    inflight[i] += 1;
+                    posted += 1;
+                    if send {
+                        recvs[i] -= 1;
+                    }
+                }
+            }
+            for c in a.poll() {
+                inflight[a.qp_index(&c)] -= 1;
+                done += 1;
+            }
+            if send {
+                for c in b.poll() {
+                    let i = b.qp_index(&c);
+                    b.sim.post_recv_sges(&b.qps[i], 0, &[b.sge(MR_LEN as u32)]);
+                    recvs[i] += 1;
+                    received += 1;
+                }
+            }
+            std::thread::yield_now();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) {
+                assert!(Instant::now() < deadline, "no progress in 60 s");
+            }
+        }
+        t0.elapsed()
+    }
+
+    /// 8-byte WRITE_WITH_IMM from A's QP 0: post to B's CQE.
+    fn write_latency(&self) -> Duration {
+        let (a, b) = (&self.a, &self.b);
+        let mut samples = Vec::with_capacity(PINGS);
+        for i in 0..PINGS {
+            b.sim.post_recv_sges(&b.qps[0], i as u64, &[]);
+            let t0 = Instant::now();
+            a.post(0, i as u64, wr::RDMA_WRITE_WITH_IMM, 8, b.key, 1);
+            while b.poll().is_empty() {
+                std::thread::yield_now();
+            }
+            samples.push(t0.elapsed());
+            while a.poll().is_empty() {
+                std::thread::yield_now();
+            }
+        }
+        median(samples)
+    }
+}
+
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|x, y| x.partial_cmp(y).expect("comparable"));
     v[v.len() / 2]
 }
 
-fn write_bandwidth(a: &Endpoint, b: &Endpoint) -> f64 {
+/// Bytes per second of a single-core memcpy of `len`-byte buffers.
+fn memcpy_bandwidth(len: usize, count: usize) -> f64 {
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    // Not timed: the first copy faults the destination's pages in.
+    dst.copy_from_slice(&src);
     let t0 = Instant::now();
-    let mut posted = 0;
-    let mut done = 0;
-    while done < WRITES {
-        while posted < WRITES && posted - done < DEPTH {
-            a.send(
-                posted as u64,
-                wr::RDMA_WRITE,
-                &[a.sge(0, MSG)],
-                (IOVA, b.key),
-                0,
-            );
-            posted += 1;
-        }
-        done += poll(a, 1).len();
-    }
-    (WRITES as f64 * f64::from(MSG)) / t0.elapsed().as_secs_f64()
-}
-
-fn memcpy_bandwidth() -> f64 {
-    let src = vec![0x5au8; MSG as usize];
-    let mut dst = vec![0u8; MSG as usize];
-    let t0 = Instant::now();
-    for _ in 0..WRITES {
+    for _ in 0..count {
         dst.copy_from_slice(black_box(&src));
         black_box(&mut dst);
     }
-    (WRITES as f64 * f64::from(MSG)) / t0.elapsed().as_secs_f64()
+    (count * len) as f64 / t0.elapsed().as_secs_f64()
 }
 
-fn write_latency(a: &Endpoint, b: &Endpoint) -> Duration {
-    let mut samples = Vec::with_capacity(PINGS);
-    for i in 0..PINGS {
-        b.sim.post_recv_sges(&b.qp, i as u64, &[]);
-        let t0 = Instant::now();
-        a.send(
-            i as u64,
-            wr::RDMA_WRITE_WITH_IMM,
-            &[a.sge(0, 8)],
-            (IOVA, b.key),
-            1,
-        );
-        poll(b, 1);
-        samples.push(t0.elapsed());
-        poll(a, 1);
-    }
-    median(samples)
-}
-
+/// One way of an eventfd ping-pong between two threads.
 fn eventfd_latency() -> Duration {
     let (ping, pong) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
     let (ping2, pong2) = (ping.try_clone().unwrap(), pong.try_clone().unwrap());
@@ -127,45 +258,98 @@ fn main() {
         local_dir: Some(dir.clone()),
         ..PvrdmaConfig::default()
     };
-    let spec = |pd, cq| QpSpec {
-        max_send_wr: 64,
-        max_recv_wr: 64,
-        ..QpSpec::rc(pd, cq)
-    };
-    let a = Endpoint::on(SimDriver::with_config_and_mac(&config, MAC_A), GID_A, spec);
-    let b = Endpoint::on(SimDriver::with_config_and_mac(&config, MAC_B), GID_B, spec);
-    let (a, b) = connect(a, b);
+    let pair = Pair::new(&config);
+    let parts = ["bandwidth", "rate", "latency"];
+    let chosen: Vec<String> = std::env::args()
+        .filter(|a| parts.contains(&a.as_str()))
+        .collect();
+    let run = |part: &str| chosen.is_empty() || chosen.iter().any(|c| c == part);
 
-    let rdma = write_bandwidth(&a, &b);
-    assert!(a.sim.metric("roce_local_tx") > 0 && a.sim.metric("roce_tx") == 0);
-    let copy = memcpy_bandwidth();
-    let lat = write_latency(&a, &b);
-    let efd = eventfd_latency();
-    let mib = |bps: f64| bps / f64::from(1u32 << 20);
+    if run("bandwidth") {
+        bandwidth(&pair);
+    }
+    if run("rate") {
+        message_rate(&pair);
+    }
+    if run("latency") {
+        latency(&pair);
+    }
+    drop(pair);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn mib(bps: f64) -> f64 {
+    bps / f64::from(1u32 << 20)
+}
+
+fn bandwidth(pair: &Pair) {
+    println!("bandwidth, median of {RUNS} runs, {DEPTH} in flight in all");
+    for len in [4u32 << 10, 64 << 10, 1 << 20] {
+        let count = (RUN_BYTES / u64::from(len)).max(64) as usize;
+        let copy = median(
+            (0..RUNS)
+                .map(|_| memcpy_bandwidth(len as usize, count))
+                .collect(),
+        );
+        println!(
+            "  memcpy {:>4} KiB, one core: {:>8.0} MiB/s",
+            len >> 10,
+            mib(copy)
+        );
+        for (name, op) in [
+            ("WRITE", wr::RDMA_WRITE),
+            ("READ", wr::RDMA_READ),
+            ("SEND", wr::SEND),
+        ] {
+            for qps in [1, QPS] {
+                let rate = median(
+                    (0..RUNS)
+                        .map(|_| {
+                            let t = pair.transfer(op, len, qps, count);
+                            (count as f64 * f64::from(len)) / t.as_secs_f64()
+                        })
+                        .collect(),
+                );
+                println!(
+                    "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}",
+                    len >> 10,
+                    mib(rate),
+                    rate / copy
+                );
+            }
+        }
+    }
+    let a = &pair.a.sim;
+    assert!(a.metric("roce_local_tx") > 0 && a.metric("roce_tx") == 0);
+}
+
+fn message_rate(pair: &Pair) {
+    println!("64-byte SEND message rate, median of {RUNS} runs");
+    for qps in [1, QPS] {
+        let count = 20_000;
+        let rate = median(
+            (0..RUNS)
+                .map(|_| count as f64 / pair.transfer(wr::SEND, 64, qps, count).as_secs_f64())
+                .collect(),
+        );
+        println!("  {qps:>2} QP: {rate:>9.0} messages/s");
+    }
+}
+
+fn latency(pair: &Pair) {
+    let lat = median((0..RUNS).map(|_| pair.write_latency()).collect());
+    let efd = median((0..RUNS).map(|_| eventfd_latency()).collect());
+    println!("latency, median of {RUNS} runs of {PINGS}");
     println!(
-        "RDMA WRITE 64 KiB x{WRITES}, depth {DEPTH}, same-host channel: {:.0} MiB/s",
-        mib(rdma)
-    );
-    println!(
-        "memcpy 64 KiB x{WRITES}, one core:                        {:.0} MiB/s",
-        mib(copy)
-    );
-    println!(
-        "bandwidth ratio (RDMA WRITE / memcpy):                    {:.3}",
-        rdma / copy
-    );
-    println!(
-        "8-byte WRITE_WITH_IMM post -> remote CQE, median of {PINGS}:  {:.1} us",
+        "  8-byte WRITE_WITH_IMM post -> peer's CQE: {:.1} us",
         lat.as_secs_f64() * 1e6
     );
     println!(
-        "eventfd one-way hand-off between threads, median of {PINGS}: {:.1} us",
+        "  eventfd one-way hand-off:                 {:.1} us",
         efd.as_secs_f64() * 1e6
     );
     println!(
-        "latency ratio (RDMA / eventfd):                           {:.1}",
+        "  ratio (RDMA / eventfd):                   {:.1}",
         lat.as_secs_f64() / efd.as_secs_f64()
     );
-    drop((a, b));
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use device_worker::WorkerHandle;
 use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
-    BarKind, BarSpec, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration, PciDevice,
-    PciHeader,
+    BarKind, BarSpec, DeviceCounters, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration,
+    PciDevice, PciHeader,
 };
 use pvrdma_abi::regs::{
     BAR_MSIX, BAR_REG, BAR_UAR, NUM_VECTORS, PCI_DEVICE_ID_PVRDMA, PCI_VENDOR_ID_VMWARE,
@@ -31,7 +31,7 @@ use crate::datapath::local::LocalChannel;
 use crate::datapath::wire::{Inbox, Wire};
 use crate::datapath::Clock;
 use crate::events::Interrupts;
-use crate::metrics::Metrics;
+use crate::metrics::{CountersHandle, Metrics};
 use crate::regs;
 use crate::snapshot;
 use crate::state::{Env, Shared, State};
@@ -293,6 +293,15 @@ impl<M: GuestAddressSpace> Pvrdma<M> {
     /// The device's counters, by name (see the `metrics` module).
     pub fn metrics(&self) -> Vec<(&'static str, u64)> {
         self.shared.env.metrics.snapshot()
+    }
+
+    /// A handle on the device's counters and its QPs' transport counters,
+    /// for the VMM to read while the device runs (without locking it).
+    pub fn counters(&self) -> Arc<dyn DeviceCounters> {
+        Arc::new(CountersHandle {
+            metrics: Arc::clone(&self.shared.env.metrics),
+            shared: Arc::downgrade(&self.shared),
+        })
     }
 
     /// Registers doorbells where BAR2 is decoded now, or nowhere.

@@ -14,7 +14,7 @@
 //!                        port.clone(), tap, guest_mem.clone(), hooks.clone())?;
 //! let rdma = Pvrdma::new(&PvrdmaConfig { gid_type, ..Default::default() },
 //!                        port, guest_mem, hooks)?;            // gid: "roce-v2".parse()
-//! let counters = rdma.metrics();                              // for vm.counters
+//! let counters = rdma.counters();                             // for vm.counters
 //! bus.add_device(slot, 0, Arc::new(Mutex::new(nic)))?;
 //! bus.add_device(slot, 1, Arc::new(Mutex::new(rdma)))?;
 //! ```

@@ -29,11 +29,12 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use pvrdma_abi::verbs::qp_state;
 use rdma_transport::net::gid_from_ip;
-use rdma_transport::packet::parse;
+use rdma_transport::packet::{parse, parse_unsealed, Packet, ParseError};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::datapath::local::{Batch, Wake};
 use crate::datapath::{self, Input, Outcome};
 
 use crate::events::EventRings;
@@ -52,6 +53,7 @@ const INBOX_EVENT: u32 = 0xff00_0003;
 const TIMER_EVENT: u32 = 0xff00_0004;
 const KICK_EVENT: u32 = 0xff00_0005;
 const LOCAL_EVENT: u32 = 0xff00_0006;
+const LOCAL_AGAIN_EVENT: u32 = 0xff00_0007;
 /// Frames taken from the inbox per wake-up before other events get a turn.
 const RX_BATCH: usize = 256;
 /// Shortest timer the worker arms, so an overdue deadline cannot spin it.
@@ -87,10 +89,14 @@ pub(crate) struct Worker<M> {
     /// Wakes the worker for QPs whose budget ran out.
     kick: EventFd,
     busy: BTreeSet<u32>,
+    /// Some of `busy` wait for room in a same-host ring.
+    deferred: bool,
     /// The deadline the timer is armed for.
     armed: Option<u64>,
     /// Frames to send once the state lock is released.
     outgoing: Vec<Vec<u8>>,
+    /// The buffer same-host frames are received into, reused.
+    rx: Batch,
     stopped: bool,
 }
 
@@ -106,6 +112,35 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
         return Err(SpawnError::Timer(std::io::Error::last_os_error()));
     }
     Ok(timer)
+}
+
+/// Whether QP `handle`, left with work, is to wait: frames to its peer
+/// wait for room in a same-host ring. Running it would only pile up more
+/// (and a full backlog drops them: a lost READ response costs the whole
+/// READ again; 16 QPs each reading 1 MiB used to end in retry-exceeded
+/// that way). QPs towards other peers, or the wire, go on.
+fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
+    let Some(local) = env.wire.local.as_ref() else {
+        return false;
+    };
+    objects
+        .qps
+        .get(&handle)
+        .and_then(|qp| qp.engine.as_ref())
+        .map(|e| e.attrs())
+        .is_some_and(|a| !a.ud && local.backlogged_to(a.addr.dst_mac))
+}
+
+/// The QP a received packet is for, if it is ours (its destination GID
+/// is one of ours), has an engine and is in a receiving state.
+fn receiving_qp(objects: &Objects, pkt: &Packet<'_>) -> Option<u32> {
+    if !objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst)) {
+        return None;
+    }
+    let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied()?;
+    let qp = objects.qps.get(&handle)?;
+    let receiving = matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD);
+    (qp.engine.is_some() && receiving).then_some(handle)
 }
 
 impl<M: GuestAddressSpace> Worker<M> {
@@ -127,8 +162,10 @@ impl<M: GuestAddressSpace> Worker<M> {
             timer: nonblocking_timer()?,
             kick: EventFd::new(EFD_NONBLOCK).map_err(SpawnError::EventFd)?,
             busy: BTreeSet::new(),
+            deferred: false,
             armed: None,
             outgoing: Vec::new(),
+            rx: Batch::default(),
             stopped: false,
         })
     }
@@ -224,9 +261,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         let _ = self.shared.env.wire.inbox.evt.read();
         let frames = self.shared.env.wire.inbox.take(RX_BATCH);
         self.with_session(true, |w, mem, env, events, objects| {
-            for frame in &frames {
-                w.receive(mem, env, events, objects, frame);
-            }
+            w.receive(mem, env, events, objects, frames.iter().map(|f| parse(f)));
         });
         let inbox = &self.shared.env.wire.inbox;
         if !inbox.is_empty() {
@@ -237,50 +272,92 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// One received frame.
-    fn receive(
+    /// Received frames, as parsed: each goes to the QP it names, if that
+    /// QP is ours, has an engine and is in a receiving state; consecutive
+    /// frames for one QP go in one engine run.
+    fn receive<'f>(
         &mut self,
         mem: &M::M,
         env: &Env,
         events: &mut EventRings,
         objects: &mut Objects,
-        frame: &[u8],
+        parsed: impl Iterator<Item = Result<Packet<'f>, ParseError>>,
     ) {
-        env.metrics.roce_rx.inc();
-        let pkt = match parse(frame) {
-            Ok(pkt) => pkt,
-            Err(e) => {
-                guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
-                return;
+        let mut run: Vec<Packet<'f>> = Vec::new();
+        let mut current = None;
+        for p in parsed {
+            env.metrics.roce_rx.inc();
+            let pkt = match p {
+                Ok(pkt) => pkt,
+                Err(e) => {
+                    guest_warn!(env.metrics.roce_rx_bad, "received frame dropped: {e}");
+                    continue;
+                }
+            };
+            let Some(handle) = receiving_qp(objects, &pkt) else {
+                env.metrics.roce_rx_no_qp.inc();
+                continue;
+            };
+            if current != Some(handle) {
+                if let Some(h) = current {
+                    self.run_packets(mem, env, events, objects, h, &run);
+                }
+                run.clear();
+                current = Some(handle);
             }
-        };
-        let ours = objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst));
-        let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied();
-        let receiving = handle.and_then(|h| objects.qps.get(&h)).is_some_and(|qp| {
-            qp.engine.is_some() && matches!(qp.state, qp_state::RTR | qp_state::RTS | qp_state::SQD)
-        });
-        let (true, true, Some(handle)) = (ours, receiving, handle) else {
-            env.metrics.roce_rx_no_qp.inc();
-            return;
-        };
+            run.push(pkt);
+        }
+        if let Some(h) = current {
+            self.run_packets(mem, env, events, objects, h, &run);
+        }
+    }
+
+    /// Runs QP `handle` on `pkts`.
+    fn run_packets(
+        &mut self,
+        mem: &M::M,
+        env: &Env,
+        events: &mut EventRings,
+        objects: &mut Objects,
+        handle: u32,
+        pkts: &[Packet<'_>],
+    ) {
         let now = env.clock.now();
-        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packet(&pkt));
+        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packets(pkts));
         self.finish_run(env, objects, handle, out);
     }
 
-    /// Frames from VMMs of this host join the steered ones.
-    fn handle_local(&mut self) {
-        let env = &self.shared.env;
-        let Some(local) = env.wire.local.as_ref() else {
+    /// Frames from VMMs of this host: received like steered ones, but
+    /// unsealed (they never crossed a wire).
+    fn handle_local(&mut self, wake: Wake) {
+        let shared = Arc::clone(&self.shared);
+        let Some(local) = shared.env.wire.local.as_ref() else {
             return;
         };
-        for frame in local.recv(RX_BATCH) {
-            env.metrics.roce_local_rx.inc();
-            if !env.wire.inbox.offer_owned(frame) {
-                env.metrics.roce_rx_bad.inc();
+        let mut batch = std::mem::take(&mut self.rx);
+        local.recv(RX_BATCH, wake, &mut batch);
+        let n = batch.len() as u64;
+        shared.env.metrics.roce_local_rx.add(n);
+        match shared.env.wire.inbox.admits() {
+            Some(true) => {
+                self.with_session(true, |w, mem, env, events, objects| {
+                    w.receive(
+                        mem,
+                        env,
+                        events,
+                        objects,
+                        batch.frames().map(parse_unsealed),
+                    );
+                });
+            }
+            Some(false) => {
+                shared.env.metrics.roce_rx_dropped.add(n);
+            }
+            None => {
+                shared.env.metrics.roce_rx_bad.add(n);
             }
         }
-        self.handle_inbox();
+        self.rx = batch;
     }
 
     /// Runs the QPs whose deadline passed, and those left with work.
@@ -296,7 +373,14 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.with_session(false, |w, mem, env, events, objects| {
             let now = env.clock.now();
             let due: Vec<(u32, Input<'_>)> = if kick {
-                busy.into_iter().map(|h| (h, Input::Kick)).collect()
+                let (wait, run): (Vec<u32>, Vec<u32>) = busy
+                    .into_iter()
+                    .partition(|&h| waits_for_room(env, objects, h));
+                if !wait.is_empty() {
+                    w.busy.extend(wait);
+                    w.deferred = true;
+                }
+                run.into_iter().map(|h| (h, Input::Kick)).collect()
             } else {
                 objects
                     .qps
@@ -315,6 +399,17 @@ impl<M: GuestAddressSpace> Worker<M> {
                 w.finish_run(env, objects, handle, out);
             }
         });
+    }
+
+    /// Whether frames wait for room in a same-host ring (the worker then
+    /// polls them on its timer, see [`Worker::rearm_timer`]).
+    fn channel_backlogged(&self) -> bool {
+        self.shared
+            .env
+            .wire
+            .local
+            .as_ref()
+            .is_some_and(|l| l.backlogged())
     }
 
     /// Runs every QP that has an engine (resume, restore).
@@ -338,14 +433,19 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.handle_timer_or_kick(true);
     }
 
-    /// Arms the timer for the earliest engine deadline, or disarms it.
+    /// Arms the timer for the earliest engine deadline (or, while frames
+    /// wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
+    /// that is sooner than it is armed for. A later or vanished deadline leaves it
+    /// armed: the early expiry finds nothing due and re-arms, which costs
+    /// less than two timerfd calls per message (arm on send, disarm on
+    /// ACK) on the latency path.
     fn rearm_timer(&mut self) {
         let state = self.shared.lock();
         let paused = self
             .shared
             .paused
             .load(std::sync::atomic::Ordering::Acquire);
-        let next = state.session.as_ref().filter(|_| !paused).and_then(|s| {
+        let engines = state.session.as_ref().filter(|_| !paused).and_then(|s| {
             s.objects
                 .qps
                 .values()
@@ -353,18 +453,20 @@ impl<M: GuestAddressSpace> Worker<M> {
                 .min()
         });
         drop(state);
-        if next == self.armed {
+        // Frames waiting for room in a same-host ring: soon.
+        let now = self.shared.env.clock.now();
+        let backlog = self
+            .channel_backlogged()
+            .then(|| now.saturating_add(MIN_TIMER.as_nanos() as u64));
+        let next = engines.into_iter().chain(backlog).min();
+        let Some(deadline) = next.filter(|&n| self.armed.is_none_or(|a| n < a)) else {
             return;
-        }
-        self.armed = next;
-        let result = match next {
-            Some(deadline) => {
-                let wait = deadline.saturating_sub(self.shared.env.clock.now());
-                self.timer
-                    .reset(Duration::from_nanos(wait).max(MIN_TIMER), None)
-            }
-            None => self.timer.clear(),
         };
+        self.armed = Some(deadline);
+        let wait = deadline.saturating_sub(self.shared.env.clock.now());
+        let result = self
+            .timer
+            .reset(Duration::from_nanos(wait).max(MIN_TIMER), None);
         if let Err(e) = result {
             error!("pvrdma: failed to arm the engine timer: {e}");
         }
@@ -407,8 +509,12 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             error!("pvrdma: failed to watch the engine timer: {e}");
         }
         if let Some(local) = self.shared.env.wire.local.as_ref() {
-            for fd in local.fds() {
-                if let Err(e) = ops.add(Events::with_data_raw(fd, LOCAL_EVENT, EventSet::IN)) {
+            for (fd, wake) in local.fds() {
+                let data = match wake {
+                    Wake::Socket => LOCAL_EVENT,
+                    Wake::Again => LOCAL_AGAIN_EVENT,
+                };
+                if let Err(e) = ops.add(Events::with_data_raw(fd, data, EventSet::IN)) {
                     error!("pvrdma: failed to watch the same-host channel: {e}");
                 }
             }
@@ -416,8 +522,15 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        self.drain_poll();
-        match events.data() {
+        let data = events.data();
+        // The data path's own wake-ups leave the POLL count for later: a
+        // system call less on the latency path.
+        let data_path = matches!(data, LOCAL_EVENT | LOCAL_AGAIN_EVENT)
+            || matches!(Class::from_event_data(data), Some((Class::Qp, _)));
+        if !data_path {
+            self.drain_poll();
+        }
+        match data {
             KILL_EVENT => self.stopped = true,
             WATCH_EVENT => {
                 let _ = self.wake.read();
@@ -435,7 +548,8 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 self.handle_link();
             }
             INBOX_EVENT => self.handle_inbox(),
-            LOCAL_EVENT => self.handle_local(),
+            LOCAL_EVENT => self.handle_local(Wake::Socket),
+            LOCAL_AGAIN_EVENT => self.handle_local(Wake::Again),
             TIMER_EVENT => self.handle_timer_or_kick(false),
             KICK_EVENT => self.handle_timer_or_kick(true),
             data => {
@@ -454,6 +568,14 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             }
         }
         self.shared.env.send(std::mem::take(&mut self.outgoing));
+        // QPs that waited for room try again on each poll of the backlog,
+        // or once it is gone.
+        if self.deferred && (data == TIMER_EVENT || !self.channel_backlogged()) {
+            self.deferred = false;
+            if let Err(e) = self.kick.write(1) {
+                error!("pvrdma: failed to resume QPs with work: {e}");
+            }
+        }
         self.rearm_timer();
     }
 }

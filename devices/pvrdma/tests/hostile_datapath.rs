@@ -169,7 +169,7 @@ fn mutated_frames_from_a_peer_never_panic() {
             }
             // A quarter keep the broken ICRC the mutation left.
             if rng.next() & 3 != 0 {
-                let _ = rdma_transport::packet::reseal(&mut f);
+                let _ = rdma_transport::packet::seal(&mut f);
             }
             // A frame the port does not take is one the NIC would get.
             steered += u64::from(b.sim.port.steer_to_rdma(&f));

@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! let block = Block::new(&BlockConfig { path, readonly, id }, guest_mem, hooks)?;
+//! let counters = block.counters();                   // for vm.counters
 //! bus.add_device(slot, 0, Arc::new(Mutex::new(block)))?;
 //! ```
 //!

@@ -49,6 +49,13 @@ macro_rules! metrics {
                 Vmxnet3Counters { $($name: self.$name.get(),)+ }
             }
         }
+
+        /// The VMM's `vm.counters` reads the live counters through this.
+        impl pci::DeviceCounters for Vmxnet3Metrics {
+            fn values(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.get()),)+]
+            }
+        }
     };
 }
 
@@ -140,5 +147,9 @@ mod tests {
         assert_eq!((c.tx_frames, c.rx_bytes, c.cmd_unknown), (1, 100, 1));
         let json = serde_json::to_string(&c).unwrap_or_default();
         assert!(json.contains("\"rx_no_buffer\":0"), "{json}");
+        let named = pci::DeviceCounters::values(&m);
+        assert_eq!(named.first(), Some(&("tx_frames", 1)));
+        assert!(named.contains(&("rx_bytes", 100)));
+        assert_eq!(named.len(), json.matches(':').count());
     }
 }

@@ -3,7 +3,9 @@
 //! (from KVM's supported set), boot MSRs, long-mode registers with an
 //! identity-mapped first GiB, FPU and the local APIC's LINT pins.
 
-use kvm_bindings::{kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, CpuId, Msrs};
+use kvm_bindings::{
+    kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, kvm_xcr, kvm_xcrs, CpuId, Msrs,
+};
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -26,6 +28,8 @@ pub enum CpuError {
     GuestWrite(#[source] vm_memory::GuestMemoryError),
     #[error("Failed to program the local APIC")]
     Lapic(#[source] kvm_ioctls::Error),
+    #[error("Failed to set XCR0")]
+    Xcr0(#[source] kvm_ioctls::Error),
 }
 
 /// Tailors KVM's supported CPUID to vCPU `id` of `count`: APIC IDs, the
@@ -115,6 +119,33 @@ pub fn set_boot_fpu(vcpu: &VcpuFd) -> Result<(), CpuError> {
         ..Default::default()
     };
     vcpu.set_fpu(&fpu).map_err(CpuError::Regs)
+}
+
+/// XCR0 as the guest kernel will set it: every user state component the
+/// vCPU's CPUID offers (leaf 0xD, sub-leaf 0, EDX:EAX). Set before the
+/// guest runs so that KVM sizes CPUID 0xD's EBX (bytes needed for the
+/// enabled components) for it from the start: a nested KVM whose XSETBV
+/// is not intercepted (TCG's emulated SVM) never updates EBX, and Linux
+/// then warns "XSAVE consistency problem" at boot. Without XSAVE (no
+/// leaf 0xD) there is nothing to set.
+pub fn set_boot_xcr0(vcpu: &VcpuFd, supported: &CpuId) -> Result<(), CpuError> {
+    let Some(leaf) = supported
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0xd && e.index == 0)
+    else {
+        return Ok(());
+    };
+    let mut xcrs = kvm_xcrs {
+        nr_xcrs: 1,
+        ..Default::default()
+    };
+    xcrs.xcrs[0] = kvm_xcr {
+        xcr: 0,
+        value: u64::from(leaf.eax) | u64::from(leaf.edx) << 32,
+        ..Default::default()
+    };
+    vcpu.set_xcrs(&xcrs).map_err(CpuError::Xcr0)
 }
 
 const X86_CR0_PE: u64 = 1;

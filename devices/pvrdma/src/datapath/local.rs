@@ -12,9 +12,14 @@
 //! one per direction and peer) in a memfd and hands it over on the
 //! peer's control socket (SCM_RIGHTS). Frames are then memory copies into
 //! the ring; the control socket only carries a kick when the consumer
-//! said it was going to sleep. A full ring drops the frame (RC
-//! retransmits, as on a congested wire); a peer that is gone (its socket
-//! refuses) makes the sender forget the ring and use the wire.
+//! said it was going to sleep. Frames a full ring refuses wait in a
+//! bounded backlog per peer, pushed in order as the consumer makes room
+//! (the worker polls for that on a short timer, never blocking); only a
+//! full backlog,
+//! or a consumer that makes no room for [`ROOM_WAIT`], drops frames (RC
+//! retransmits, as on a congested wire, but a lost READ response costs
+//! the whole READ again). A peer that is gone (its socket refuses) makes
+//! the sender forget the ring and use the wire.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -22,14 +27,14 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -47,9 +52,49 @@ pub(crate) enum Sent {
     NotLocal,
 }
 
+/// Which of the channel's descriptors woke the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// The control socket: rings handed over, kicks.
+    Socket,
+    /// The re-wake of a batch that left frames in the rings.
+    Again,
+}
+
+/// Frames received in one batch, back to back in one buffer that the
+/// worker reuses from batch to batch: no allocation per frame.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    data: Vec<u8>,
+    /// Where each frame ends in `data`.
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    /// The frames, in order.
+    pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .filter_map(|(start, end)| self.data.get(start..end))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+}
+
+/// Bytes a [`Batch`] keeps between batches.
+const BATCH_KEEP: usize = 1 << 20;
+
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
+/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames).
+const BACKLOG_FRAMES: usize = 2048;
+/// Longest the oldest frame of a backlog waits for room before the
+/// backlog is dropped: its consumer stalled (paused, migrating, gone).
+const ROOM_WAIT: Duration = Duration::from_millis(100);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
 /// Longest a control message (ring hand-over, kick) may wait for room in
@@ -137,6 +182,51 @@ struct Peer {
     ring: ShmRing,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
+    /// Frames the full ring refused, oldest first.
+    backlog: VecDeque<Vec<u8>>,
+    /// When the oldest of them was refused.
+    since: Option<Instant>,
+}
+
+impl Peer {
+    /// Kicks the consumer; false when its VMM is gone (or replaced).
+    fn kick(&self) -> bool {
+        match self.sock.send(KICK) {
+            Ok(_) => true,
+            // Its queue is full of kicks: it is awake anyway.
+            Err(e) => matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    /// Pushes backlogged frames while the ring has room; drops them all
+    /// once the oldest waited [`ROOM_WAIT`]. Returns the frames dropped.
+    fn flush(&mut self, now: Instant) -> usize {
+        while let Some(frame) = self.backlog.front() {
+            match self.ring.push(frame) {
+                Some(waiting) => {
+                    if waiting {
+                        self.kick();
+                    }
+                    self.backlog.pop_front();
+                    self.since = Some(now);
+                }
+                None => break,
+            }
+        }
+        if self.backlog.is_empty() {
+            self.since = None;
+        } else if self
+            .since
+            .is_some_and(|t| now.saturating_duration_since(t) > ROOM_WAIT)
+        {
+            self.since = None;
+            return std::mem::take(&mut self.backlog).len();
+        }
+        0
+    }
 }
 
 /// A ring a peer sends us frames in.
@@ -156,9 +246,9 @@ pub(crate) struct LocalChannel {
     /// Wakes the worker again when a batch left frames in the rings.
     again: EventFd,
     mac: [u8; 6],
-    peers: Mutex<HashMap<[u8; 6], Peer>>,
+    peers: Mutex<BTreeMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
-    inbound: Mutex<HashMap<[u8; 6], Inbound>>,
+    inbound: Mutex<BTreeMap<[u8; 6], Inbound>>,
     dir: PathBuf,
     /// The MAC's socket path, `<dir>/<mac>.sock`.
     home: PathBuf,
@@ -213,8 +303,8 @@ impl LocalChannel {
             sock,
             again: EventFd::new(EFD_NONBLOCK)?,
             mac,
-            peers: Mutex::new(HashMap::new()),
-            inbound: Mutex::new(HashMap::new()),
+            peers: Mutex::new(BTreeMap::new()),
+            inbound: Mutex::new(BTreeMap::new()),
             dir: dir.to_path_buf(),
             staged: Mutex::new((own != home).then_some(own)),
             home,
@@ -243,9 +333,12 @@ impl LocalChannel {
             .unwrap_or_else(|| self.home.clone())
     }
 
-    /// What the worker watches: the control socket and the re-wake.
-    pub(crate) fn fds(&self) -> [std::os::fd::RawFd; 2] {
-        [self.sock.as_raw_fd(), self.again.as_raw_fd()]
+    /// What the worker watches, and which [`Wake`] each is.
+    pub(crate) fn fds(&self) -> [(std::os::fd::RawFd, Wake); 2] {
+        [
+            (self.sock.as_raw_fd(), Wake::Socket),
+            (self.again.as_raw_fd(), Wake::Again),
+        ]
     }
 
     /// A ring towards the VMM owning `mac`, handed over on its socket.
@@ -265,19 +358,25 @@ impl LocalChannel {
             sock,
             ring,
             instance,
+            backlog: VecDeque::new(),
+            since: None,
         })
     }
 
     /// Our ring towards `mac`, handed over now if there is none yet; `None`
     /// when no VMM of this host owns the MAC (or too many peers).
-    fn peer<'p>(&self, peers: &'p mut HashMap<[u8; 6], Peer>, mac: [u8; 6]) -> Option<&'p Peer> {
+    fn peer<'p>(
+        &self,
+        peers: &'p mut BTreeMap<[u8; 6], Peer>,
+        mac: [u8; 6],
+    ) -> Option<&'p mut Peer> {
         if !peers.contains_key(&mac) {
             if peers.len() >= MAX_PEERS {
                 return None;
             }
             peers.insert(mac, self.connect(mac)?);
         }
-        peers.get(&mac)
+        peers.get_mut(&mac)
     }
 
     /// Hands a ring to the VMM owning each of `macs` before any frame needs
@@ -291,47 +390,74 @@ impl LocalChannel {
         }
     }
 
-    /// Offers `frame` to the VMM owning `dst_mac` on this host.
+    /// Offers `frame` to the VMM owning `dst_mac` on this host: into its
+    /// ring, or behind the frames already waiting for room there.
     pub(crate) fn send(&self, dst_mac: [u8; 6], frame: &[u8]) -> Sent {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(peer) = self.peer(&mut peers, dst_mac) else {
             return Sent::NotLocal;
         };
-        match peer.ring.push(frame) {
-            // A full ring may belong to a peer that is gone (migrated away
-            // without ever sleeping): a kick tells, and then the frame
-            // takes the wire and the next one finds the MAC's new owner.
-            None => match peer.sock.send(KICK) {
-                Err(e)
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    peers.remove(&dst_mac);
-                    Sent::NotLocal
-                }
-                _ => Sent::Dropped,
-            },
+        let pushed = if peer.backlog.is_empty() {
+            peer.ring.push(frame)
+        } else {
+            None
+        };
+        match pushed {
             Some(false) => Sent::Local,
-            Some(true) => match peer.sock.send(KICK) {
-                Ok(_) => Sent::Local,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    // Its queue is full of kicks: it is awake anyway.
+            Some(true) => {
+                if peer.kick() {
                     Sent::Local
-                }
-                Err(_) => {
+                } else {
                     // The peer is gone (or was replaced): forget its ring.
                     peers.remove(&dst_mac);
                     Sent::NotLocal
                 }
-            },
+            }
+            // The first refusal, and a full backlog, ask whether the peer
+            // is still there: a full ring may belong to one that is gone
+            // (migrated away without ever sleeping); then the frame takes
+            // the wire and the next one finds the MAC's new owner.
+            None if (peer.backlog.is_empty() || peer.backlog.len() >= BACKLOG_FRAMES)
+                && !peer.kick() =>
+            {
+                peers.remove(&dst_mac);
+                Sent::NotLocal
+            }
+            None if peer.backlog.len() >= BACKLOG_FRAMES => Sent::Dropped,
+            None => {
+                if peer.backlog.is_empty() {
+                    peer.since = Some(Instant::now());
+                }
+                // The worker pushes it later (see `backlogged`).
+                peer.backlog.push_back(frame.to_vec());
+                Sent::Local
+            }
         }
+    }
+
+    /// Whether frames wait for room in a ring: then the worker comes back
+    /// soon to [`LocalChannel::flush`] them (its timer; a consumer does not
+    /// tell when it makes room).
+    pub(crate) fn backlogged(&self) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.values().any(|p| !p.backlog.is_empty())
+    }
+
+    /// Whether frames to `mac` wait for room in its ring.
+    pub(crate) fn backlogged_to(&self, mac: [u8; 6]) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.get(&mac).is_some_and(|p| !p.backlog.is_empty())
+    }
+
+    /// Pushes the frames waiting for room in full rings. Returns the
+    /// frames dropped.
+    pub(crate) fn flush(&self) -> usize {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        peers
+            .values_mut()
+            .filter(|p| !p.backlog.is_empty())
+            .fold(0usize, |dropped, p| dropped.saturating_add(p.flush(now)))
     }
 
     /// Takes rings handed over on the control socket (and drains kicks).
@@ -350,6 +476,13 @@ impl LocalChannel {
                 Err(_) => break,
             };
             let Some((tag, size, from, instance)) = buf.get(..n).and_then(parse_control) else {
+                // A kick: frames wait in a ring. Whatever follows it in the
+                // queue is read on the next wake-up (the socket is watched
+                // level-triggered), which spares the latency path a
+                // system call that would only say EAGAIN.
+                if buf.get(..n) == Some(&KICK[..]) {
+                    break;
+                }
                 continue;
             };
             if tag != SETUP && tag != BYE {
@@ -388,21 +521,30 @@ impl LocalChannel {
         }
     }
 
-    /// Up to `max` frames from other VMMs; asks the worker to come back
-    /// when more are waiting.
-    pub(crate) fn recv(&self, max: usize) -> Vec<Vec<u8>> {
-        let _ = self.again.read();
-        self.accept();
-        let mut out = Vec::new();
+    /// Up to `max` frames from other VMMs into `batch` (emptied first),
+    /// after what woke the worker (only that descriptor is read: a system
+    /// call less per wake-up); asks the worker to come back when more are
+    /// waiting.
+    pub(crate) fn recv(&self, max: usize, wake: Wake, batch: &mut Batch) {
+        match wake {
+            Wake::Socket => self.accept(),
+            Wake::Again => {
+                let _ = self.again.read();
+            }
+        }
+        batch.data.clear();
+        // What a peer's burst of large frames grew it to is not kept.
+        batch.data.shrink_to(BATCH_KEEP);
+        batch.ends.clear();
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
         for (mac, Inbound { ring, .. }) in inbound.iter() {
             loop {
-                if out.len() >= max {
+                if batch.len() >= max {
                     break;
                 }
-                match ring.pop() {
-                    Ok(Some(frame)) => out.push(frame),
+                match ring.pop(&mut batch.data) {
+                    Ok(Some(_)) => batch.ends.push(batch.data.len()),
                     Ok(None) => {
                         // Announce the sleep; data that raced in is taken.
                         if !ring.prepare_to_wait() {
@@ -420,12 +562,11 @@ impl LocalChannel {
         for mac in corrupt {
             inbound.remove(&mac);
         }
-        if out.len() >= max {
+        if batch.len() >= max {
             if let Err(e) = self.again.write(1) {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
         }
-        out
     }
 
     /// Logs every ring's positions: a ring whose consumer sleeps with
@@ -491,6 +632,13 @@ impl Drop for LocalChannel {
 mod tests {
     use super::*;
 
+    /// The frames of one [`LocalChannel::recv`].
+    fn recv(ch: &LocalChannel, max: usize, wake: Wake) -> Vec<Vec<u8>> {
+        let mut batch = Batch::default();
+        ch.recv(max, wake, &mut batch);
+        batch.frames().map(<[u8]>::to_vec).collect()
+    }
+
     #[test]
     fn frames_reach_the_owner_of_the_mac_and_nobody_else() {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-{}", std::process::id()));
@@ -498,7 +646,10 @@ mod tests {
         let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"hello"), Sent::Local);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
-        assert_eq!(b.recv(8), vec![b"hello".to_vec(), b"again".to_vec()]);
+        assert_eq!(
+            recv(&b, 8, Wake::Socket),
+            vec![b"hello".to_vec(), b"again".to_vec()]
+        );
         assert_eq!(
             a.send([2, 0, 0, 0, 0, 3], b"x"),
             Sent::NotLocal,
@@ -514,13 +665,13 @@ mod tests {
         // B went to sleep after draining: the next frame kicks it.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
         let mut readable = [libc::pollfd {
-            fd: b.fds()[0],
+            fd: b.fds()[0].0,
             events: libc::POLLIN,
             revents: 0,
         }];
         // SAFETY: one valid pollfd, for the duration of the call.
         assert_eq!(unsafe { libc::poll(readable.as_mut_ptr(), 1, 1000) }, 1);
-        assert_eq!(b.recv(8), vec![b"kick".to_vec()]);
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"kick".to_vec()]);
         drop(b);
         // B's socket is gone: A forgets the ring when it next has to kick.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
@@ -528,7 +679,7 @@ mod tests {
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 4], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 0, 4], b"again"), Sent::Local);
-        assert_eq!(c.recv(8), vec![b"again".to_vec()]);
+        assert_eq!(recv(&c, 8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, c));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -561,7 +712,7 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"first"), Sent::Local);
-        assert_eq!(old.recv(8).len(), 1);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
         // Frames keep coming while the old VMM never sleeps, then the
         // destination takes the socket over and the source goes away.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 2, 2], true).unwrap();
@@ -579,7 +730,7 @@ mod tests {
         // owner gets the frames after that.
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
-        assert_eq!(new.recv(8), vec![b"after".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -590,22 +741,22 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"one"), Sent::Local);
-        assert_eq!(old.recv(8).len(), 1);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
         assert_eq!(old.send([2, 0, 0, 0, 3, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         // The ring is not full and its reader was awake: only the BYE can
         // tell A that the VM moved.
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"two"), Sent::Local);
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 3, 2], true).unwrap();
         new.claim().unwrap();
         drop(old);
-        assert!(a.recv(8).is_empty());
+        assert!(recv(&a, 8, Wake::Socket).is_empty());
         assert!(
             a.inbound.lock().unwrap().is_empty(),
             "the old ring is dropped"
         );
         assert_eq!(a.send([2, 0, 0, 0, 3, 2], b"three"), Sent::Local);
-        assert_eq!(new.recv(8), vec![b"three".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"three".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -617,21 +768,29 @@ mod tests {
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"one"), Sent::Local);
         assert_eq!(old.send([2, 0, 0, 0, 4, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         // The destination runs the VM and sends before the source, still
         // lingering, has said BYE.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 4, 2], true).unwrap();
         new.claim().unwrap();
         assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"from new"), Sent::Local);
-        assert_eq!(a.recv(8), vec![b"from new".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"from new".to_vec()]);
         // A's ring to the source went stale with the destination's SETUP.
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"two"), Sent::Local);
-        assert_eq!(new.recv(8), vec![b"two".to_vec()]);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"two".to_vec()]);
         drop(old);
         assert_eq!(new.send([2, 0, 0, 0, 4, 1], b"after bye"), Sent::Local);
-        assert_eq!(a.recv(8), vec![b"after bye".to_vec()], "ring kept");
+        assert_eq!(
+            recv(&a, 8, Wake::Socket),
+            vec![b"after bye".to_vec()],
+            "ring kept"
+        );
         assert_eq!(a.send([2, 0, 0, 0, 4, 2], b"three"), Sent::Local);
-        assert_eq!(new.recv(8), vec![b"three".to_vec()], "ring kept");
+        assert_eq!(
+            recv(&new, 8, Wake::Socket),
+            vec![b"three".to_vec()],
+            "ring kept"
+        );
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -642,20 +801,23 @@ mod tests {
         let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
         let old = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], false).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"one"), Sent::Local);
-        assert_eq!(old.recv(8), vec![b"one".to_vec()]);
+        assert_eq!(recv(&old, 8, Wake::Socket), vec![b"one".to_vec()]);
         // The source is paused for good (and still lingers); the destination
         // runs the VM but has nothing to send.
         let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], true).unwrap();
         new.claim().unwrap();
         new.announce([[2, 0, 0, 0, 6, 1], [2, 0, 0, 0, 6, 9]]);
-        assert!(a.recv(8).is_empty());
+        assert!(recv(&a, 8, Wake::Socket).is_empty());
         assert_eq!(a.send([2, 0, 0, 0, 6, 2], b"retransmitted"), Sent::Local);
-        assert_eq!(new.recv(8), vec![b"retransmitted".to_vec()]);
-        assert!(old.recv(8).is_empty(), "nothing more went to the source");
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"retransmitted".to_vec()]);
+        assert!(
+            recv(&old, 8, Wake::Socket).is_empty(),
+            "nothing more went to the source"
+        );
         // A ring it already has is kept.
         new.announce([[2, 0, 0, 0, 6, 1]]);
         assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"back"), Sent::Local);
-        assert_eq!(a.recv(8), vec![b"back".to_vec()]);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"back".to_vec()]);
         drop((a, old, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -668,7 +830,7 @@ mod tests {
         // The destination is built (not yet running the VM), then dropped.
         let dest = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 2], true).unwrap();
         assert_eq!(a.send([2, 0, 0, 0, 5, 2], b"to source"), Sent::Local);
-        assert_eq!(source.recv(8), vec![b"to source".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"to source".to_vec()]);
         drop(dest);
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count(),
@@ -678,12 +840,44 @@ mod tests {
         // A newcomer still finds the source.
         let c = LocalChannel::bind(&dir, [2, 0, 0, 0, 5, 3], false).unwrap();
         assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"from c"), Sent::Local);
-        assert_eq!(source.recv(8), vec![b"from c".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"from c".to_vec()]);
         // A claim without a staged socket changes nothing.
         source.claim().unwrap();
         assert_eq!(c.send([2, 0, 0, 0, 5, 2], b"again"), Sent::Local);
-        assert_eq!(source.recv(8), vec![b"again".to_vec()]);
+        assert_eq!(recv(&source, 8, Wake::Socket), vec![b"again".to_vec()]);
         drop((a, source, c));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_full_ring_backlogs_frames_in_order_then_drops_them_if_stalled() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-bl-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 7, 1], false).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 7, 2], false).unwrap();
+        let to_b = [2, 0, 0, 0, 7, 2];
+        // 4 MiB of 64 KiB frames fill the ring; 8 more wait.
+        let n = RING_BYTES / (64 << 10) + 8;
+        for i in 0..n {
+            assert_eq!(a.send(to_b, &vec![i as u8; 64 << 10]), Sent::Local);
+        }
+        assert_eq!(a.flush(), 0);
+        assert!(a.backlogged(), "the worker is to come back");
+        let mut got = recv(&b, 16, Wake::Socket);
+        assert_eq!(a.flush(), 0, "room made: pushed");
+        got.extend(recv(&b, n, Wake::Again));
+        assert_eq!(got.len(), n);
+        assert!(
+            got.iter().enumerate().all(|(i, f)| f[0] == i as u8),
+            "in order"
+        );
+        // A consumer that makes no room: the backlog is given up.
+        while a.send(to_b, &[9u8; 64 << 10]) == Sent::Local && a.flush() == 0 {
+            if a.peers.lock().unwrap()[&to_b].backlog.len() >= 4 {
+                std::thread::sleep(ROOM_WAIT * 2);
+            }
+        }
+        assert!(a.peers.lock().unwrap()[&to_b].backlog.is_empty());
+        drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -695,9 +889,9 @@ mod tests {
         for i in 0..10u8 {
             assert_eq!(a.send([2, 0, 0, 0, 1, 2], &[i; 100]), Sent::Local);
         }
-        assert_eq!(b.recv(4).len(), 4);
+        assert_eq!(recv(&b, 4, Wake::Socket).len(), 4);
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");
-        assert_eq!(b.recv(100).len(), 6);
+        assert_eq!(recv(&b, 100, Wake::Socket).len(), 6);
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -68,8 +68,9 @@ pub(crate) const BUDGET: usize = 64;
 pub(crate) enum Input<'p> {
     /// A doorbell (new WQEs), or left-over work.
     Kick,
-    /// A frame addressed to the QP.
-    Packet(&'p Packet<'p>),
+    /// Frames addressed to the QP, in the order they arrived: one call
+    /// for a run of them, not one per frame.
+    Packets(&'p [Packet<'p>]),
     /// Time passed (`now` reached its deadline).
     Timer,
 }
@@ -407,7 +408,11 @@ pub(crate) fn run_qp<M: GuestMemory>(
                 .map(|q| q as &mut dyn rdma_transport::resp::RecvQueue),
         };
         match input {
-            Input::Packet(pkt) => engine.on_packet(pkt, now, &mut io),
+            Input::Packets(pkts) => {
+                for pkt in pkts {
+                    engine.on_packet(pkt, now, &mut io);
+                }
+            }
             Input::Timer => engine.on_timer(now, &mut io),
             Input::Kick => {}
         }

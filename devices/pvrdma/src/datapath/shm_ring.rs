@@ -144,8 +144,10 @@ impl ShmRing {
         Some(waiting != 0)
     }
 
-    /// Consumer: the next frame, `Ok(None)` when empty.
-    pub(crate) fn pop(&self) -> Result<Option<Vec<u8>>, RingError> {
+    /// Consumer: appends the next frame to `out` (a buffer the caller
+    /// reuses: no allocation per frame); `Ok(None)` when empty, else its
+    /// length.
+    pub(crate) fn pop(&self, out: &mut Vec<u8>) -> Result<Option<usize>, RingError> {
         let (head, tail) = (self.load(HEAD), self.load(TAIL));
         let used = head.wrapping_sub(tail);
         if used == 0 {
@@ -161,10 +163,13 @@ impl ShmRing {
         if len > MAX_FRAME_LEN || rec > used {
             return Err(RingError::Corrupt);
         }
-        let mut frame = vec![0u8; len];
-        self.read_at(tail.wrapping_add(LEN as u64), &mut frame);
+        let start = out.len();
+        out.resize(start.saturating_add(len), 0);
+        if let Some(frame) = out.get_mut(start..) {
+            self.read_at(tail.wrapping_add(LEN as u64), frame);
+        }
         self.store(TAIL, tail.wrapping_add(rec));
-        Ok(Some(frame))
+        Ok(Some(len))
     }
 
     /// Consumer, before sleeping: announces it and says whether data came
@@ -219,6 +224,11 @@ pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
 mod tests {
     use super::*;
 
+    fn pop(rx: &ShmRing) -> Result<Option<Vec<u8>>, RingError> {
+        let mut out = Vec::new();
+        Ok(rx.pop(&mut out)?.map(|_| out))
+    }
+
     fn pair(cap: usize) -> (ShmRing, ShmRing) {
         let (tx, file) = create(cap).unwrap();
         (tx, ShmRing::map(file, cap).unwrap())
@@ -235,9 +245,9 @@ mod tests {
                 assert!(tx.push(f).is_some());
             }
             for f in &frames {
-                assert_eq!(rx.pop().unwrap().as_ref(), Some(f));
+                assert_eq!(pop(&rx).unwrap().as_ref(), Some(f));
             }
-            assert_eq!(rx.pop().unwrap(), None);
+            assert_eq!(pop(&rx).unwrap(), None);
         }
     }
 
@@ -250,7 +260,7 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 4, "4 records of 1004 bytes fit 4096");
-        while rx.pop().unwrap().is_some() {}
+        while pop(&rx).unwrap().is_some() {}
         assert!(!rx.prepare_to_wait(), "empty: may sleep");
         assert_eq!(tx.push(&f), Some(true), "the sleeper is kicked");
         assert_eq!(tx.push(&f), Some(false), "once");
@@ -263,10 +273,10 @@ mod tests {
         tx.push(&[0u8; 10]).unwrap();
         // The peer writes a length beyond what it published.
         tx.write_at(0, &u32::MAX.to_le_bytes());
-        assert_eq!(rx.pop(), Err(RingError::Corrupt));
+        assert_eq!(pop(&rx), Err(RingError::Corrupt));
         // And a head beyond the ring.
         tx.store(HEAD, 1 << 40);
-        assert_eq!(rx.pop(), Err(RingError::Corrupt));
+        assert_eq!(pop(&rx), Err(RingError::Corrupt));
         assert!(matches!(
             ShmRing::map(tempfile(), 1000),
             Err(RingError::Size(1000))

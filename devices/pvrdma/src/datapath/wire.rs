@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use net_port::{FrameBackend, VnetHdr};
-use rdma_transport::net::{gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac};
-use rdma_transport::packet::Addr;
+use rdma_transport::net::{
+    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac,
+};
+use rdma_transport::packet::{recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -66,17 +68,25 @@ impl Inbox {
         }
     }
 
-    /// Whether the device claims `frame` (RoCE v2, device active), and if
-    /// so whether it keeps it (`Some(false)`: paused, dropped and counted).
-    fn claims(&self, frame: &[u8]) -> Option<bool> {
-        if !self.open.load(Ordering::Acquire) || parse_layers(frame).is_err() {
+    /// Whether the device takes RoCE frames (active), and if so whether
+    /// it keeps them (`Some(false)`: paused, the caller drops and counts
+    /// them as `roce_rx_dropped`).
+    pub(crate) fn admits(&self) -> Option<bool> {
+        if !self.open.load(Ordering::Acquire) {
             return None;
         }
-        if self.discard.load(Ordering::Acquire) {
+        Some(!self.discard.load(Ordering::Acquire))
+    }
+
+    /// [`Inbox::admits`] for `frame`, if it is RoCE v2 (a dropped one is
+    /// counted).
+    fn claims(&self, frame: &[u8]) -> Option<bool> {
+        parse_layers(frame).ok()?;
+        let keep = self.admits()?;
+        if !keep {
             self.metrics.roce_rx_dropped.inc();
-            return Some(false);
         }
-        Some(true)
+        Some(keep)
     }
 
     /// Takes a copy of `frame` (the NIC's receive buffer) if it is RoCE v2
@@ -85,15 +95,6 @@ impl Inbox {
         let claimed = self.claims(frame);
         if claimed == Some(true) {
             self.push(frame.to_vec());
-        }
-        claimed.is_some()
-    }
-
-    /// [`Inbox::offer`] of a frame the caller owns (no copy).
-    pub(crate) fn offer_owned(&self, frame: Vec<u8>) -> bool {
-        let claimed = self.claims(&frame);
-        if claimed == Some(true) {
-            self.push(frame);
         }
         claimed.is_some()
     }
@@ -229,8 +230,9 @@ impl std::fmt::Debug for Wire {
 
 impl Wire {
     /// Loops the frames for one of our own GIDs (in `gids`) back into the
-    /// inbox (a TAP does not reflect a frame to its sender) and returns
-    /// the others, for [`Wire::send`] once the state lock is released.
+    /// inbox, sealed like every frame there (a TAP does not reflect a
+    /// frame to its sender), and returns the others, for [`Wire::send`]
+    /// once the state lock is released.
     pub(crate) fn route(
         &self,
         gids: &GidTable,
@@ -238,11 +240,13 @@ impl Wire {
         frames: Vec<Vec<u8>>,
     ) -> Vec<Vec<u8>> {
         let mut out = Vec::with_capacity(frames.len());
-        for frame in frames {
-            let ours = parse_layers(&frame).is_ok_and(|l| gids.contains(&gid_from_ip(l.ip.dst)));
+        for mut frame in frames {
+            let ours = dst_ip(&frame).is_some_and(|ip| gids.contains(&gid_from_ip(ip)));
             if ours {
                 metrics.roce_loopback.inc();
-                self.inbox.push(frame);
+                if seal(&mut frame).is_ok() {
+                    self.inbox.push(frame);
+                }
             } else {
                 out.push(frame);
             }
@@ -251,9 +255,14 @@ impl Wire {
     }
 
     /// Sends frames to a VMM of this host over the same-host channel when
-    /// one owns the destination MAC, else onto the port's backend.
+    /// one owns the destination MAC, as they are (unsealed), else sealed
+    /// onto the port's backend.
     pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>) {
-        for frame in frames {
+        if let Some(local) = self.local.as_ref() {
+            // Frames that waited for room go before these.
+            metrics.roce_local_dropped.add(local.flush() as u64);
+        }
+        for mut frame in frames {
             let dst_mac: Option<[u8; 6]> = frame.get(..6).and_then(|m| m.try_into().ok());
             let local = self
                 .local
@@ -263,13 +272,19 @@ impl Wire {
             match local {
                 Some(Sent::Local) => {
                     metrics.roce_local_tx.inc();
+                    recycle(frame);
                     continue;
                 }
                 Some(Sent::Dropped) => {
                     metrics.roce_local_dropped.inc();
+                    recycle(frame);
                     continue;
                 }
                 Some(Sent::NotLocal) | None => {}
+            }
+            if let Err(e) = seal(&mut frame) {
+                guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
+                continue;
             }
             match self.backend.send(&VnetHdr::default(), &frame) {
                 Ok(()) => {
@@ -279,6 +294,7 @@ impl Wire {
                     guest_warn!(metrics.roce_tx_error, "RoCE frame not sent: {e}");
                 }
             }
+            recycle(frame);
         }
     }
 }

@@ -27,6 +27,8 @@ use crate::ring::{ConsumerRing, RingError};
 
 /// Largest ring entry: rings refuse strides above a page.
 const MAX_STRIDE: usize = PAGE_SIZE as usize;
+/// Strides read into a stack buffer; larger ones go to the heap.
+const SMALL_STRIDE: usize = 512;
 /// The `wr` union starts here; a UD WQE's address vector at 40.
 const WR_OFFSET: usize = 32;
 const AV_OFFSET: usize = 40;
@@ -47,6 +49,37 @@ pub(crate) enum WqeError {
     Length,
     #[error("Unsupported fast registration (page shift {0})")]
     FastReg(u32),
+}
+
+/// A ring entry as read from guest memory: on the stack for the usual
+/// strides, on the heap above them (zeroing a page-sized buffer for every
+/// WQE showed on the latency path).
+struct Entry {
+    small: [u8; SMALL_STRIDE],
+    large: Vec<u8>,
+}
+
+impl Entry {
+    fn new() -> Self {
+        Self {
+            small: [0; SMALL_STRIDE],
+            large: Vec::new(),
+        }
+    }
+
+    /// The entry at `ring`'s consumer index, one stride long.
+    fn read<M: GuestMemory>(&mut self, mem: &M, ring: &ConsumerRing) -> Result<&[u8], RingError> {
+        let stride = (ring.ring().stride() as usize).min(MAX_STRIDE);
+        let buf: &mut [u8] = match self.small.get_mut(..stride) {
+            Some(small) => small,
+            None => {
+                self.large.resize(stride, 0);
+                &mut self.large
+            }
+        };
+        ring.peek_bytes(mem, buf)?;
+        Ok(buf)
+    }
 }
 
 /// Reads a `T` at `off` of `buf` (no alignment needed).
@@ -135,21 +168,19 @@ pub(crate) fn peek_send<M: GuestMemory>(
     ud: bool,
     sig_all: bool,
 ) -> Result<DecodedSend, BadSend> {
-    let mut buf = [0u8; MAX_STRIDE];
     let bad = |error: WqeError| BadSend {
         wr_id: 0,
         opcode: 0,
         error,
     };
-    ring.peek_bytes(mem, &mut buf).map_err(|e| bad(e.into()))?;
-    let hdr: SqWqeHdr = read(&buf, 0).unwrap_or_default();
+    let mut entry = Entry::new();
+    let buf = entry.read(mem, ring).map_err(|e| bad(e.into()))?;
+    let hdr: SqWqeHdr = read(buf, 0).unwrap_or_default();
     let fail = |error: WqeError| BadSend {
         wr_id: hdr.wr_id,
         opcode: hdr.opcode,
         error,
     };
-    let stride = ring.ring().stride() as usize;
-    let buf = buf.get(..stride).unwrap_or_default();
     let opcode = numbering
         .wr_opcode(hdr.opcode)
         .ok_or_else(|| fail(WqeError::Opcode(hdr.opcode)))?;
@@ -236,10 +267,8 @@ pub(crate) fn peek_recv<M: GuestMemory>(
     ring: &ConsumerRing,
     max_sge: u32,
 ) -> Result<RecvWqe, WqeError> {
-    let mut buf = [0u8; MAX_STRIDE];
-    ring.peek_bytes(mem, &mut buf)?;
-    let stride = ring.ring().stride() as usize;
-    let buf = buf.get(..stride).unwrap_or_default();
+    let mut entry = Entry::new();
+    let buf = entry.read(mem, ring)?;
     let hdr: RqWqeHdr = read(buf, 0).unwrap_or_default();
     let sges = sges(buf, size_of::<RqWqeHdr>(), hdr.num_sge, max_sge)?;
     sge_total(&sges).ok_or(WqeError::Length)?;

@@ -9,9 +9,8 @@ impl SimDriver {
     /// matching ioeventfd, else as MMIO to the device.
     pub fn doorbell(&self, page: u32, offset: u64, value: u32) {
         let addr = self.bars[BAR_UAR] + u64::from(page) * PAGE_SIZE + offset;
-        match self.ioevents.lookup(addr, value) {
-            Some(fd) => fd.write(1).expect("ioeventfd"),
-            None => self.write32(addr, value),
+        if !self.ioevents.signal(addr, value) {
+            self.write32(addr, value);
         }
     }
 

@@ -16,12 +16,16 @@ macro_rules! metrics {
         }
 
         impl Metrics {
+            /// Every counter by name, in declaration order.
+            pub fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![$( (stringify!($name), self.$name) ),*]
+            }
+
             /// The counters that are not zero, by name, in declaration order.
             pub fn moved(&self) -> Vec<(&'static str, u64)> {
-                [$( (stringify!($name), self.$name) ),*]
-                    .into_iter()
-                    .filter(|(_, v)| *v != 0)
-                    .collect()
+                let mut named = self.named();
+                named.retain(|(_, v)| *v != 0);
+                named
             }
         }
     };

@@ -120,6 +120,18 @@ fn csum_add(mut sum: u32, data: &[u8]) -> u32 {
     sum
 }
 
+/// The destination IP of a frame we built ourselves (nothing checked
+/// beyond the ethertype): where routing only needs that, without
+/// [`parse_layers`]'s validation of every header.
+pub fn dst_ip(frame: &[u8]) -> Option<IpAddr> {
+    let l3 = frame.get(ETH_LEN..)?;
+    match be16(frame, 12) {
+        ETHERTYPE_IPV4 => Some(Ipv4Addr::from(*l3.get(16..)?.first_chunk::<4>()?).into()),
+        ETHERTYPE_IPV6 => Some(Ipv6Addr::from(*l3.get(24..)?.first_chunk::<16>()?).into()),
+        _ => None,
+    }
+}
+
 /// Parses Ethernet, IP and UDP, checking lengths, the IPv4 header checksum
 /// and the RoCE v2 port. Trailing Ethernet padding is allowed.
 pub fn parse_layers(frame: &[u8]) -> Result<Layers, NetError> {

@@ -3,6 +3,12 @@
 //! [`Packet`] (headers decoded, payload borrowed), [`build`] makes one from
 //! addressing, transport headers and payload.
 //!
+//! The ICRC (and an IPv6 UDP checksum) only guards a frame on a wire: the
+//! engine builds frames unsealed ([`build_unsealed`]) and whoever puts one
+//! on a wire [`seal`]s it; the same-host channel, shared memory that a
+//! peer could forge a checksum into anyway, moves them unsealed and reads
+//! them with [`parse_unsealed`].
+//!
 //! Parsing does every check that needs no QP state, in rxe's order
 //! (`rxe_udp_encap_recv`, `hdr_check`, `rxe_icrc_check`): layers and
 //! lengths, transport version, opcode, header/pad/payload lengths, ICRC.
@@ -72,6 +78,9 @@ pub enum BuildError {
     /// ICRC could not be computed.
     #[error("ICRC")]
     Icrc(#[from] IcrcError),
+    /// The payload could not be read (the caller's `fill` failed).
+    #[error("Payload unreadable")]
+    Payload,
 }
 
 /// The transport headers of one packet; which extension headers are
@@ -130,8 +139,18 @@ fn for_each_hdr(
     op.info().hdrs.iter().try_for_each(|h| f(h, op.offset(h)))
 }
 
-/// Parses and validates a received frame.
+/// Parses and validates a received frame, its ICRC included.
 pub fn parse(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
+    parse_checked(frame, true)
+}
+
+/// [`parse`] of a frame that never crossed a wire: every check but the
+/// ICRC's.
+pub fn parse_unsealed(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
+    parse_checked(frame, false)
+}
+
+fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseError> {
     let layers = net::parse_layers(frame)?;
     let l3_end = layers.l3_off.saturating_add(layers.l3_len);
     let l3 = frame
@@ -160,7 +179,7 @@ pub fn parse(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
         return Err(ParseError::Length);
     }
     let (covered, wire_icrc) = ib.split_at_checked(covered_len).ok_or(ParseError::Length)?;
-    if icrc(l3, udp, covered).map_err(|_| ParseError::BadIcrc)? != wire_icrc {
+    if check_icrc && icrc(l3, udp, covered).map_err(|_| ParseError::BadIcrc)? != wire_icrc {
         return Err(ParseError::BadIcrc);
     }
     let mut hdrs = Headers {
@@ -192,25 +211,40 @@ pub fn parse(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     })
 }
 
-/// Builds a frame: sets the BTH pad count, writes every header the opcode
-/// needs (an absent one is an error), the payload, the ICRC and, for
-/// IPv6, the UDP checksum. `payload` is the caller's own data, bounded by
-/// its path MTU.
+/// Builds a sealed frame (see [`build_unsealed`] and [`seal`]).
 pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, BuildError> {
+    let mut frame = build_unsealed(addr, hdrs, payload.len(), |dst| {
+        dst.copy_from_slice(payload);
+        true
+    })?;
+    seal(&mut frame)?;
+    Ok(frame)
+}
+
+/// Builds a frame without its ICRC: sets the BTH pad count, writes every
+/// header the opcode needs (an absent one is an error), then lets `fill`
+/// write the `payload_len` payload bytes in place (false: unreadable).
+/// The payload is the caller's own data, bounded by its path MTU.
+pub fn build_unsealed(
+    addr: &Addr,
+    hdrs: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Result<Vec<u8>, BuildError> {
     let opcode = Opcode::try_from(hdrs.bth.opcode)?;
-    if !opcode.is(OpClass::PAYLOAD) && !payload.is_empty() {
+    if !opcode.is(OpClass::PAYLOAD) && payload_len != 0 {
         return Err(BuildError::Length);
     }
-    let pad = payload.len().wrapping_neg() & 3;
+    let pad = payload_len.wrapping_neg() & 3;
     let ib_len = opcode
         .hdr_len()
-        .checked_add(payload.len())
+        .checked_add(payload_len)
         .and_then(|l| l.checked_add(pad))
         .and_then(|l| l.checked_add(ICRC_LEN))
         .filter(|&l| l <= MAX_IB_LEN)
         .ok_or(BuildError::Length)?;
     let hl = net::headers_len(&addr.ip);
-    let mut frame = vec![0u8; hl.saturating_add(ib_len)];
+    let mut frame = spare_frame(hl.saturating_add(ib_len));
     let (_, ib) = frame.split_at_mut(hl);
     let mut bth = hdrs.bth;
     bth.pad = (pad & 3) as u8;
@@ -238,11 +272,12 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
     if let Some(h) = missing {
         return Err(BuildError::MissingHeader(h));
     }
-    if let Some(dst) = ib
+    let dst = ib
         .get_mut(opcode.hdr_len()..)
-        .and_then(|s| s.get_mut(..payload.len()))
-    {
-        dst.copy_from_slice(payload);
+        .and_then(|s| s.get_mut(..payload_len))
+        .ok_or(BuildError::Length)?;
+    if !fill(dst) {
+        return Err(BuildError::Payload);
     }
     net::write_headers(
         &mut frame,
@@ -251,47 +286,62 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
         &addr.ip,
         addr.udp_sport,
     )?;
-    let l3_end = hl.saturating_sub(UDP_LEN);
-    let (l3udp, ib) = frame.split_at_mut(hl);
-    let (l3, udp) = l3udp.split_at(l3_end);
-    let covered_len = ib.len().saturating_sub(ICRC_LEN);
-    let (covered, icrc_out) = ib.split_at_mut(covered_len);
-    icrc_out.copy_from_slice(&icrc(
-        l3.get(net::ETH_LEN..).unwrap_or_default(),
-        udp,
-        covered,
-    )?);
-    net::finish_udp6_checksum(&mut frame);
     Ok(frame)
 }
 
-/// Recomputes the ICRC (and, over IPv6, the UDP checksum) of a RoCE v2
-/// frame whose bytes were changed in place, as a peer that forges headers
-/// would send it: hostile-input tests and fuzzers use it so that their
-/// mutations reach the transport instead of dying at the ICRC check.
-/// Fails when the Ethernet, IP or UDP layer no longer parses.
-pub fn reseal(frame: &mut [u8]) -> Result<(), ParseError> {
+thread_local! {
+    /// Frame buffers handed back with [`recycle`], for this thread's next
+    /// [`build_unsealed`]: on the same-host channel a frame lives from its
+    /// building to its copy into a ring, so the next frame can take its
+    /// memory instead of an allocation.
+    static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+/// Buffers kept per thread, and the largest kept.
+const SPARE_FRAMES: usize = 256;
+const SPARE_CAPACITY: usize = 16 << 10;
+
+/// A zeroed buffer of `len` bytes, recycled if one is spare.
+fn spare_frame(len: usize) -> Vec<u8> {
+    let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+    frame.resize(len, 0);
+    frame
+}
+
+/// Hands a sent frame's buffer back for this thread's next frame.
+pub fn recycle(mut frame: Vec<u8>) {
+    if frame.capacity() > SPARE_CAPACITY {
+        return;
+    }
+    frame.clear();
+    SPARE.with_borrow_mut(|spare| {
+        if spare.len() < SPARE_FRAMES {
+            spare.push(frame);
+        }
+    });
+}
+
+/// Seals a frame of [`build_unsealed`] for a wire: its ICRC and, for
+/// IPv6, the UDP checksum over it. Hostile-input tests also reseal the
+/// frames they forge with it, so that their mutations reach the transport
+/// instead of dying at the ICRC check.
+pub fn seal(frame: &mut [u8]) -> Result<(), BuildError> {
     let layers = net::parse_layers(frame)?;
     let l3_end = layers.l3_off.saturating_add(layers.l3_len);
-    let udp_end = l3_end.saturating_add(UDP_LEN);
-    let ib_end = udp_end.saturating_add(layers.udp_payload_len);
-    let covered_end = ib_end.checked_sub(ICRC_LEN).ok_or(ParseError::Length)?;
-    if covered_end < udp_end || ib_end > frame.len() {
-        return Err(ParseError::Length);
-    }
-    let sum = {
-        let part = |r: std::ops::Range<usize>| frame.get(r).ok_or(ParseError::Length);
-        icrc(
-            part(layers.l3_off..l3_end)?,
-            part(l3_end..udp_end)?,
-            part(udp_end..covered_end)?,
-        )
-        .map_err(|_| ParseError::BadIcrc)?
-    };
-    frame
-        .get_mut(covered_end..ib_end)
-        .ok_or(ParseError::Length)?
-        .copy_from_slice(&sum);
+    let hl = l3_end.saturating_add(UDP_LEN);
+    let (l3udp, rest) = frame
+        .split_at_mut_checked(hl)
+        .ok_or(NetError::Truncated("UDP"))?;
+    let ib = rest
+        .get_mut(..layers.udp_payload_len)
+        .ok_or(NetError::BadLength("UDP"))?;
+    let (l3, udp) = l3udp.split_at(l3_end);
+    let covered_len = ib.len().checked_sub(ICRC_LEN).ok_or(BuildError::Length)?;
+    let (covered, icrc_out) = ib.split_at_mut(covered_len);
+    icrc_out.copy_from_slice(&icrc(
+        l3.get(layers.l3_off..).unwrap_or_default(),
+        udp,
+        covered,
+    )?);
     net::finish_udp6_checksum(frame);
     Ok(())
 }
@@ -396,6 +446,51 @@ mod tests {
             assert_eq!(p.hdrs, want);
             assert_eq!(p.layers.ip, addr(v6).ip);
         }
+    }
+
+    #[test]
+    fn unsealed_frames_parse_only_unsealed_until_sealed() {
+        for v6 in [false, true] {
+            let fill = |dst: &mut [u8]| {
+                dst.copy_from_slice(b"hello");
+                true
+            };
+            let mut f = build_unsealed(&addr(v6), &write_imm(), 5, fill).unwrap();
+            assert_eq!(parse(&f), Err(ParseError::BadIcrc));
+            assert_eq!(parse_unsealed(&f).unwrap().payload, b"hello");
+            seal(&mut f).unwrap();
+            assert_eq!(f, build(&addr(v6), &write_imm(), b"hello").unwrap());
+        }
+        let unreadable = build_unsealed(&addr(false), &write_imm(), 5, |_| false);
+        assert_eq!(unreadable, Err(BuildError::Payload));
+    }
+
+    #[test]
+    fn a_recycled_buffer_builds_the_same_frame() {
+        let ack = Headers {
+            bth: Bth {
+                opcode: Opcode::RcAcknowledge as u8,
+                psn: Psn::new(9),
+                ..Bth::default()
+            },
+            aeth: Some(Aeth {
+                syndrome: Syndrome::Ack { credits: 31 },
+                msn: 1,
+            }),
+            ..Headers::default()
+        };
+        let fresh = build(&addr(false), &ack, &[]).unwrap();
+        recycle(vec![0xa5; 2000]);
+        assert_eq!(build(&addr(false), &ack, &[]).unwrap(), fresh);
+    }
+
+    #[test]
+    fn dst_ip_reads_what_parse_layers_reads() {
+        for v6 in [false, true] {
+            let f = build(&addr(v6), &write_imm(), b"hello").unwrap();
+            assert_eq!(net::dst_ip(&f), Some(addr(v6).ip.dst));
+        }
+        assert_eq!(net::dst_ip(&[0u8; 20]), None);
     }
 
     #[test]

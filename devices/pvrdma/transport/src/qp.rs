@@ -25,7 +25,7 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{build, Addr, Headers, Packet};
+use crate::packet::{build_unsealed, Addr, BuildError, Headers, Packet};
 use crate::psn::Psn;
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_read_response, respond};
@@ -275,7 +275,10 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
 fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
     // Our own headers and at most one MTU: building cannot fail short of
     // a bug, and a frame that cannot be built is a lost frame to RC.
-    if let Ok(f) = build(addr, h, payload) {
+    if let Ok(f) = build_unsealed(addr, h, payload.len(), |dst| {
+        dst.copy_from_slice(payload);
+        true
+    }) {
         net.send(f);
     }
 }
@@ -666,18 +669,21 @@ impl Qp {
                 payload_len,
                 done,
             } => {
-                let len = payload_len as usize;
-                let Ok(p) = gather(io.mr, self.attrs.pd, &slot.e.sges, payload_off, len) else {
-                    slot.done = Some(WcStatus::LocProtErr);
-                    self.set_error();
-                    return true;
-                };
-                emit(
-                    io.net,
-                    slot.e.ah.as_ref().unwrap_or(&self.attrs.addr),
-                    &hdrs,
-                    &p,
-                );
+                // The payload is gathered straight into the frame.
+                let (mr, pd, sges) = (&*io.mr, self.attrs.pd, &slot.e.sges);
+                let addr = slot.e.ah.as_ref().unwrap_or(&self.attrs.addr);
+                match build_unsealed(addr, &hdrs, payload_len as usize, |dst| {
+                    gather(mr, pd, sges, payload_off, dst).is_ok()
+                }) {
+                    Ok(f) => io.net.send(f),
+                    Err(BuildError::Payload) => {
+                        slot.done = Some(WcStatus::LocProtErr);
+                        self.set_error();
+                        return true;
+                    }
+                    // A frame that cannot be built is a lost frame to RC.
+                    Err(_) => {}
+                }
                 if done {
                     self.next = self.next.saturating_add(1);
                     if ra.ud {

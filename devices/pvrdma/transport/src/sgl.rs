@@ -92,23 +92,22 @@ pub fn scatter(
     })
 }
 
-/// Reads `len` message bytes at offset `off` from the SGE list. `len` is
+/// Reads `out.len()` message bytes at offset `off` from the SGE list
+/// into `out` (the payload area of the frame being built). The length is
 /// bounded by the caller (one path MTU).
 pub fn gather(
     mr: &dyn MrTable,
     pd: u32,
     sges: &[Sge],
     off: u32,
-    len: usize,
-) -> Result<Vec<u8>, SglError> {
-    let mut out = vec![0u8; len];
-    walk(sges, off, len, |sge, iova, r| {
+    out: &mut [u8],
+) -> Result<(), SglError> {
+    walk(sges, off, out.len(), |sge, iova, r| {
         let part = out.get_mut(r).ok_or(SglError::TooShort)?;
         let n = part.len() as u64;
         check_mr(mr, sge.lkey, pd, iova, n, Access::empty())?;
         Ok(mr.read(sge.lkey, iova, part)?)
-    })?;
-    Ok(out)
+    })
 }
 
 #[cfg(test)]
@@ -168,7 +167,9 @@ mod tests {
         scatter(&mut m, 0, &sges, 1, &[1, 2, 3, 4]).unwrap();
         assert_eq!(&m.0[11..13], &[1, 2]);
         assert_eq!(&m.0[30..32], &[3, 4]);
-        assert_eq!(gather(&m, 0, &sges, 1, 4).unwrap(), [1, 2, 3, 4]);
+        let mut out = [0u8; 4];
+        gather(&m, 0, &sges, 1, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4]);
         assert_eq!(
             scatter(&mut m, 0, &sges, 6, &[0; 3]),
             Err(SglError::TooShort)
@@ -179,7 +180,7 @@ mod tests {
             lkey: 1,
         }];
         assert!(matches!(
-            gather(&m, 0, &bad, 0, 8),
+            gather(&m, 0, &bad, 0, &mut [0u8; 8]),
             Err(SglError::Mr(MrCheckError::OutOfBounds(1)))
         ));
         assert_eq!(sge_total(&sges), Some(8));

@@ -318,7 +318,8 @@ pub trait CompletionSink {
 
 /// Where outgoing frames go.
 pub trait PacketSink {
-    /// Sends one frame.
+    /// Sends one frame, built unsealed: [`crate::packet::seal`] it if it
+    /// goes onto a wire.
     fn send(&mut self, frame: Vec<u8>);
 }
 

@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 
 use rdma_transport::net::IpInfo;
-use rdma_transport::packet::{parse, reseal, Addr};
+use rdma_transport::packet::{parse, seal, Addr};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, QpState, RestoreError, SendEntry};
 use rdma_transport::req::{Remote, SendWqe};
@@ -62,7 +62,8 @@ impl CompletionSink for Cq {
 #[derive(Default)]
 struct Net(Vec<Vec<u8>>);
 impl PacketSink for Net {
-    fn send(&mut self, f: Vec<u8>) {
+    fn send(&mut self, mut f: Vec<u8>) {
+        seal(&mut f).expect("the engine's frames seal");
         self.0.push(f);
     }
 }
@@ -606,7 +607,7 @@ fn hostile_frames_do_not_panic() {
         }
         // A quarter keep the broken ICRC the mutation left.
         if rng >> 62 != 0 {
-            let _ = reseal(&mut f);
+            let _ = seal(&mut f);
         }
         if let Ok(p) = parse(&f) {
             reached[to] += 1;

@@ -18,6 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::VIRTIO_BLK_ID_BYTES;
 
@@ -63,7 +64,35 @@ pub(crate) struct OutOfRange {
     pub(crate) len: u64,
 }
 
-/// An open disk image and its fixed geometry.
+pci::device_counters! {
+    /// What the device did with the driver's requests, for the VMM's
+    /// `vm.counters` (see [`crate::Block::counters`]).
+    pub(crate) struct BlockCounters {
+        /// Reads (VIRTIO_BLK_T_IN) completed.
+        read_requests,
+        /// Bytes of those reads.
+        read_bytes,
+        /// Writes (VIRTIO_BLK_T_OUT) completed.
+        write_requests,
+        /// Bytes of those writes.
+        write_bytes,
+        /// Flushes completed.
+        flush_requests,
+        /// GET_ID requests completed.
+        get_id_requests,
+        /// Requests answered with IOERR (bad buffers, out of range, a
+        /// write to a read-only disk, an I/O error of the image).
+        request_error,
+        /// Requests answered with UNSUPP (unknown type).
+        request_unsupported,
+        /// Chains dropped without a status (no status byte to write).
+        chain_dropped,
+        /// Queues stopped until a reset because the ring itself is corrupt.
+        queue_broken,
+    }
+}
+
+/// An open disk image, its fixed geometry and what was done with it.
 #[derive(Debug)]
 pub(crate) struct Disk {
     file: File,
@@ -72,6 +101,8 @@ pub(crate) struct Disk {
     readonly: bool,
     serial: [u8; ID_BYTES],
     bounce: Vec<u8>,
+    /// Shared with the VMM, which reads them without the backend lock.
+    pub(crate) counters: Arc<BlockCounters>,
 }
 
 impl Disk {
@@ -109,6 +140,7 @@ impl Disk {
             readonly,
             serial,
             bounce: vec![0; BOUNCE_BUFFER_SIZE],
+            counters: Arc::default(),
         })
     }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 pub use device_worker::SpawnError;
 use device_worker::WorkerHandle;
-use pci::{DeviceHooks, PciConfiguration, PciDevice};
+use pci::{DeviceCounters, DeviceHooks, PciConfiguration, PciDevice};
 use virtio_bindings::virtio_blk::{
     virtio_blk_config, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX,
 };
@@ -37,8 +37,8 @@ use vm_memory::GuestAddressSpace;
 use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use self::disk::Disk;
 pub use self::disk::DiskError;
+use self::disk::{BlockCounters, Disk};
 use self::worker::{lock, ActiveQueue, Backend, BlockWorker, SharedBackend};
 use crate::transport::common_cfg::feature_bit;
 use crate::transport::interrupt::Interrupt;
@@ -259,6 +259,7 @@ where
 /// A virtio-blk PCI function (vendor 0x1af4, device 0x1042).
 pub struct Block<M: GuestAddressSpace + Send + 'static> {
     pci: VirtioPciDevice<BlockDevice<M>>,
+    counters: Arc<BlockCounters>,
 }
 
 impl<M> Block<M>
@@ -270,9 +271,16 @@ where
     /// registered with `hooks.ioevents` once the guest enables the BAR.
     pub fn new(config: &BlockConfig, mem: M, hooks: DeviceHooks) -> Result<Self, BlockError> {
         let device = BlockDevice::new(config, mem)?;
+        let counters = Arc::clone(&lock(&device.backend).disk.counters);
         let pci =
             VirtioPciDevice::new(device, PCI_CLASS_STORAGE, PCI_SUBCLASS_STORAGE_OTHER, hooks)?;
-        Ok(Self { pci })
+        Ok(Self { pci, counters })
+    }
+
+    /// A handle on the device's request counters, for the VMM to read
+    /// while the device runs.
+    pub fn counters(&self) -> Arc<dyn DeviceCounters> {
+        self.counters.clone()
     }
 }
 

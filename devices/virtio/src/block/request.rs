@@ -109,6 +109,7 @@ pub(crate) fn handle_request<M: GuestMemory>(
     let status_addr = match check_chain(&chain, mem) {
         Ok(addr) => addr,
         Err(e) => {
+            disk.counters.chain_dropped.inc();
             guest_warn!("virtio-blk: dropped request {}: {e}", chain.head_index());
             return 0;
         }
@@ -117,6 +118,10 @@ pub(crate) fn handle_request<M: GuestMemory>(
     let status = match &result {
         Ok(()) => u8::try_from(VIRTIO_BLK_S_OK).unwrap_or(0),
         Err(e) => {
+            match e {
+                RequestError::Unsupported(_) => disk.counters.request_unsupported.inc(),
+                _ => disk.counters.request_error.inc(),
+            };
             guest_warn!("virtio-blk: request failed: {e}");
             e.status()
         }
@@ -228,7 +233,11 @@ fn run<B: BitmapSlice>(
             expect_empty(reader.available_bytes(), "Device-readable")?;
             let len = data_len(data.available_bytes())?;
             let offset = disk.offset_of(sector, len)?;
-            disk.read_to(offset, len, data).map_err(RequestError::Read)
+            disk.read_to(offset, len, data)
+                .map_err(RequestError::Read)?;
+            disk.counters.read_requests.inc();
+            disk.counters.read_bytes.add(len);
+            Ok(())
         }
         VIRTIO_BLK_T_OUT => {
             expect_empty(data.available_bytes(), "Device-writable")?;
@@ -238,17 +247,26 @@ fn run<B: BitmapSlice>(
             let len = data_len(reader.available_bytes())?;
             let offset = disk.offset_of(sector, len)?;
             disk.write_from(offset, len, &mut reader)
-                .map_err(RequestError::Write)
+                .map_err(RequestError::Write)?;
+            disk.counters.write_requests.inc();
+            disk.counters.write_bytes.add(len);
+            Ok(())
         }
         // Nothing to flush on a read-only image, but fdatasync is harmless.
-        VIRTIO_BLK_T_FLUSH => disk.flush().map_err(RequestError::Flush),
+        VIRTIO_BLK_T_FLUSH => {
+            disk.flush().map_err(RequestError::Flush)?;
+            disk.counters.flush_requests.inc();
+            Ok(())
+        }
         VIRTIO_BLK_T_GET_ID => {
             expect_empty(reader.available_bytes(), "Device-readable")?;
             // A shorter buffer gets a truncated id, as in QEMU.
             let serial = disk.serial();
             let len = data.available_bytes().min(serial.len());
             let id = serial.get(..len).unwrap_or_default();
-            data.write_all(id).map_err(RequestError::GetId)
+            data.write_all(id).map_err(RequestError::GetId)?;
+            disk.counters.get_id_requests.inc();
+            Ok(())
         }
         other => Err(RequestError::Unsupported(other)),
     }
@@ -586,6 +604,42 @@ mod tests {
         for t in [VIRTIO_BLK_T_DISCARD, 2, 0x8000_0000, u32::MAX] {
             assert_eq!(f.request(t, 0, &[]), (0, UNSUPP), "type {t:#x}");
         }
+    }
+
+    /// Every outcome lands on its counter, successes with their bytes.
+    #[test]
+    fn counters_follow_the_requests() {
+        use pci::DeviceCounters;
+
+        let mut f = Fixture::new(16, true);
+        assert_eq!(f.request(VIRTIO_BLK_T_IN, 0, &[(DATA, 1024, W)]).1, OK);
+        assert_eq!(f.request(VIRTIO_BLK_T_IN, 4, &[(DATA, 512, W)]).1, OK);
+        assert_eq!(f.request(VIRTIO_BLK_T_OUT, 0, &[(DATA, 512, 0)]).1, IOERR);
+        assert_eq!(f.request(VIRTIO_BLK_T_FLUSH, 0, &[]).1, OK);
+        assert_eq!(f.request(VIRTIO_BLK_T_GET_ID, 0, &[(DATA, 20, W)]).1, OK);
+        assert_eq!(f.request(VIRTIO_BLK_T_DISCARD, 0, &[]).1, UNSUPP);
+        assert_eq!(f.submit(&[(HDR, 16, 0), (STATUS, 1, 0)]).1, UNTOUCHED);
+        let c = &f.disk.counters;
+        assert_eq!(
+            c.values(),
+            [
+                ("read_requests", 2),
+                ("read_bytes", 1536),
+                ("write_requests", 0),
+                ("write_bytes", 0),
+                ("flush_requests", 1),
+                ("get_id_requests", 1),
+                ("request_error", 1),
+                ("request_unsupported", 1),
+                ("chain_dropped", 1),
+                ("queue_broken", 0),
+            ]
+        );
+
+        let mut f = Fixture::new(16, false);
+        assert_eq!(f.request(VIRTIO_BLK_T_OUT, 1, &[(DATA, 2048, 0)]).1, OK);
+        let c = &f.disk.counters;
+        assert_eq!((c.write_requests.get(), c.write_bytes.get()), (1, 2048));
     }
 
     #[test]

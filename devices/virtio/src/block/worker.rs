@@ -191,6 +191,7 @@ impl<M: GuestAddressSpace> BlockWorker<M> {
         let interrupt = &queue.interrupt;
         let result = process_queue(&mut queue.queue, disk, &*mem, || interrupt.signal_queue(0));
         if let Err(e) = result {
+            disk.counters.queue_broken.inc();
             guest_warn!("virtio-blk: queue broken, device needs reset: {e}");
             queue.interrupt.report_failure();
             // Serve nothing more until the driver resets the device.
