@@ -7,7 +7,7 @@
 #   1. a migration of B to a VMM that refuses it (its TAP override names a MAC B does not have):
 #      send-migration must fail and leave B running on its source;
 #   2. three migrations that fail before the switch-over, each of which must leave B running:
-#      the destination VMM killed mid-transfer, a 3 s timeout, and vm.cancel-migration; the last
+#      the destination VMM killed mid-transfer (once it received a memory batch, not all), a 3 s timeout, and vm.cancel-migration; the last
 #      two to one receiver, which must survive an abandoned migration and take the next;
 #   3. the migration of B to a new VMM process with its own TAP (tapb2), over TCP, through the
 #      HTTP API with pvrdma-remote, which prints the progress and the blackout.
@@ -75,14 +75,31 @@ send_in_background() {
   SEND_PID=$!
 }
 
-# 2a. The destination dies mid-transfer (after its first memory batch).
+# migration_field API KEY: the number KEY of the last migration of the VMM at API (vm.info), empty
+# if it has none (yet).
+migration_field() {
+  timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$1" info 2>/dev/null | grep -o "\"$2\": [0-9]*" |
+    head -n1 | grep -o '[0-9]*$'
+}
+
+# 2a. The destination dies mid-transfer: killed once it received memory (bytes_transferred of its
+# vm.info, counted per 64 MiB batch) and before it has all of it; what it had received then is
+# recorded (died_received_bytes, of died_memory_bytes), and the suite fails unless that is
+# between 0 and all: a kill before any byte, or after the whole transfer, tests something else.
 receiver by
 pid_by=$VMM_PID
 remote_cmd migration-by --api-socket "$WORK/by.api" receive-migration "unix:$WORK/by.sock" --tap "$MAC_B=tapbx" --disk-dir "$WORK" --no-wait > /dev/null
 send_in_background died "unix:$WORK/by.sock"
-wait_for_line "$OUT/migration-by-vmm.log" 'Migration from|virtio-blk' 60 "$pid_by" || true
-sleep 4
+died_bytes=0
+died_deadline=$(($(now_us) + 120 * 1000000))
+while (($(now_us) < died_deadline)) && kill -0 "$pid_by" 2>/dev/null; do
+  died_bytes=$(migration_field "$WORK/by.api" bytes_transferred)
+  ((${died_bytes:-0} > 0)) && break
+  sleep 0.1
+done
+record migration "died_memory_bytes=$(migration_field "$WORK/by.api" memory_bytes)"
 kill -KILL "$pid_by" 2>/dev/null || true
+record migration "died_received_bytes=${died_bytes:-0}"
 wait "$SEND_PID" || true
 record migration "died_send_rc=$(cat "$WORK/died.rc")" "died_source_state=$(source_state)"
 

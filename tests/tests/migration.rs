@@ -109,6 +109,20 @@ fn a_destination_dying_mid_transfer_leaves_the_source_running() {
     let s = suite();
     s.expect_value("died_send_rc", "1");
     s.expect_value("died_source_state", "Running");
+    // It died mid-transfer: memory had reached it, not all of it (its vm.info just before the
+    // kill).
+    let bytes = |key: &str| -> u64 {
+        s.get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| s.fail(&format!("no {key} recorded")))
+    };
+    let (received, memory) = (bytes("died_received_bytes"), bytes("died_memory_bytes"));
+    if received == 0 || received >= memory {
+        s.fail(&format!(
+            "the destination was killed after receiving {received} of {memory} bytes, not \
+             mid-transfer"
+        ));
+    }
     let log = s.text("migration-died-remote.log");
     if !log.contains("migration failed") {
         s.fail("pvrdma-remote did not report the failed migration");
