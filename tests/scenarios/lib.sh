@@ -205,3 +205,18 @@ wait_rxe_gid() {
     sleep 0.5
   done
 }
+
+# frame_counter DEV [MATCH...]: the frames this host sends out of DEV that a tc u32 filter of
+# MATCH selects (default: RoCE v2, UDP 4791) go through class 1:3 of a prio qdisc, everything else
+# through 1:1; the class's counters then count them (frames_counted). Needs sch_prio and cls_u32.
+frame_counter() {
+  local dev=$1
+  shift
+  (($#)) || set -- protocol ip u32 match ip protocol 17 0xff match ip dport 4791 0xffff
+  tc qdisc add dev "$dev" root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
+    tc filter add dev "$dev" parent 1: prio 1 "$@" flowid 1:3
+}
+# frames_counted DEV: how many frames frame_counter DEV counted so far.
+frames_counted() {
+  tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
+}

@@ -31,13 +31,11 @@ rec() { record "migration-hosts-$PVRDMA_HOST" "$@"; }
 l1_bridge br0
 l1_link br0
 
-# RoCE v2 frames (UDP 4791) this host sends over the cable (eth0) go through class 1:3 of a prio
-# qdisc (everything else, the migration stream among it, through 1:1), whose counters count them
-# (as tests/scenarios/rdma.sh counts them on TAPs). The cable's own frame counters would not do:
-# the 512 MiB migration stream alone is hundreds of thousands of frames.
+# RoCE v2 frames (UDP 4791) this host sends over the cable (eth0) are counted apart from the rest
+# (frame_counter). The cable's own frame counters would not do: the 512 MiB migration stream
+# alone is hundreds of thousands of frames.
 modprobe -a sch_prio cls_u32 || true
-if tc qdisc add dev eth0 root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
-  tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3; then
+if frame_counter eth0; then
   rec "cable_counter_$PVRDMA_HOST=ok"
 else
   rec "cable_counter_$PVRDMA_HOST=failed"
@@ -46,7 +44,7 @@ fi
 # link_counters NAME: the RoCE v2 frames this host sent over the cable so far, recorded as
 # NAME_roce_tx, and the cable's frame counters (everything), as NAME_{rx,tx}_packets.
 link_counters() {
-  rec "$1_roce_tx=$(tc -s class show dev eth0 | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }')" \
+  rec "$1_roce_tx=$(frames_counted eth0)" \
     "$1_rx_packets=$(cat /sys/class/net/eth0/statistics/rx_packets)" \
     "$1_tx_packets=$(cat /sys/class/net/eth0/statistics/tx_packets)"
 }

@@ -160,6 +160,16 @@ fn a_cancelled_migration_leaves_the_source_running() {
 }
 
 /// Neither a panic nor a syscall outside the thread's seccomp allow-list (issue 7).
+/// The restored vmxnet3 announces its MAC (RARP, spaced: devices/vmxnet3/src/announce.rs), the
+/// bridge floods those frames to A's TAP, and learns that B's MAC is now behind B2's TAP.
+#[test]
+fn the_destination_announces_the_mac_and_the_bridge_learns_the_new_port() {
+    let s = suite();
+    s.expect_value("rarp_before", "0");
+    s.expect_value("rarp_after", "4");
+    s.expect_value("fdb_b", "tapb2");
+}
+
 #[test]
 fn no_vmm_panicked() {
     let s = suite();

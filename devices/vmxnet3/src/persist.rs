@@ -185,6 +185,7 @@ pub(crate) fn load<M: GuestMemory>(
             tx_stats: saved.tx_stats,
             rx_stats: saved.rx_stats,
             reported_link: saved.reported_link,
+            announce: None,
         },
     })
 }
@@ -266,13 +267,16 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
+    use std::thread;
+    use std::time::{Duration, Instant};
+
     use net_port::VnetHdr;
     use serde_json::{json, Value};
     use vm_memory::Bytes;
     use vm_migration::{Pausable, Snapshottable};
 
     use super::*;
-    use crate::announce::rarp_announcement;
+    use crate::announce::{rarp_announcement, ANNOUNCE_AT};
     use crate::harness::*;
     use crate::regs::{PT_BAR, VD_BAR};
     use crate::test_utils::{frame, DriverLayout};
@@ -447,11 +451,28 @@ mod tests {
         let imr = |v: u64| dst.read(PT_BAR, 8 * v);
         assert_eq!((imr(0), imr(5), imr(24)), (0, 0, 1), "interrupt masks");
         assert!(dst.backend.take_sent().is_empty(), "not before resume");
+        let resumed = Instant::now();
         dst.bus.resume().unwrap();
+        // Each frame, with when it was sent, until the schedule's last is due and a bit more.
         let rarp = (VnetHdr::default(), rarp_announcement(mac).to_vec());
-        assert_eq!(dst.backend.take_sent(), vec![rarp; 3]);
+        thread::sleep(ANNOUNCE_AT[ANNOUNCE_AT.len() - 1] + Duration::from_millis(500));
+        let seen: Vec<Duration> = dst
+            .backend
+            .take_sent_timed()
+            .into_iter()
+            .map(|(at, frame)| {
+                assert_eq!(frame, rarp);
+                at - resumed
+            })
+            .collect();
+        assert_eq!(seen.len(), ANNOUNCE_AT.len(), "{seen:?}");
+        // Never early: the worker waits out each gap (it may be late on a busy host).
+        for (pair, due) in seen.windows(2).zip(ANNOUNCE_AT.windows(2)) {
+            assert!(pair[1] - pair[0] >= due[1] - due[0], "{seen:?}");
+        }
         dst.bus.pause().unwrap();
         dst.bus.resume().unwrap();
+        thread::sleep(Duration::from_millis(100));
         assert!(dst.backend.take_sent().is_empty(), "once per restore");
     }
 
