@@ -32,8 +32,9 @@ GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma r
 # the NVMe over Fabrics initiator of the nvmeof suite (with nvme_fabrics, nvme_core, rdma_cm);
 # nfsv4 and rpcrdma: the NFS client and its RDMA transport, for the nvmeof suite's NFS/RDMA phase
 # (with nfs, sunrpc, lockd, fscache, netfs, dns_resolver; busybox's mount hands `-t nfs4` options
-# to the kernel as text, so no nfs-common is needed).
-GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma"
+# to the kernel as text, so no nfs-common is needed); nvmet_rdma and brd: the NVMe over Fabrics
+# target (with nvmet) and its RAM-disk namespace, for the nvmeof suite's guest-to-guest phase.
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma nvmet_rdma brd"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,

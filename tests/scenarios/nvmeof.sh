@@ -52,6 +52,17 @@ BASELINE_CHUNK_MIB=${BASELINE_CHUNK_MIB:-8}
 MIG_MIB=${MIG_MIB:-8}
 MIG_AFTER=${MIG_AFTER:-4}
 MIG_SECONDS=${MIG_SECONDS:-600}
+MIG_STALL=${MIG_STALL:-240}
+# Guest to guest: the target guest's RAM disk, what each initiator writes, and per chunk.
+G2G_MIB=${G2G_MIB:-64}
+G2G_CHUNK_MIB=${G2G_CHUNK_MIB:-16}
+G2G_NQN=nqn.2026-11.dev.pvrdma-vmm:guest-target
+MAC_T=52:54:00:20:00:05
+MAC_I1=52:54:00:20:00:06
+MAC_I2=52:54:00:20:00:07
+IP_T=10.20.0.5
+IP_I1=10.20.0.6
+IP_I2=10.20.0.7
 MAC_A=52:54:00:20:00:01
 MAC_B=52:54:00:20:00:02
 IP_A=10.20.0.1
@@ -267,6 +278,15 @@ migrate_mid_io() {
   : > "$SIG/migrated"
   wait_for_exit "$pid_a" 30
   record nvmeof "a_exit=$EXIT_STATUS"
+  # A data path the switch-over broke hangs the guest's I/O for good: without a round verified on
+  # A2 within MIG_STALL seconds, A2 is stopped, so that the suite fails now instead of at its limit.
+  if wait_for_line "$OUT/nvmeof-a2-serial.log" 'NVMEOF-(ROUND .*migrated=1|MIGRATION-PASS|FAIL)' "$MIG_STALL" "$pid_a2"; then
+    record nvmeof "mig_stalled=0"
+  else
+    record nvmeof "mig_stalled=1"
+    log "migration: no round on A2 within $MIG_STALL s; stopping it"
+    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
+  fi
   record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
   log "migration: $(grep '^mig_' "$OUT/nvmeof.env" | tr '\n' ' ')"
 }
@@ -280,6 +300,50 @@ else
 fi
 # nvmet's side: the NVM controllers it created for the guest's host NQN.
 record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
+
+# Guest to guest: guest T is the target (nvmet-rdma on its own PVRDMA device, tests/guest/nvmet.sh);
+# initiator I1 reaches it over the same-host channel (no RoCE frame on I1's TAP), then I2, whose
+# VMM has local=off, over the bridge (RoCE v2 on both TAPs). Each writes G2G_MIB of the pattern,
+# T reports what arrived (then zeroes it), and the initiator reads back and verifies.
+g2g_initiator() { # NAME IP PVRDMA-OPTIONS
+  local name=$1 pid_var=pid_$1
+  guest_script_disk "$WORK/nvmeof-$name-run.img" "$header
+TARGET_IP=$IP_T NQN=$G2G_NQN SIZE_MIB=$G2G_MIB READY_SIGNAL=g2g-ready FAILED_SIGNAL=g2g-failed
+RDMA_DEV=vmw_pvrdma0 MY_IP=$2 WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB CHECKED_SIGNAL=g2g-checked-$name MIG_MIB=0" \
+    "$GUEST_SCRIPTS/nvmeof.sh"
+  run_guest "nvmeof-$name" "$WORK/nvmeof-$name-run.img" --pvrdma "$3"
+  printf -v "$pid_var" '%s' "$VMM_PID"
+  if wait_for_line "$OUT/nvmeof-$name-serial.log" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "${!pid_var}" &&
+    grep -q 'NVMEOF-WRITTEN' "$OUT/nvmeof-$name-serial.log"; then
+    : > "$SIG/check-$name"
+    wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(ZEROED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
+  fi
+  : > "$SIG/g2g-checked-$name"
+  end_guest "$name"
+  record nvmeof "$name.roce_frames=$(frames_counted "tap$name")"
+}
+if ((G2G_MIB > 0)); then
+  modprobe -a sch_prio cls_u32 || true
+  for t in tapt tapi1 tapi2; do l1_tap "$t" br0; done
+  # RoCE v2 frames this host passes to each initiator's TAP: T's answers, when they take the wire.
+  for t in tapi1 tapi2; do frame_counter "$t" || record nvmeof "counter_$t=fail"; done
+  guest_script_disk "$WORK/nvmeof-t-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT MY_IP=$IP_T NQN=$G2G_NQN PORT=$PORT
+SIZE_MIB=$G2G_MIB WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB INITIATORS='i1 i2' LIMIT=$LIMIT CHECK_WAIT=$CHECK_WAIT" \
+    "$GUEST_SCRIPTS/nvmet.sh"
+  run_guest nvmeof-t "$WORK/nvmeof-t-run.img" --pvrdma "tap=tapt,mac=$MAC_T"
+  pid_t=$VMM_PID
+  if wait_for_line "$OUT/nvmeof-t-serial.log" 'NVMET-(READY|FAIL)' "$(remaining)" "$pid_t" &&
+    grep -q 'NVMET-READY' "$OUT/nvmeof-t-serial.log"; then
+    : > "$SIG/g2g-ready"
+  else
+    : > "$SIG/g2g-failed"
+  fi
+  g2g_initiator i1 "$IP_I1" "tap=tapi1,mac=$MAC_I1"
+  g2g_initiator i2 "$IP_I2" "tap=tapi2,mac=$MAC_I2,local=off"
+  : > "$SIG/g2g-done"
+  end_guest t
+  log "guest to guest: $(grep -E '^(t|i1|i2)[._]' "$OUT/nvmeof.env" | tr '\n' ' ')"
+fi
 
 # NFS over RDMA: guest N mounts the export, writes its tree and, once this host checked it, reads
 # it back.
