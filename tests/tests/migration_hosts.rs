@@ -17,8 +17,8 @@ use e2e::testhost::Hosts;
 fn suite() -> &'static RemoteSuite {
     static SUITE: OnceLock<Result<RemoteSuite, SetupError>> = OnceLock::new();
     suite::shared(&SUITE, || {
-        // Typically ~5 min: two L1 boots side by side, three guest boots, a 512 MiB migration
-        // over the emulated cable, the traffic.
+        // Typically ~5 min: two L1 boots side by side, three guest boots, a 256 MiB migration
+        // over TLS on the emulated cable, the traffic.
         RemoteSuite::run(
             "migration-hosts",
             Duration::from_secs(1200),
