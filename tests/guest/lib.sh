@@ -121,6 +121,14 @@ wait_host_signal() {
 # centis: the uptime in hundredths of a second (the clock of the guests' throughput figures).
 centis() { awk '{ printf "%d\n", $1 * 100 }' /proc/uptime; }
 
+# kernel_log_section RE: the kernel's log lines that match RE (extended), framed as section
+# "kernel-log" for the test to read (the console shows only errors: `quiet`).
+kernel_log_section() {
+  echo "SECTION-BEGIN kernel-log"
+  dmesg | grep -E "$1"
+  echo "SECTION-END kernel-log rc=0"
+}
+
 # driver_log: the kernel's last lines about the RDMA and NIC drivers, for a failure report.
 driver_log() { dmesg | grep -E 'rxe|vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20; }
 

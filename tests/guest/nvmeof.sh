@@ -62,11 +62,7 @@ FAILED_SIGNAL=${FAILED_SIGNAL:-target-failed}
 say() { echo "NVMEOF-$*"; }
 # kernel_log: the framed part of the kernel's log a test reads (the console shows only errors:
 # `quiet`).
-kernel_log() {
-  echo "SECTION-BEGIN kernel-log"
-  dmesg | grep -E 'nvme|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:|timeout|I/O error|blk_update_request'
-  echo "SECTION-END kernel-log rc=0"
-}
+kernel_log() { kernel_log_section 'nvme|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:|timeout|I/O error|blk_update_request'; }
 fail() {
   say "FAIL $*"
   driver_log

@@ -26,11 +26,7 @@
 DEV=vmw_pvrdma0
 CFG=/sys/kernel/config/nvmet
 say() { echo "NVMET-$*"; }
-kernel_log() {
-  echo "SECTION-BEGIN kernel-log"
-  dmesg | grep -E 'nvmet|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:'
-  echo "SECTION-END kernel-log rc=0"
-}
+kernel_log() { kernel_log_section 'nvmet|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:'; }
 fail() {
   say "FAIL $*"
   driver_log
