@@ -5,21 +5,24 @@
 # over Fabrics target (nvmet + nvmet-rdma) on this guest's PVRDMA device, whose initiators are other
 # guests of the same test host. Its namespace is a brd RAM disk; the port listens on MY_IP (the
 # RoCE v2 GID of eth0's address). For each initiator in turn, once the test host says it wrote its
-# pattern, this guest reports the MD5 of every chunk of what arrived on the RAM disk, then zeroes
-# what was written, so that the next initiator's data cannot pass for the last one's.
+# pattern, this guest reports the MD5 of every chunk of what arrived on the RAM disk; once the
+# test host says the initiator is done (it read back and disconnected), it zeroes what was
+# written, so that the next initiator's data cannot pass for the last one's.
 # The scenario prepends:
 #   MY_IP HOST_IP SIG_PORT  eth0's address; the test host's signal server (see nvmeof.sh)
 #   NQN PORT        the subsystem's NQN and the port (4420)
 #   SIZE_MIB        the RAM disk (the namespace)
 #   WRITE_MIB CHUNK_MIB  what each initiator writes from its start, and per chunk
 #   INITIATORS      names of the initiators, in order: for each NAME the test host serves
-#                   "check-NAME" once NAME wrote; "g2g-done" once all are done
+#                   "check-NAME" once NAME wrote and "done-NAME" once it ended; "g2g-done" once
+#                   all are done
 #   LIMIT CHECK_WAIT  seconds one command may run; seconds to wait for each signal
 #
 # Output, parsed by tests/tests/nvmeof.rs:
 #   NVMET-READY gid=G                   the port listens (nvmet-rdma bound MY_IP)
 #   NVMET-CHUNK initiator=NAME chunk=N md5=M   what NAME's chunk N is on the RAM disk
-#   NVMET-ZEROED initiator=NAME         checked and zeroed: the next may write
+#   NVMET-CHECKED initiator=NAME        all of NAME's chunks reported
+#   NVMET-ZEROED initiator=NAME         NAME done and its data zeroed: the next may write
 #   NVMET-DONE ok=1, or NVMET-FAIL <why>
 #   SECTION-BEGIN kernel-log ... SECTION-END kernel-log rc=0   dmesg about nvmet and RDMA
 
@@ -60,6 +63,9 @@ for name in $INITIATORS; do
     say "CHUNK initiator=$name chunk=$c md5=$sum"
     c=$((c + 1))
   done
+  say "CHECKED initiator=$name"
+  got=$(wait_host_signal "$CHECK_WAIT" "done-$name" g2g-done) || got=nothing
+  [ "$got" = "done-$name" ] || break
   timeout "$LIMIT" dd if=/dev/zero of=/dev/ram0 bs=1M count="$WRITE_MIB" oflag=direct 2> /dev/null || fail "zeroing the RAM disk"
   say "ZEROED initiator=$name"
 done

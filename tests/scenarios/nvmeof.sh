@@ -316,11 +316,14 @@ RDMA_DEV=vmw_pvrdma0 MY_IP=$2 WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB CHECKE
   if wait_for_line "$OUT/nvmeof-$name-serial.log" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "${!pid_var}" &&
     grep -q 'NVMEOF-WRITTEN' "$OUT/nvmeof-$name-serial.log"; then
     : > "$SIG/check-$name"
-    wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(ZEROED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
+    wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(CHECKED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
   fi
   : > "$SIG/g2g-checked-$name"
   end_guest "$name"
   record nvmeof "$name.roce_frames=$(frames_counted "tap$name")"
+  # Read back and gone: T may zero its data for the next initiator.
+  : > "$SIG/done-$name"
+  wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(ZEROED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
 }
 if ((G2G_MIB > 0)); then
   modprobe -a sch_prio cls_u32 || true
