@@ -197,6 +197,12 @@ impl ShmRing {
         Ok(Some(len))
     }
 
+    /// Bytes the consumer has read so far: it moves when the consumer
+    /// answers a kick.
+    pub(crate) fn tail(&self) -> u64 {
+        self.load(TAIL)
+    }
+
     /// Consumer, before sleeping: announces it and says whether data came
     /// in meanwhile (then it must not sleep).
     pub(crate) fn prepare_to_wait(&self) -> bool {
