@@ -364,11 +364,12 @@ pub(crate) struct LocalChannel {
 impl LocalChannel {
     /// Binds the control socket of `mac` in `dir` (created 0700 if
     /// missing; an existing one must be ours and closed to everyone else,
-    /// see [`private_dir`]). A socket file left by a VMM that is gone is replaced; one
-    /// that answers belongs to a running VMM with the same MAC, an error —
-    /// unless `take_over`: the VM is migrating here from that VMM. Then our
-    /// socket waits beside the MAC's until [`LocalChannel::claim`] (the VM
-    /// runs here): a migration that fails leaves the source's in place.
+    /// see [`private_dir`]). A socket file left by a VMM that is gone is
+    /// replaced; one that answers belongs to a running VMM with the same
+    /// MAC, an error — unless `take_over`: the VM is migrating here from
+    /// that VMM. Then our socket waits beside the MAC's until
+    /// [`LocalChannel::claim`] (the VM runs here): a migration that fails
+    /// leaves the source's in place.
     pub(crate) fn bind(dir: &Path, mac: [u8; 6], take_over: bool) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
