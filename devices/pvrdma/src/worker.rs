@@ -58,11 +58,12 @@ const LOCAL_AGAIN_EVENT: u32 = 0xff00_0007;
 const LOCAL_RING_EVENT: u32 = 0xff00_0008;
 /// Frames taken from the inbox per wake-up before other events get a turn.
 const RX_BATCH: usize = 256;
-/// How doorbell eventfds are watched: edge-triggered, and never read. A
-/// doorbell's count does not matter (one pass handles all the work), and
-/// every signal reports an edge; not reading spares the latency path a
-/// system call per doorbell.
-const DOORBELL: EventSet = EventSet::IN.union(EventSet::EDGE_TRIGGERED);
+/// How doorbell eventfds and same-host ring kicks are watched:
+/// edge-triggered, and never read. Their count does not matter (one pass
+/// handles all the work), and every signal reports an edge; not reading
+/// spares the latency path a system call per wake-up (and a peer's kick
+/// must not be read at all, see `datapath::local`).
+const EDGE: EventSet = EventSet::IN.union(EventSet::EDGE_TRIGGERED);
 /// Shortest timer the worker arms, so an overdue deadline cannot spin it.
 const MIN_TIMER: Duration = Duration::from_micros(100);
 
@@ -181,7 +182,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         for op in self.shared.env.hub.take_watch_ops() {
             match op {
                 WatchOp::Add { data, fd, gen } => {
-                    if let Err(e) = ops.add(Events::with_data(&fd, data, DOORBELL)) {
+                    if let Err(e) = ops.add(Events::with_data(&fd, data, EDGE)) {
                         error!("pvrdma: failed to watch doorbell {data:#x}: {e}");
                         continue;
                     }
@@ -189,7 +190,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 }
                 WatchOp::Remove { data } => {
                     if let Some(w) = self.watched.remove(&data) {
-                        if let Err(e) = ops.remove(Events::with_data(&w.fd, data, DOORBELL)) {
+                        if let Err(e) = ops.remove(Events::with_data(&w.fd, data, EDGE)) {
                             error!("pvrdma: failed to unwatch doorbell {data:#x}: {e}");
                         }
                     }
@@ -496,14 +497,13 @@ impl<M: GuestAddressSpace> Worker<M> {
         let Some(local) = self.shared.env.wire.local.as_ref() else {
             return;
         };
-        let set = EventSet::IN | EventSet::EDGE_TRIGGERED;
         for change in local.take_watch() {
             let result = match &change {
-                KickWatch::Add(fd) => ops.add(Events::with_data_raw(*fd, LOCAL_RING_EVENT, set)),
+                KickWatch::Add(fd) => ops.add(Events::with_data_raw(*fd, LOCAL_RING_EVENT, EDGE)),
                 KickWatch::Remove(file) => ops.remove(Events::with_data_raw(
                     file.as_raw_fd(),
                     LOCAL_RING_EVENT,
-                    set,
+                    EDGE,
                 )),
             };
             if let Err(e) = result {
