@@ -43,17 +43,24 @@ GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma"
 # its compression and crypto libraries (libgcrypt20, libgpg-error0, liblzma5, libzstd1, liblz4-1).
 # nvme-cli's declared uuid-runtime (uuidgen, uuidd) is left out: `nvme connect` is given its host
 # NQN and ID. Together they grow the initramfs from 7.2 to about 11 MB.
+# UCX and Open MPI (the ucx suite): ucx-utils (ucx_perftest, ucx_info) and libucx0 with libnuma1 and
+# libgomp1; openmpi-bin (orterun, orted) and libopenmpi3 with what it and the components we keep load
+# (libhwloc15, libevent, libpmix2 and its libmunge2); openmpi-common for Open MPI's help texts. Not
+# libopenmpi3's libfabric1, libpsm2-2 and libpsm-infinipath1, nor libhwloc-plugins: the components
+# that need them are dropped (recipes/userspace.sh), with OpenSHMEM, MPI-IO and the compilers'
+# wrappers; openmpi-bin's ssh-client neither (the ucx suite launches with its own rsh agent).
 USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route-3-200 libibverbs1 librdmacm1
   libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2
   libgcc-s1 nvme-cli libnvme1 libjson-c5 libdbus-1-3 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
-  liblz4-1)
+  liblz4-1 libucx0 ucx-utils libnuma1 libgomp1 openmpi-bin libopenmpi3 openmpi-common libhwloc15
+  libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libmunge2)
 # Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
 # would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary; of
 # libssl3, libnvme needs only libcrypto (not libssl, its engines or its provider modules).
 USERSPACE_PICKS=(iproute2:usr/bin/rdma libssl3:usr/lib/x86_64-linux-gnu/libcrypto.so.3)
 # Packages unpacked only to build guest programs against (guest/verbs-check.c, guest/access-check.c,
-# guest/write-check.c, which also uses librdmacm), never shipped.
-USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
+# guest/write-check.c, which also uses librdmacm; guest/mpi-check.c, Open MPI's mpi.h), never shipped.
+USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev libopenmpi-dev)
 # Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
 # libc6-dev: the guest's verbs-check and write-check programs are compiled here (the kernel module
 # build needs no libc).
@@ -121,7 +128,8 @@ KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
 key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $(gcc --version | head -n1)" \
-  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c lib/common.sh)
+  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c guest/mpi-check.c \
+  lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
   PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"
