@@ -34,6 +34,7 @@
 #
 # Output, parsed by tests/tests/ucx.rs:
 #   UCX-GID dev=D idx=N gid=G mtu=M
+#   UCX-PERF-DONE                                       (A) the ucx_perftest steps are over
 #   SECTION-BEGIN S-SIDE ... SECTION-END S-SIDE rc=N   a step's program (lib.sh)
 #   UCX-RESULT step=S side=SIDE rc=N secs=T attempts=K [why=...]
 #   SECTION-BEGIN mpi-NAME ... SECTION-END mpi-NAME rc=N   orterun's whole output (A)
@@ -74,6 +75,15 @@ mkdir -p "$SIG_DIR"
 httpd -f -p "$SIG_PORT" -h "$SIG_DIR" &
 
 device_ready
+# UCX and Open MPI live on the image's root disk (/dev/vdb; resources/build-assets.sh keeps them out
+# of the initramfs): its library directory (a superset of the initramfs's), ld.so.cache and Open
+# MPI's help texts over this root's, its programs on PATH.
+mkdir -p /mnt/full /usr/share/openmpi
+mount -t ext4 -o ro /dev/vdb /mnt/full || fail "mount the root disk /dev/vdb"
+for d in usr/lib/x86_64-linux-gnu etc/ld.so.cache usr/share/openmpi; do
+  mount --bind "/mnt/full/$d" "/$d" || fail "bind /mnt/full/$d"
+done
+export PATH="$PATH:/mnt/full/usr/bin"
 # Every UCX program of this guest (perftest, and the MPI ranks its orted starts) uses the PVRDMA
 # device's port 1 and the RoCE v2 GID of MY_IP, and says which transports it picked.
 export UCX_NET_DEVICES="$DEV:1" UCX_IB_GID_INDEX="$GIDX" UCX_LOG_LEVEL=info
@@ -93,6 +103,8 @@ perf() {
   step ud-tag-bw b a - tcp 13412 $(perf 13412 "$UD_TLS" -t tag_bw -s "$BW_SIZE" -n "$BW_ITERS")
   step ud-put-bw b a - tcp 13413 $(perf 13413 "$UD_TLS" -t ucp_put_bw -s "$BW_SIZE" -n "$BW_ITERS")
 }
+# The test host takes both devices' counters now (what arrived, what was dropped and why).
+[ "$ROLE" = a ] && say "PERF-DONE"
 
 # Open MPI's launcher between the guests: /tmp/rsh HOST COMMAND... (its options, such as ssh's -x,
 # skipped) sends COMMAND's words as one line to HOST's daemon and relays the output until the

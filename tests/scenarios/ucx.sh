@@ -7,7 +7,8 @@
 # over UCX spanning both (pvrdma-mpi-check), then a job that runs while this host live-migrates B
 # (pvrdma-remote send-migration over a Unix socket) to a new VMM B2 (its own TAP tapb2).
 # Results: $OUT/ucx.env (VMM exits and panics, the migration's remote exit codes and blackout),
-# $OUT/ucx-{a,b,b2}-{serial,vmm}.log (B's console continues in b2's), $OUT/ucx-b-to-ucx-b2-remote.log.
+# $OUT/ucx-{a,b,b2}-{serial,vmm}.log (B's console continues in b2's), $OUT/ucx-b-to-ucx-b2-remote.log,
+# $OUT/ucx-{a,b}-counters.json (`pvrdma-remote counters` after the ucx_perftest steps).
 
 isolate_network
 
@@ -53,10 +54,20 @@ MPI_BYTES=$MPI_BYTES MPI_ROUNDS=$MPI_ROUNDS MPI_SKEW=$MPI_SKEW MIG_AFTER=$MIG_AF
 guest_script_disk "$WORK/ucx-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/ucx.sh"
 guest_script_disk "$WORK/ucx-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/ucx.sh"
 
-run_guest ucx-a "$WORK/ucx-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
+# The root disk (UCX and Open MPI) is each guest's /dev/vdb, read-only.
+rootfs=(--disk "path=$PVRDMA_ROOTFS,readonly=on")
+run_guest ucx-a "$WORK/ucx-a-run.img" "${rootfs[@]}" --pvrdma "tap=tapa,mac=$MAC_A" --api-socket "$WORK/a.api"
 pid_a=$VMM_PID
-run_guest ucx-b "$WORK/ucx-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
+run_guest ucx-b "$WORK/ucx-b-run.img" "${rootfs[@]}" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
 pid_b=$VMM_PID
+
+# Both devices' counters once the ucx_perftest steps are over (per-QP transport counters: frames
+# received, dropped and why).
+if wait_for_line "$OUT/ucx-a-serial.log" 'UCX-(PERF-DONE|FAIL)' "$(remaining)" "$pid_a"; then
+  for g in a b; do
+    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/$g.api" counters > "$OUT/ucx-$g-counters.json" 2>&1 || true
+  done
+fi
 
 # The migration: once A's job runs verified rounds (and a few seconds more), B moves to B2.
 pid_b_last=$pid_b
