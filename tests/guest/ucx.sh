@@ -84,6 +84,8 @@ for d in usr/lib/x86_64-linux-gnu etc/ld.so.cache usr/share/openmpi; do
   mount --bind "/mnt/full/$d" "/$d" || fail "bind /mnt/full/$d"
 done
 export PATH="$PATH:/mnt/full/usr/bin"
+# UCX's shared-memory transports look for /dev/shm even when UCX_TLS leaves them out.
+mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 # Every UCX program of this guest (perftest, and the MPI ranks its orted starts) uses the PVRDMA
 # device's port 1 and the RoCE v2 GID of MY_IP, and says which transports it picked.
 export UCX_NET_DEVICES="$DEV:1" UCX_IB_GID_INDEX="$GIDX" UCX_LOG_LEVEL=info
