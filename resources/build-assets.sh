@@ -48,7 +48,7 @@ USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route
   libgcc-s1 nvme-cli libnvme1 libjson-c5 libdbus-1-3 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
   liblz4-1)
 # Only on the guest's root disk (PVRDMA_ROOTFS), not in its initramfs: UCX and Open MPI for the ucx
-# suite (6 MB of gzip'd initramfs more would slow every guest boot of every suite). ucx-utils
+# suite (6 MB more of gzip'd initramfs that every guest of every suite would unpack). ucx-utils
 # (ucx_perftest, ucx_info) and libucx0 with libnuma1 and libgomp1; openmpi-bin (orterun, orted) and
 # libopenmpi3 with what it and the components we keep load (libhwloc15, libevent, libpmix2 and its
 # libmunge2); openmpi-common for Open MPI's help texts. Not libopenmpi3's libfabric1, libpsm2-2 and

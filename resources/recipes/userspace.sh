@@ -56,8 +56,8 @@ rm -rf "${root:?}"/usr/share "$root"/usr/lib/x86_64-linux-gnu/gconv "$root"/lib/
   "$root"/etc/init.d "$root"/usr/sbin/iwpmd "$root"/usr/sbin/rdma-ndd "$root"/usr/libexec
 
 # The root disk's tree: the same plus EXTRA_PACKAGES (UCX and Open MPI: 6 MB more of gzip'd
-# initramfs would cost every guest boot of every suite ~20 s at nested speed; a disk is read on
-# demand) and pvrdma-mpi-check.
+# initramfs that every guest of every suite would decompress at nested speed and hold in RAM; a
+# disk is read on demand, by the one suite that uses them) and pvrdma-mpi-check.
 full=$OUT/full
 cp -a "$root" "$full"
 while read -r pkg ver; do
