@@ -278,7 +278,7 @@ fn final_line(text: &str) -> Option<Final> {
 
 /// Checks UCX's `ep_cfg[N]: proto(tl/dev tl/dev ...)` lines in `text`: at least one must name
 /// `tl` on the PVRDMA device, and every transport named must be one of `allowed` (on the PVRDMA
-/// device, but `self/memory`); with rc_v, ud_verbs may appear as RC's auxiliary transport.
+/// device, but `self/memory`). (rc_v's ud_verbs, only its connection set-up, has no lane.)
 fn uses_only(text: &str, tl: Tl, allowed: &[&str]) -> Result<(), String> {
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("ep_cfg[")).collect();
     let want = format!("{}/{DEVICE}", tl.name());
@@ -296,8 +296,7 @@ fn uses_only(text: &str, tl: Tl, allowed: &[&str]) -> Result<(), String> {
                 continue;
             };
             let ok = (name == "self" && allowed.contains(&"self"))
-                || ((allowed.contains(&name) || matches!(tl, Tl::Rc) && name == "ud_verbs")
-                    && dev == DEVICE);
+                || (allowed.contains(&name) && dev == DEVICE);
             if !ok {
                 return Err(format!("UCX used {name}/{dev}: {line}"));
             }
@@ -462,6 +461,11 @@ mod unit {
         assert!(
             uses_only(rc, Tl::Ud, &["ud_verbs"]).is_err(),
             "wrong transport"
+        );
+        let both = "x ep_cfg[0]: tag(rc_verbs/vmw_pvrdma0:1 ud_verbs/vmw_pvrdma0:1)";
+        assert!(
+            uses_only(both, Tl::Rc, &["rc_verbs"]).is_err(),
+            "a UD lane in an RC run"
         );
         let tcp = "[1.2] [ucx-a:90:0] ucp_worker.c:1763 UCX INFO ep_cfg[1]: tag(rc_verbs/vmw_pvrdma0:1 tcp/eth0);";
         assert!(uses_only(tcp, Tl::Rc, &["rc_verbs"]).is_err(), "tcp");
