@@ -20,9 +20,13 @@
 //! (`pvrdma-remote send-migration unix:...`); it must finish on the destination with every round
 //! verified. The blackout is what `send-migration` printed; the longest round is the stall MPI saw.
 //!
-//! Broken on purpose (see the report in docs/benchmarks.md): `UCX_RC_TLS=rc_verbs` (no auxiliary
-//! transport to connect with) fails the RC tests; `UCX_MPI_SKEW=1` (the check expects a wrong sum)
-//! fails the MPI tests.
+//! Broken on purpose: with `UCX_RC_TLS=rc_verbs UCX_MPI_SKEW=1` in the environment (rc_verbs
+//! without ud_verbs to connect with; pvrdma-mpi-check expecting each sum plus one) the three
+//! ucx_perftest RC tests fail (UCX: "no auxiliary transport", exit 255), and so do the three MPI
+//! tests (RC: the jobs exit 1; UD: `MPI-BAD ... what=allreduce got=3 want=4` on both ranks), while
+//! the UD ucx_perftest tests pass (2026-11-26, 1fe363f). Before the device's UD completions carried
+//! the RoCE packet type in `sl` (92fdb6e), every ucx_perftest run failed: UCX's UD dropped every
+//! datagram, so neither rc_v nor ud_v ever connected ("UD endpoint ... unhandled timeout error").
 //!
 //! All tests share ONE run of `tests/scenarios/ucx.sh` (one test-host boot, both guests at once,
 //! each running `tests/guest/ucx.sh`); every program there is bounded by `timeout`.
