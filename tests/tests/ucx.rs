@@ -108,7 +108,7 @@ fn suite() -> &'static Suite {
         let outcome = suite::run_vmm_scenario(
             "ucx",
             &env,
-            // Typically 8-15 min (894 s on 2026-11-26 on a loaded machine, with twice the
+            // Typically ~4 min (246 s on 2026-11-26; 894 s on a loaded machine with twice the
             // iterations and MPI data of now); the scenario's own limit is 1800 s, which only a
             // data path that hangs needs.
             Duration::from_secs(1920),
