@@ -220,3 +220,22 @@ frame_counter() {
 frames_counted() {
   tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
 }
+
+# migrate_vm ENV SRC DST API TAPMAP [ARGS...]: live-migrates the VM of VMM SRC (API socket API) to a new VMM
+# DST started here (console $OUT/DST-serial.log), over a Unix socket, with pvrdma-remote on both
+# sides (receive-migration --tap TAPMAP: "MAC=TAP", --disk-dir $WORK, where guest_script_disk puts
+# the disks, and ARGS, e.g. more --disk-dir; send-migration --downtime-ms 300). Records in
+# $OUT/ENV.env mig_receive_rc, mig_send_rc, mig_seconds and mig_completed (send-migration's
+# "migration completed: ..." line: the blackout; the whole output in $OUT/SRC-to-DST-remote.log).
+# Sets VMM_PID to DST's.
+migrate_vm() {
+  local env=$1 src=$2 dst=$3 api=$4 taps=$5 url=unix:$WORK/$3.sock t
+  shift 5
+  start_receiver "$dst" "$WORK/$dst.api"
+  t=$(now_us)
+  record "$env" "mig_receive_rc=$(remote_cmd "$dst" --api-socket "$WORK/$dst.api" receive-migration "$url" --tap "$taps" --disk-dir "$WORK" "$@" --no-wait)"
+  record "$env" "mig_send_rc=$(remote_cmd "$src-to-$dst" --api-socket "$api" send-migration "$url" --downtime-ms 300)"
+  record "$env" "mig_seconds=$(since "$t")"
+  record "$env" "mig_completed=$(grep -m1 '^migration completed:' "$OUT/$src-to-$dst-remote.log" || true)"
+  log "migration: $(grep '^mig_' "$OUT/$env.env" | tr '\n' ' ')"
+}

@@ -28,7 +28,7 @@
 # Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
 # B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
 # results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
-# $OUT/nvmeof-a-to-a2-remote.log (send-migration's output: the blackout),
+# $OUT/nvmeof-a-to-nvmeof-a2-remote.log (send-migration's output: the blackout),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's and nfsd's side), $OUT/rxe-devinfo.txt;
 # $OUT/nfsrdma.env (the NFS server's set-up and check, the NFS guest's VMM exit and panics),
 # $OUT/nfsrdma-{serial,vmm}.log (see tests/guest/nfsrdma.sh), $OUT/nfsrdma-host-manifest.txt and
@@ -253,11 +253,11 @@ end_guest() {
 # migrate_mid_io: the migration phase (issue 14 item 7). Once guest A reports its verified
 # write+read loop running (and a few seconds more, so that rounds are in flight), its VM moves
 # from VMM A to a new VMM A2 (TAP tapa2) through pvrdma-remote on both API sockets, over a Unix
-# socket; then this host serves "migrated", upon which the guest finishes its rounds on A2.
+# socket (migrate_vm); then this host serves "migrated", upon which the guest finishes its
+# rounds on A2.
 # Records the remote exit statuses, send-migration's "migration completed" line (the blackout) and
 # A's exit. Sets pid_a2.
 migrate_mid_io() {
-  local url=unix:$WORK/a2.sock
   if ! wait_for_line "$OUT/nvmeof-a-serial.log" 'NVMEOF-(MIGRATION-LOOP|FAIL|DONE)' "$(remaining)" "$pid_a" ||
     ! grep -q 'NVMEOF-MIGRATION-LOOP' "$OUT/nvmeof-a-serial.log"; then
     record nvmeof "mig_loop=never-started"
@@ -267,14 +267,8 @@ migrate_mid_io() {
   fi
   record nvmeof "mig_loop=running"
   sleep 4
-  start_receiver nvmeof-a2 "$WORK/a2.api"
+  migrate_vm nvmeof nvmeof-a nvmeof-a2 "$WORK/a.api" "$MAC_A=tapa2"
   pid_a2=$VMM_PID
-  local t
-  t=$(now_us)
-  record nvmeof "mig_receive_rc=$(remote_cmd nvmeof-a2 --api-socket "$WORK/a2.api" receive-migration "$url" --tap "$MAC_A=tapa2" --disk-dir "$WORK" --no-wait)"
-  record nvmeof "mig_send_rc=$(remote_cmd nvmeof-a-to-a2 --api-socket "$WORK/a.api" send-migration "$url" --downtime-ms 300)"
-  record nvmeof "mig_seconds=$(since "$t")"
-  record nvmeof "mig_completed=$(grep -m1 '^migration completed:' "$OUT/nvmeof-a-to-a2-remote.log" || true)"
   : > "$SIG/migrated"
   wait_for_exit "$pid_a" 30
   record nvmeof "a_exit=$EXIT_STATUS"
@@ -285,10 +279,9 @@ migrate_mid_io() {
   else
     record nvmeof "mig_stalled=1"
     log "migration: no round on A2 within $MIG_STALL s; stopping it"
-    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
+    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/nvmeof-a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
   fi
   record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
-  log "migration: $(grep '^mig_' "$OUT/nvmeof.env" | tr '\n' ' ')"
 }
 
 check_target a '' "$SIZE_MIB" "$CHUNK_MIB"

@@ -234,7 +234,7 @@ impl Suite {
             "nvmeof-a-vmm.log".to_string(),
             "nvmeof-a2-serial.log".to_string(),
             "nvmeof-a2-vmm.log".to_string(),
-            "nvmeof-a-to-a2-remote.log".to_string(),
+            "nvmeof-a-to-nvmeof-a2-remote.log".to_string(),
             "nvmeof-b-serial.log".to_string(),
             "nvmeof-t-serial.log".to_string(),
             "nvmeof-i1-serial.log".to_string(),
@@ -773,7 +773,7 @@ fn the_verified_stream_survives_a_live_migration() {
         || {
             format!(
                 "the migration failed: receive-migration rc {}, send-migration rc {} (see \
-                 nvmeof-a-to-a2-remote.log)",
+                 nvmeof-a-to-nvmeof-a2-remote.log)",
                 s.env("mig_receive_rc"),
                 s.env("mig_send_rc")
             )
