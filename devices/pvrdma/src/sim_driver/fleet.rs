@@ -82,12 +82,34 @@ impl Side {
         self.mrs[i / GROUP].1[i % GROUP]
     }
 
-    /// "qpns, keys": what peers know this side's objects by.
-    pub fn peer_ids(&self) -> (Vec<u32>, Vec<u32>) {
-        let qpns = self.qps.iter().map(|q| q.qpn).collect();
-        let keys = self.mrs.iter().map(|m| m.0).collect();
-        (qpns, keys)
+    /// Waits for one successful completion of each QP of `sample` (its
+    /// index as `wr_id`).
+    fn completions(&self, sample: &[usize]) {
+        let mut want: Vec<u64> = sample.iter().map(|&i| i as u64).collect();
+        want.sort_unstable();
+        let mut got = Vec::new();
+        let done = self.sim.wait_until(|s| {
+            for cq in &self.cqs {
+                for cqe in s.poll_cq(cq) {
+                    assert_eq!(cqe.status, wc_status::SUCCESS, "{cqe:?}");
+                    got.push(cqe.wr_id);
+                }
+            }
+            got.len() >= want.len()
+        });
+        got.sort_unstable();
+        assert!(done && got == want, "completions {got:?}, want {want:?}");
     }
+}
+
+/// Bytes of each message.
+const LEN: u32 = 256;
+
+/// The bytes QP `i` sends in `round`.
+fn pattern(i: usize, round: u8) -> Vec<u8> {
+    (0..LEN as usize)
+        .map(|k| (k as u8) ^ round ^ (i as u8) ^ ((i >> 8) as u8))
+        .collect()
 }
 
 /// `n` RC QPs on each side, connected pairwise, all in RTS.
@@ -97,14 +119,14 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// A device configuration with room for `n` QPs besides the GSI QP.
+    /// The default device configuration, with room for `n` QPs besides
+    /// the GSI QP.
     pub fn config(n: usize) -> PvrdmaConfig {
+        let limits = Limits::default();
+        // Handles 2..max_qp (0 is unused, 1 the GSI QP's).
+        let max_qp = u32::try_from(n + 2).expect("QP count").max(limits.max_qp);
         PvrdmaConfig {
-            limits: Limits {
-                // Handles 2..max_qp (0 is unused, 1 the GSI QP's).
-                max_qp: u32::try_from(n + 2).expect("QP count"),
-                ..Limits::default()
-            },
+            limits: Limits { max_qp, ..limits },
             ..PvrdmaConfig::default()
         }
     }
@@ -144,15 +166,16 @@ impl Fleet {
     }
 
     /// A SEND of 256 bytes from each of A's QPs `sample` to its peer on B,
-    /// a pattern of `round` and the QP's index; checks every completion
-    /// and the bytes B received. Panics on anything else.
+    /// then an RDMA WRITE of them back from B into A's MR under the rkey A
+    /// gave at the start, each a pattern of `round` and the QP's index;
+    /// checks every completion and the bytes received. Panics on anything
+    /// else.
     pub fn exchange(&self, sample: &[usize], round: u8) {
-        const LEN: u32 = 256;
-        let pattern = |i: usize| -> Vec<u8> {
-            (0..LEN as usize)
-                .map(|k| (k as u8) ^ round ^ (i as u8) ^ ((i >> 8) as u8))
-                .collect()
-        };
+        self.send_a_to_b(sample, round);
+        self.write_b_to_a(sample, round);
+    }
+
+    fn send_a_to_b(&self, sample: &[usize], round: u8) {
         for &i in sample {
             self.b
                 .sim
@@ -160,7 +183,9 @@ impl Fleet {
             self.b
                 .sim
                 .post_recv_sges(&self.b.qps[i], i as u64, &[self.b.sge(i, LEN)]);
-            self.a.sim.write_buf(&[self.a.page(i)], 0, &pattern(i));
+            self.a
+                .sim
+                .write_buf(&[self.a.page(i)], 0, &pattern(i, round));
             let hdr = SqWqeHdr {
                 wr_id: i as u64,
                 opcode: wr::SEND,
@@ -171,25 +196,45 @@ impl Fleet {
                 .sim
                 .post_send_wqe(&self.a.qps[i], hdr, &[self.a.sge(i, LEN)]);
         }
-        for side in [&self.a, &self.b] {
-            let mut want: Vec<u64> = sample.iter().map(|&i| i as u64).collect();
-            want.sort_unstable();
-            let mut got = Vec::new();
-            let done = side.sim.wait_until(|s| {
-                for cq in &side.cqs {
-                    for cqe in s.poll_cq(cq) {
-                        assert_eq!(cqe.status, wc_status::SUCCESS, "{cqe:?}");
-                        got.push(cqe.wr_id);
-                    }
-                }
-                got.len() >= want.len()
-            });
-            got.sort_unstable();
-            assert!(done && got == want, "completions {got:?}, want {want:?}");
-        }
+        self.a.completions(sample);
+        self.b.completions(sample);
         for &i in sample {
             let data = self.b.sim.read_buf(&[self.b.page(i)], 0, LEN as usize);
-            assert_eq!(data, pattern(i), "QP {i}'s message");
+            assert_eq!(data, pattern(i, round), "QP {i}'s message");
+        }
+    }
+
+    fn write_b_to_a(&self, sample: &[usize], round: u8) {
+        // Into the second half of each QP's page of A's MR.
+        const AT: u32 = 2048;
+        let round = !round;
+        for &i in sample {
+            self.a
+                .sim
+                .write_buf(&[self.a.page(i)], AT.into(), &[0; LEN as usize]);
+            self.b
+                .sim
+                .write_buf(&[self.b.page(i)], 0, &pattern(i, round));
+            let remote = self.a.sge(i, 0);
+            let mut hdr = SqWqeHdr {
+                wr_id: i as u64,
+                opcode: wr::RDMA_WRITE,
+                send_flags: send_flags::SIGNALED,
+                ..SqWqeHdr::default()
+            };
+            hdr.wr[0] = remote.addr + u64::from(AT);
+            hdr.wr[1] = remote.lkey.into();
+            self.b
+                .sim
+                .post_send_wqe(&self.b.qps[i], hdr, &[self.b.sge(i, LEN)]);
+        }
+        self.b.completions(sample);
+        for &i in sample {
+            let data = self
+                .a
+                .sim
+                .read_buf(&[self.a.page(i)], AT.into(), LEN as usize);
+            assert_eq!(data, pattern(i, round), "QP {i}'s RDMA WRITE");
         }
     }
 }
