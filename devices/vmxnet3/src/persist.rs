@@ -477,7 +477,7 @@ mod tests {
     }
 
     /// A snapshot of an activated device with traffic behind it, and its
-    /// state as JSON.
+    /// state as JSON (to edit by field).
     fn busy_snapshot() -> (Snapshot, Value) {
         let mut h = Harness::new();
         h.activate(2, 1, 1500);
@@ -487,16 +487,15 @@ mod tests {
         receive_all(&mut h, 0..3);
         h.bus.pause().unwrap();
         let snapshot = h.nic.lock().unwrap().snapshot().unwrap();
-        let value = serde_json::from_slice(&snapshot.data).unwrap();
+        let value = vm_migration::test_utils::state_json::<Saved>(&snapshot);
         (snapshot, value)
     }
 
-    fn with_data(value: &Value) -> Snapshot {
-        Snapshot {
-            id: ID.into(),
-            version: VERSION,
-            data: serde_json::to_vec(value).unwrap(),
-        }
+    /// The snapshot of the edited state `value`; `None` when its types
+    /// cannot hold it (nor, then, can its binary encoding).
+    fn with_data(value: &Value) -> Option<Snapshot> {
+        let good = Snapshot::new(ID, VERSION, &()).unwrap();
+        vm_migration::test_utils::with_state::<Saved>(&good, value.clone())
     }
 
     #[test]
@@ -573,15 +572,26 @@ mod tests {
             ("MAC", set("/regs/mac", json!("02:00:00:00:00:01"))),
         ];
         let mut h = Harness::new();
+        let mut unrepresentable = Vec::new();
         for (what, change) in &cases {
             let mut bad = value.clone();
             change(&mut bad);
-            let err = h.nic.lock().unwrap().restore(&with_data(&bad));
+            let Some(bad) = with_data(&bad) else {
+                unrepresentable.push(*what);
+                continue;
+            };
+            let err = h.nic.lock().unwrap().restore(&bad);
             assert!(
                 matches!(&err, Err(MigratableError::Restore(id, _)) if id == ID),
                 "{what}: {err:?}"
             );
         }
+        // Refused by the state's types: fixed-size arrays, a u16, a MAC of
+        // six bytes.
+        assert_eq!(
+            unrepresentable,
+            ["statistics of 7 queues", "MTU beyond u16", "MAC"]
+        );
         let mut other = good.clone();
         other.version = VERSION + 1;
         assert!(h.nic.lock().unwrap().restore(&other).is_err());
@@ -667,7 +677,13 @@ mod tests {
                         };
                         *v.pointer_mut(path).unwrap() = json!(n);
                     }
-                    with_data(&v)
+                    match with_data(&v) {
+                        Some(snapshot) => snapshot,
+                        None => {
+                            refused += 1;
+                            continue;
+                        }
+                    }
                 }
                 // Bytes flipped, inserted or cut.
                 1 => {
