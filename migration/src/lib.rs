@@ -22,9 +22,9 @@
 pub mod protocol;
 #[cfg(any(test, feature = "test-pki"))]
 pub mod test_pki;
-pub mod tls;
 #[cfg(feature = "test-utils")]
 pub mod test_utils;
+pub mod tls;
 pub mod transport;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};

@@ -615,7 +615,11 @@ fn build_target<T: Target>(
 /// Names of a snapshot's files in its directory.
 const SNAPSHOT_CONFIG: &str = "config.json";
 const SNAPSHOT_MEMORY: &str = "memory.ram";
-const SNAPSHOT_STATE: &str = "state.json";
+/// Binary (`vm_migration::Snapshot::to_bytes`: its header names the encoding and version).
+const SNAPSHOT_STATE: &str = "state.bin";
+/// Where VMMs before the binary state encoding wrote it, as JSON: recognised only to refuse it
+/// by name.
+const OLD_SNAPSHOT_STATE: &str = "state.json";
 
 fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> MigrationError + '_ {
     move |e| MigrationError::File(path.display().to_string(), e)
@@ -664,6 +668,13 @@ pub fn read_snapshot_config(dir: &Path) -> Result<VmConfig, MigrationError> {
 
 /// Loads the snapshot in `dir` into a VM built from its configuration.
 pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), MigrationError> {
+    if !dir.join(SNAPSHOT_STATE).exists() && dir.join(OLD_SNAPSHOT_STATE).exists() {
+        return Err(MigrationError::Restore(format!(
+            "{} holds a snapshot of an older pvrdma-vmm ({OLD_SNAPSHOT_STATE}, JSON state), which \
+             this version cannot restore",
+            dir.display()
+        )));
+    }
     let path = dir.join(SNAPSHOT_MEMORY);
     let mut file = std::fs::File::open(&path).map_err(file_error(&path))?;
     let mem = target.memory();
@@ -777,6 +788,19 @@ mod tests {
             "tcp:",
             MigrationStatus::Listening,
         ))))
+    }
+
+    /// A snapshot directory an older VMM wrote (JSON state in state.json) is refused by name,
+    /// before its memory is read.
+    #[test]
+    fn an_older_snapshot_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("old-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(OLD_SNAPSHOT_STATE), b"{}").unwrap();
+        let mut target = Memory::build(config(16 << 20)).unwrap();
+        let err = restore_snapshot(&dir, &mut target).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("snapshot of an older pvrdma-vmm"), "{err}");
     }
 
     /// Peers without the right certificate, with the wrong CA, in plain
