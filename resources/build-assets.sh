@@ -33,8 +33,9 @@ GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma r
 # nfsv4 and rpcrdma: the NFS client and its RDMA transport, for the nvmeof suite's NFS/RDMA phase
 # (with nfs, sunrpc, lockd, fscache, netfs, dns_resolver; busybox's mount hands `-t nfs4` options
 # to the kernel as text, so no nfs-common is needed); nvmet_rdma and brd: the NVMe over Fabrics
-# target (with nvmet) and its RAM-disk namespace, for the nvmeof suite's guest-to-guest phase.
-GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma nvmet_rdma brd"
+# target (with nvmet) and its RAM-disk namespace, for the nvmeof suite's guest-to-guest phase;
+# 8021q: the guest VLAN interfaces (eth0.100) of the roce suite.
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma nvmet_rdma brd 8021q"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
@@ -73,9 +74,10 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev libopenmpi-dev)
 # rxe provider, ibv_rc_pingpong, perftest, rping). iproute2: the scenarios' bridges and TAPs
 # (ip) and the free ports of a test-host pair (ss); iputils-ping: two test hosts check their cable.
 # nfs-kernel-server: exportfs and rpc.mountd for the kernel NFS server the nvmeof suite's NFS/RDMA
-# phase runs in the test host (nfsd's export upcalls are answered by rpc.mountd).
+# phase runs in the test host (nfsd's export upcalls are answered by rpc.mountd). tcpdump: the roce
+# suite's capture on the test host's bridge (RoCE v1 frames, 802.1Q tags).
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server openssl)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server openssl tcpdump)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)

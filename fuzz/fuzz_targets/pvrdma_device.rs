@@ -20,7 +20,7 @@ use pvrdma_abi::regs::{uar, BAR_REG, BAR_UAR};
 use pvrdma_abi::wqe::{Sge, SqWqeHdr};
 use pvrdma_abi::PAGE_SIZE;
 use pvrdma_vmm_fuzz::{frame, Input};
-use rdma_transport::net::{ip_from_gid, IpInfo};
+use rdma_transport::net::{ip_from_gid, Encap, IpInfo};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 /// Ops per input; each is bounded, so an input is.
@@ -128,7 +128,7 @@ fn peer_frame(transport: &[u8]) -> Option<Vec<u8>> {
         hop_limit: 64,
         flow_label: 0,
     };
-    frame(&ip, (MAC_A, MAC_B), 0xc000, transport)
+    frame(&ip, (MAC_A, MAC_B), 0xc000, Encap::V2, transport)
 }
 
 fuzz_target!(|data: &[u8]| {

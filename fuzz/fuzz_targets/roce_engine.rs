@@ -8,6 +8,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use pvrdma_vmm_fuzz::{fix_icrc, frame, ip_info, Input};
+use rdma_transport::net::Encap;
 use rdma_transport::packet::{parse, Addr};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, SendEntry};
@@ -235,6 +236,7 @@ fn attrs(me: u8, peer: u8, mode: u8) -> QpAttrs {
         qpn: u32::from(me),
         dest_qpn: u32::from(peer),
         pd: 1,
+        access: Access::all(),
         mtu: 256 << (mode % 5),
         ud: mode & 0x80 != 0,
         timeout: 10,
@@ -250,6 +252,7 @@ fn attrs(me: u8, peer: u8, mode: u8) -> QpAttrs {
             dst_mac: [2, 0, 0, 0, 0, peer],
             ip: ip_info(false, me, peer),
             udp_sport: 0xc000,
+            encap: Encap::V2,
         },
     }
 }
@@ -353,7 +356,7 @@ fuzz_target!(|data: &[u8]| {
                 let transport = input.chunk(600);
                 let ip = ip_info(false, 2 - i as u8, 1 + i as u8);
                 let macs = ([2, 0, 0, 0, 0, 2 - i as u8], [2, 0, 0, 0, 0, 1 + i as u8]);
-                if let Some(f) = frame(&ip, macs, 0xc000, transport) {
+                if let Some(f) = frame(&ip, macs, 0xc000, Encap::V2, transport) {
                     n[i].receive(&f, now);
                 }
             }

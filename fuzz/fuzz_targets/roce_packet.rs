@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The RoCE v2 frame parser (`rdma_transport::packet::parse`), on raw frames and on
-//! fuzzer-chosen transport bytes framed with valid lower layers and ICRC. A frame that
+//! The RoCE frame parser (`rdma_transport::packet::parse`), on raw frames and on
+//! fuzzer-chosen transport bytes framed with valid lower layers (RoCE v2 or v1, with a VLAN
+//! tag or not) and ICRC. A frame that
 //! parses must build back into a frame that parses to the same headers and payload.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pvrdma_vmm_fuzz::{frame, ip_info, Input};
+use pvrdma_vmm_fuzz::{encap, frame, ip_info, Input};
 use rdma_transport::packet::{build, parse, Addr};
 
 fuzz_target!(|data: &[u8]| {
@@ -16,7 +17,7 @@ fuzz_target!(|data: &[u8]| {
         input.0
     } else {
         let ip = ip_info(mode & 2 != 0, 1, 2);
-        match frame(&ip, ([2; 6], [4; 6]), 0xc000, input.0) {
+        match frame(&ip, ([2; 6], [4; 6]), 0xc000, encap(mode >> 2), input.0) {
             Some(f) => {
                 owned = f;
                 &owned
@@ -31,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
         dst_mac: p.layers.dst_mac,
         ip: p.layers.ip,
         udp_sport: p.layers.udp_sport,
+        encap: p.layers.encap,
     };
     let rebuilt = build(&addr, &p.hdrs, p.payload).expect("a parsed packet builds");
     let q = parse(&rebuilt).expect("a rebuilt packet parses");
@@ -39,4 +41,5 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(q.hdrs, want);
     assert_eq!(q.payload, p.payload);
     assert_eq!(q.opcode, p.opcode);
+    assert_eq!((q.layers.encap, q.layers.ip), (p.layers.encap, p.layers.ip));
 });

@@ -10,8 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use rdma_transport::icrc::icrc;
-use rdma_transport::net::{self, IpInfo};
+use rdma_transport::net::{self, Encap, IpInfo, RoceVersion};
 use vmm_sys_util::eventfd::EventFd;
 
 /// How long a target waits for a device worker to take a notification.
@@ -100,42 +99,38 @@ pub fn ip_info(v6: bool, src: u8, dst: u8) -> IpInfo {
     }
 }
 
-/// A frame carrying `transport` (BTH onwards, without ICRC) with valid lower layers and a
-/// correct ICRC; `None` when it would not fit a UDP datagram.
+/// A frame carrying `transport` (BTH onwards, without ICRC) with valid lower layers (RoCE v2
+/// or v1, tagged or not: `encap`) and a correct ICRC; `None` when it would not fit a UDP
+/// datagram or a GRH.
 pub fn frame(
     ip: &IpInfo,
     macs: ([u8; 6], [u8; 6]),
     sport: u16,
+    encap: Encap,
     transport: &[u8],
 ) -> Option<Vec<u8>> {
-    let hl = net::headers_len(ip);
+    let hl = net::headers_len(ip, encap);
     let mut f = vec![0u8; hl + transport.len() + 4];
     f[hl..hl + transport.len()].copy_from_slice(transport);
-    net::write_headers(&mut f, macs.0, macs.1, ip, sport).ok()?;
+    net::write_headers(&mut f, macs.0, macs.1, ip, sport, encap).ok()?;
     fix_icrc(&mut f);
     Some(f)
+}
+
+/// How the fuzzer's `bits` (two of them) frame a packet: RoCE v2 or v1, untagged or on VLAN 5.
+pub fn encap(bits: u8) -> Encap {
+    Encap {
+        version: if bits & 1 == 0 {
+            RoceVersion::V2
+        } else {
+            RoceVersion::V1
+        },
+        vlan: (bits & 2 != 0).then_some(5),
+    }
 }
 
 /// Recomputes the ICRC (and the IPv6 UDP checksum) of a frame whose lower layers parse,
 /// after its transport bytes were changed. Frames whose layers do not parse are left alone.
 pub fn fix_icrc(f: &mut [u8]) {
-    let Ok(layers) = net::parse_layers(f) else {
-        return;
-    };
-    let l3_end = layers.l3_off + layers.l3_len;
-    let udp_end = l3_end + 8;
-    let ib_end = udp_end + layers.udp_payload_len;
-    if layers.udp_payload_len < 4 || ib_end > f.len() {
-        return;
-    }
-    let covered_end = ib_end - 4;
-    let Ok(crc) = icrc(
-        &f[layers.l3_off..l3_end],
-        &f[l3_end..udp_end],
-        &f[udp_end..covered_end],
-    ) else {
-        return;
-    };
-    f[covered_end..ib_end].copy_from_slice(&crc);
-    net::finish_udp6_checksum(f);
+    let _ = rdma_transport::packet::seal(f);
 }

@@ -235,8 +235,8 @@ not_run() {
 serve() {
   _step=$1 _kind=$2 _port=$3
   shift 3
-  [ "$_kind" = cm ] && set -- "$@" -s -a "$MY_IP"
-  [ "$_kind" = cmep ] && set -- "$@" -b "$MY_IP"
+  [ "$_kind" = cm ] && set -- "$@" -s -a "$(ip_of "$ROLE")"
+  [ "$_kind" = cmep ] && set -- "$@" -b "$(ip_of "$ROLE")"
   _t0=$(now)
   echo "SECTION-BEGIN $_step-server"
   timeout "$LIMIT" "$@" &

@@ -16,27 +16,13 @@
 #   PP_ITERS PERF_ITERS PING_COUNT  iteration counts (pingpongs, perftest, rping)
 #   LOSS_PP_ITERS   iterations of the pingpong under loss (enough frames for netem to hit)
 #
-# The steps run in the order of the table at the end; each has a server party, a client party
-# (a, b, c, or l for L1) and a TCP port (or rdma_cm port) of its own. A party not in a step skips it.
-#   client: signals "at-STEP" (it is done with its previous step)
-#   server: waits for "at-STEP" (or "skip-STEP": the client will not run) at the client, starts the program (bounded by LIMIT), waits until
-#           it listens (its TCP port, or its
-#           rdma_cm ID in LISTEN), then signals "ready-STEP" (or "skip-STEP" if it never
-#           listened) and waits for the program to end
-#   client: waits for "ready-STEP"/"skip-STEP" at the server, then runs the program (bounded by
-#           LIMIT), again while it fails only because it could not connect, for RETRY_WAIT at most
-# Signals between the guests: empty files under /tmp/sig served by busybox httpd on SIG_PORT,
-# polled with nc (addresses as signals would add GIDs to the device under test). The test host
-# serves its own (gates, and its rxe servers); it reads the guests' serial consoles for theirs.
+# The steps run in the order of the table at the end, by the protocol of the step protocol of tests/guest/lib.sh
+# (which the scenario puts in front of this script); each has a server party, a client party (a, b,
+# c, or l for L1) and a TCP port (or rdma_cm port) of its own. The test host serves its own signals
+# (gates, and its rxe servers); it reads the guests' serial consoles for theirs.
 #
-# Output, parsed by tests/tests/rdma.rs:
+# Output, parsed by tests/tests/rdma.rs (and that of the step protocol of tests/guest/lib.sh):
 #   RDMA-GID idx=N gid=G type=T      the GID index used: the RoCE v2 GID of MY_IP
-#   RDMA-AT step=S                   this party reached step S
-#   RDMA-READY step=S | RDMA-NOTREADY step=S   server side: listening, or not
-#   SECTION-BEGIN S-SIDE ... SECTION-END S-SIDE rc=N   the program's whole output (SIDE: server,
-#                                    client; a client's retries one after the other, separated by
-#                                    RDMA-RETRY lines); N is its exit status, "none" if it never ran
-#   RDMA-RESULT step=S side=SIDE rc=N secs=T attempts=K [why=...]
 #   RDMA-DONE role=R                 every step was gone through
 #   RDMA-ALIVE role=R uptime=S       every 30 s (also inside sections)
 # A failed RDMA program is a result, not the end of the script; a set-up failure (no network, no

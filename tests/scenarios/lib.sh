@@ -140,14 +140,17 @@ isolate_network() {
   . "$E2E_RESOURCES/test-host/l1-common.sh"
 }
 
-# guest_script_disk IMG HEADER SCRIPT: the raw disk a `pvtest=run pvrun=/dev/vdX` guest runs
+# guest_script_disk IMG HEADER SCRIPT...: the raw disk a `pvtest=run pvrun=/dev/vdX` guest runs
 # (guest/init): HEADER (variable assignments, one per line), the guest helpers (guest/lib.sh), then
-# SCRIPT's text, NUL-padded to whole 512-byte sectors. A copy of the text goes to
-# $OUT/<IMG's name>.sh for the logs.
+# the SCRIPTs' text, NUL-padded to whole 512-byte sectors.
+# A copy of the text goes to $OUT/<IMG's name>.sh for the logs.
 guest_script_disk() {
-  local img=$1 header=$2 script=$3
-  [[ -r $script ]] || { log "guest_script_disk: cannot read $script"; return 1; }
-  { printf '%s\n' "$header"; cat "$GUEST_SCRIPTS/lib.sh" "$script"; } > "$img"
+  local img=$1 header=$2 script
+  shift 2
+  for script in "$@"; do
+    [[ -r $script ]] || { log "guest_script_disk: cannot read $script"; return 1; }
+  done
+  { printf '%s\n' "$header"; cat "$GUEST_SCRIPTS/lib.sh" "$@"; } > "$img"
   cp "$img" "$OUT/$(basename "${img%.*}").sh"
   truncate -s %512 "$img"
 }

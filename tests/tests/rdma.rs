@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
+use e2e::steps::{rping_data, StepRun as Run};
 use e2e::suite::{self, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
@@ -98,36 +99,6 @@ impl Side {
             Self::Server => "server",
             Self::Client => "client",
         }
-    }
-}
-
-/// One side of one program run, as recorded by whoever ran it.
-struct Run {
-    what: String,
-    /// The exit status; None if the program never ran (`why` says why).
-    rc: Option<i32>,
-    raw_rc: String,
-    why: String,
-    secs: String,
-    attempts: String,
-    /// Its whole output (stdout and stderr).
-    text: String,
-}
-
-impl Run {
-    fn summary(&self) -> String {
-        format!(
-            "{}: exit status {} after {} s, {} attempt(s){}",
-            self.what,
-            self.raw_rc,
-            self.secs,
-            self.attempts,
-            if self.why.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", self.why)
-            }
-        )
     }
 }
 
@@ -230,29 +201,12 @@ impl Suite {
             };
         }
         let log = self.guest(party);
-        let result = log
-            .markers("RDMA-RESULT ")
-            .into_iter()
-            .find(|l| field(l, "step") == Some(step) && field(l, "side") == Some(side.name()))
-            .unwrap_or_else(|| {
-                self.fail(&format!(
-                    "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
-                    log.tail(15)
-                ))
-            });
-        let raw_rc = field(result, "rc").unwrap_or("?");
-        Run {
-            rc: raw_rc.parse().ok(),
-            raw_rc: raw_rc.to_string(),
-            why: field(result, "why").unwrap_or("").to_string(),
-            secs: field(result, "secs").unwrap_or("?").to_string(),
-            attempts: field(result, "attempts").unwrap_or("?").to_string(),
-            text: log
-                .section(&format!("{step}-{}", side.name()))
-                .map(|s| s.text)
-                .unwrap_or_default(),
-            what,
-        }
+        Run::from_guest(log, what.clone(), step, side.name()).unwrap_or_else(|| {
+            self.fail(&format!(
+                "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
+                log.tail(15)
+            ))
+        })
     }
 
     /// Both sides of `step`, each of which must have exited 0.
@@ -402,18 +356,6 @@ fn perftest_results(text: &str) -> Vec<Vec<u64>> {
         }
     }
     rows
-}
-
-/// What rping's client puts in its buffer for ping `n` (rping.c, rping_test_client): "rdma-ping-
-/// n: " then printable characters from 'A' + n (mod 58) on, wrapping after 'z', up to size - 1.
-fn rping_data(n: usize, size: usize) -> String {
-    let mut s = format!("rdma-ping-{n}: ");
-    let mut c = b'A' + u8::try_from(n % 58).unwrap_or(0);
-    while s.len() < size - 1 {
-        s.push(char::from(c));
-        c = if c >= b'z' { b'A' } else { c + 1 };
-    }
-    s
 }
 
 #[test]
@@ -723,19 +665,6 @@ fn ib_write_bw_recovers_from_frame_loss() {
 #[cfg(test)]
 mod helpers {
     use super::*;
-
-    #[test]
-    fn rping_data_is_what_rping_generates() {
-        let first = rping_data(0, RPING_SIZE);
-        assert_eq!(first.len(), RPING_SIZE - 1);
-        assert_eq!(
-            first,
-            "rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr"
-        );
-        // Ping 57 starts at 'z' and wraps to 'A'.
-        assert!(rping_data(57, RPING_SIZE).starts_with("rdma-ping-57: zABC"));
-        assert!(rping_data(58, RPING_SIZE).starts_with("rdma-ping-58: ABC"));
-    }
 
     #[test]
     fn perftest_gids_and_results_parse() {

@@ -14,6 +14,7 @@
 mod backend;
 mod port;
 mod tap;
+mod vlans;
 
 pub use backend::{
     FrameBackend, VnetHdr, MAX_FRAME_LEN, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN,
@@ -21,3 +22,4 @@ pub use backend::{
 };
 pub use port::{Port, PortEvent, PortState};
 pub use tap::{Tap, TapError};
+pub use vlans::SeenVlans;

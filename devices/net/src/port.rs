@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Port state and change notification.
 
+use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+
+use crate::vlans::{GuestVlans, SeenVlans};
 
 /// A snapshot of the port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,8 +45,10 @@ type Steering = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
 pub struct Port {
     state: Mutex<PortState>,
     listeners: Mutex<Vec<Listener>>,
-    /// The RDMA function's claim on received frames (RoCE v2).
+    /// The RDMA function's claim on received frames (RoCE).
     rdma: RwLock<Option<Steering>>,
+    /// The VLANs of the guest's addresses, from the frames its NIC sent.
+    vlans: GuestVlans,
 }
 
 impl std::fmt::Debug for Port {
@@ -69,7 +74,24 @@ impl Port {
             state: Mutex::new(state),
             listeners: Mutex::new(Vec::new()),
             rdma: RwLock::new(None),
+            vlans: GuestVlans::default(),
         }
+    }
+
+    /// Notes the source address of a frame the guest's NIC sent and its
+    /// VLAN (see the `vlans` module): the NIC calls it for every frame.
+    pub fn note_guest_frame(&self, frame: &[u8]) {
+        self.vlans.note(frame);
+    }
+
+    /// The VLANs the guest sent from `addr` on, if it was ever seen.
+    pub fn guest_vlans(&self, addr: IpAddr) -> Option<SeenVlans> {
+        self.vlans.get(addr)
+    }
+
+    /// Moves whenever [`Port::guest_vlans`] would answer differently.
+    pub fn guest_vlans_generation(&self) -> u64 {
+        self.vlans.generation()
     }
 
     /// Lets the RDMA function of the port claim received frames: `f` is

@@ -13,6 +13,7 @@ use std::str::FromStr;
 use pvrdma_abi::dsr::{GID_TYPE_ROCE_V1, GID_TYPE_ROCE_V2};
 use pvrdma_abi::wqe::{rq_stride, sq_stride};
 use pvrdma_abi::{HANDLE_MASK, PAGE_SIZE, PDIR_MAX_PAGES};
+use rdma_transport::net::RoceVersion;
 
 /// The RoCE flavour the port's GIDs use (`caps.gid_types`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -30,6 +31,14 @@ impl GidType {
         match self {
             GidType::RoceV1 => GID_TYPE_ROCE_V1,
             GidType::RoceV2 => GID_TYPE_ROCE_V2,
+        }
+    }
+
+    /// The frames of a GID of this type.
+    pub const fn version(self) -> RoceVersion {
+        match self {
+            GidType::RoceV1 => RoceVersion::V1,
+            GidType::RoceV2 => RoceVersion::V2,
         }
     }
 }

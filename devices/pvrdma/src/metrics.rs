@@ -133,13 +133,14 @@ metrics! {
     wqe_invalid,
     /// Completions with an error status.
     wqe_error,
-    /// RoCE v2 frames received for the device.
+    /// RoCE frames received for the device.
     roce_rx,
     /// Received frames dropped: the inbox was full.
     roce_rx_dropped,
     /// Received frames that failed to parse (bad headers, ICRC).
     roce_rx_bad,
-    /// Received frames for no GID of ours or no QP in a receiving state.
+    /// Received frames for no GID of ours (of the frame's RoCE version, on
+    /// its VLAN) or no QP in a receiving state.
     roce_rx_no_qp,
     /// Frames sent on the port's backend.
     roce_tx,
@@ -153,6 +154,13 @@ metrics! {
     roce_local_dropped,
     /// Frames received over the same-host channel.
     roce_local_rx,
+    /// Received frames (wire or same-host channel) that were RoCE v1.
+    roce_rx_v1,
+    /// Received frames (wire or same-host channel) with an 802.1Q tag.
+    roce_rx_vlan,
+    /// Of `roce_rx_no_qp`: frames for a GID of ours that is not on the
+    /// frame's VLAN (or tagged frames for a GID without one).
+    roce_rx_vlan_mismatch,
 }
 
 /// The VMM's handle on one device's counters (see [`crate::Pvrdma::counters`]).

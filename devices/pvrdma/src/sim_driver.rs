@@ -344,6 +344,18 @@ impl SimDriver {
         (self, times)
     }
 
+    /// [`Self::migrate`] to a VMM whose port is new (same MAC, link and
+    /// MTU), as another VMM's NIC is: it has seen nothing of the guest's
+    /// frames yet. Join the wires again ([`Self::connect`]).
+    pub fn migrate_to_new_port(mut self) -> Self {
+        let state = self.port.state();
+        let port = Arc::new(Port::new(state.mac, state.carrier));
+        port.set_active(state.active);
+        port.set_mtu(state.mtu);
+        self.port = port;
+        self.migrate()
+    }
+
     /// Joins the wires of two simulated devices, as one bridge would.
     pub fn connect(a: &SimDriver, b: &SimDriver) {
         *a.wire.peer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::downgrade(&b.port));

@@ -27,7 +27,7 @@ use crate::state::{Session, Shared};
 /// The component name in a VM snapshot.
 pub(crate) const ID: &str = "pvrdma";
 /// Layout of [`Saved`]; bump on any change.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 
 /// What is saved; `D` and `O` are references when saving, owned when
 /// restoring.

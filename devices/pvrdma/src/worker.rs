@@ -28,7 +28,7 @@ use device_worker::Stoppable;
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use pvrdma_abi::verbs::qp_state;
-use rdma_transport::net::gid_from_ip;
+use rdma_transport::net::{gid_from_ip, RoceVersion};
 use rdma_transport::packet::{parse, parse_unsealed, Packet, ParseError};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -38,6 +38,8 @@ use crate::datapath::local::{Batch, KickWatch, Wake};
 use crate::datapath::{self, Input, Outcome};
 
 use crate::events::EventRings;
+use crate::metrics::Metrics;
+use crate::objects::gid::Accept;
 use crate::objects::{qp, Objects};
 use crate::port::handle_link_change;
 use crate::state::Env;
@@ -140,10 +142,23 @@ fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
 }
 
 /// The QP a received packet is for, if it is ours (its destination GID
-/// is one of ours), has an engine and is in a receiving state.
-fn receiving_qp(objects: &Objects, pkt: &Packet<'_>) -> Option<u32> {
-    if !objects.gids.contains(&gid_from_ip(pkt.layers.ip.dst)) {
-        return None;
+/// is one of ours, of the packet's RoCE version and on its VLAN), has an
+/// engine and is in a receiving state.
+fn receiving_qp(objects: &Objects, metrics: &Metrics, pkt: &Packet<'_>) -> Option<u32> {
+    let encap = pkt.layers.encap;
+    if encap.version == RoceVersion::V1 {
+        metrics.roce_rx_v1.inc();
+    }
+    if encap.vlan.is_some() {
+        metrics.roce_rx_vlan.inc();
+    }
+    match objects.gids.accepts(&gid_from_ip(pkt.layers.ip.dst), encap) {
+        Accept::Yes => {}
+        Accept::WrongVlan => {
+            metrics.roce_rx_vlan_mismatch.inc();
+            return None;
+        }
+        Accept::No => return None,
     }
     let handle = objects.qpns.get(&pkt.hdrs.bth.dqpn).copied()?;
     let qp = objects.qps.get(&handle)?;
@@ -293,6 +308,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     ) {
         let mut run: Vec<Packet<'f>> = Vec::new();
         let mut current = None;
+        objects.gids.sync(&env.port);
         for p in parsed {
             env.metrics.roce_rx.inc();
             let pkt = match p {
@@ -302,7 +318,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                     continue;
                 }
             };
-            let Some(handle) = receiving_qp(objects, &pkt) else {
+            let Some(handle) = receiving_qp(objects, &env.metrics, &pkt) else {
                 env.metrics.roce_rx_no_qp.inc();
                 continue;
             };

@@ -853,6 +853,10 @@ mod tests {
         let (hdr, sent) = h.backend.take_sent().pop().unwrap();
         assert_eq!(sent.len(), tso.len() + 4, "VLAN tag inserted");
         assert_eq!(&sent[12..16], &[0x81, 0, 0, 5]);
+        // The port learned the VLANs the guest's address was sent on.
+        let seen = h.port.guest_vlans([10, 0, 0, 1].into()).unwrap();
+        assert!(seen.contains(None) && seen.contains(Some(5)));
+        assert_eq!(h.port.guest_vlans([10, 0, 0, 2].into()), None);
         assert_eq!(
             hdr,
             VnetHdr {

@@ -18,7 +18,7 @@
 //! against the frame first, so the kernel's own checks never fire.
 
 use net_port::{
-    FrameBackend, VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN, VNET_HDR_GSO_NONE,
+    FrameBackend, Port, VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_ECN, VNET_HDR_GSO_NONE,
     VNET_HDR_GSO_TCPV4, VNET_HDR_GSO_TCPV6,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
@@ -139,6 +139,8 @@ struct Chain {
 pub(crate) struct TxContext<'a, M> {
     pub(crate) mem: &'a M,
     pub(crate) backend: &'a dyn FrameBackend,
+    /// Learns the VLANs of the guest's addresses from what it sends.
+    pub(crate) port: &'a Port,
     pub(crate) metrics: &'a Vmxnet3Metrics,
     /// [`TX_BUF_LEN`] bytes.
     pub(crate) buf: &'a mut [u8],
@@ -209,7 +211,10 @@ impl TxQueue {
                 .frame
                 .and_then(|len| frame_and_header(ctx.buf, len, &chain.sop));
             match sent {
-                Ok((frame, hdr)) => send(ctx.backend, ctx.metrics, stats, frame, &hdr),
+                Ok((frame, hdr)) => {
+                    ctx.port.note_guest_frame(frame);
+                    send(ctx.backend, ctx.metrics, stats, frame, &hdr);
+                }
                 Err(drop) => {
                     stats.discards = stats.discards.wrapping_add(1);
                     let m = ctx.metrics;

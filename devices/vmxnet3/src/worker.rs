@@ -259,6 +259,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         let mut ctx = TxContext {
             mem: &*mem,
             backend: &*self.p.backend,
+            port: &self.p.port,
             metrics: &self.p.metrics,
             buf: &mut self.tx_buf,
         };

@@ -182,6 +182,8 @@ pub mod wc_flags {
 
 /// CQE `network_hdr_type` (`rdma_network_type`).
 pub mod network_type {
+    /// `PVRDMA_NETWORK_ROCE_V1` (= `PVRDMA_NETWORK_IB`).
+    pub const ROCE_V1: u8 = 0;
     pub const IPV4: u8 = 1;
     pub const IPV6: u8 = 2;
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The data path: the RoCE v2 engine of `rdma-transport` run over the
+//! The data path: the RoCE engine of `rdma-transport` run over the
 //! device's objects. The worker thread calls [`run_qp`] for a QP when its
 //! doorbell rings, a frame arrives for it or its timer expires; each call
 //! takes the guest's new send WQEs into the engine, lets the engine act,
@@ -126,7 +126,9 @@ fn cqe(handle: u32, wc: &WorkCompletion, numbering: Numbering) -> Cqe {
         cqe.sl = roce_packet_type(src.ipv6);
         if numbering == Numbering::Kernel {
             cqe.wc_flags |= wc_flags::WITH_NETWORK_HDR_TYPE;
-            cqe.network_hdr_type = if src.ipv6 {
+            cqe.network_hdr_type = if src.roce_v1 {
+                network_type::ROCE_V1
+            } else if src.ipv6 {
                 network_type::IPV6
             } else {
                 network_type::IPV4
@@ -164,7 +166,7 @@ pub(crate) fn engine_attrs(qp: &Qp, gids: &GidTable, mac: Mac, port_mtu: u16) ->
         wire::no_addr()
     } else {
         let ah = &a.ah_attr;
-        let sgid = *gids.get(ah.grh.sgid_index.into())?;
+        let sgid = gids.get(ah.grh.sgid_index.into())?;
         let g = &ah.grh;
         wire::addr(
             mac,
@@ -238,7 +240,7 @@ fn fetch_sends<M: GuestMemory>(
         let mut entry = match decoded {
             Ok(d) => {
                 let ah = d.av.and_then(|av| {
-                    let sgid = *gids.get(av.gid_index.into())?;
+                    let sgid = gids.get(av.gid_index.into())?;
                     let (tc, hl, fl) = (av.tclass, av.hop_limit, av.flow_label);
                     wire::addr(mac, sgid, av.dgid, av.dmac, tc, hl, fl, qp.qpn)
                 });
@@ -379,6 +381,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         return Outcome::default();
     };
     let port = env.port.state();
+    gids.sync(&env.port);
     let mut done = Completions::default();
     if matches!(input, Input::Kick) && !engine.is_error() {
         // What the guest claims to have posted must make sense: a bad

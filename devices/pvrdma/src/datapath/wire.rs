@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The device's side of the wire: RoCE v2 frames in (steered off the
-//! shared port before the NIC sees them) and out (through the port's
-//! backend), and the addressing of outgoing frames from GIDs and MACs.
+//! The device's side of the wire: RoCE frames in (steered off the shared
+//! port before the NIC sees them) and out (through the port's backend),
+//! and the addressing of outgoing frames from GIDs and MACs: the source
+//! GID's type and VLAN frame them (RoCE v1 or v2, 802.1Q tag or none).
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,7 +17,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use net_port::{FrameBackend, VnetHdr};
 use rdma_transport::net::{
-    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, IpInfo, Mac,
+    dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
+    RoceVersion,
 };
 use rdma_transport::packet::{recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
@@ -24,7 +26,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::local::{LocalChannel, Sent};
 use crate::metrics::Metrics;
-use crate::objects::gid::GidTable;
+use crate::objects::gid::{Gid, GidTable};
 
 /// Received frames waiting for the worker: beyond this, frames are
 /// dropped (RC retransmits them), so a flood cannot grow the VMM.
@@ -32,7 +34,7 @@ pub(crate) const INBOX_FRAMES: usize = 1024;
 /// Default hop limit / TTL of RoCE v2 packets (rxe's).
 const DEFAULT_HOP_LIMIT: u8 = 64;
 
-/// RoCE v2 frames steered to the device, for the worker.
+/// RoCE frames steered to the device, for the worker.
 #[derive(Debug)]
 pub(crate) struct Inbox {
     frames: Mutex<VecDeque<Vec<u8>>>,
@@ -78,8 +80,8 @@ impl Inbox {
         Some(!self.discard.load(Ordering::Acquire))
     }
 
-    /// [`Inbox::admits`] for `frame`, if it is RoCE v2 (a dropped one is
-    /// counted).
+    /// [`Inbox::admits`] for `frame`, if it is RoCE, v2 or v1, tagged or
+    /// not (a dropped one is counted).
     fn claims(&self, frame: &[u8]) -> Option<bool> {
         parse_layers(frame).ok()?;
         let keep = self.admits()?;
@@ -89,7 +91,7 @@ impl Inbox {
         Some(keep)
     }
 
-    /// Takes a copy of `frame` (the NIC's receive buffer) if it is RoCE v2
+    /// Takes a copy of `frame` (the NIC's receive buffer) if it is RoCE
     /// and the device is active; true if taken (queued, or dropped).
     pub(crate) fn offer(&self, frame: &[u8]) -> bool {
         let claimed = self.claims(frame);
@@ -155,12 +157,13 @@ impl PacketSink for Frames {
     }
 }
 
-/// Addressing of frames from `sgid` (ours) to `dgid` at `dmac`; `None`
-/// when the two GIDs are not of the same IP version.
+/// Addressing of frames from `sgid` (ours, which frames them) to `dgid` at
+/// `dmac`; `None` when RoCE v2 GIDs are not of the same IP version (a
+/// RoCE v1 GRH carries any two GIDs).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn addr(
     src_mac: Mac,
-    sgid: [u8; 16],
+    sgid: &Gid,
     dgid: [u8; 16],
     dst_mac: Mac,
     tclass: u8,
@@ -168,8 +171,9 @@ pub(crate) fn addr(
     flow_label: u32,
     qpn: u32,
 ) -> Option<Addr> {
-    let (src, dst) = (ip_from_gid(sgid), ip_from_gid(dgid));
-    if src.is_ipv4() != dst.is_ipv4() {
+    let (src, dst) = (ip_from_gid(sgid.raw), ip_from_gid(dgid));
+    let encap = sgid.encap();
+    if encap.version == RoceVersion::V2 && src.is_ipv4() != dst.is_ipv4() {
         return None;
     }
     Some(Addr {
@@ -189,6 +193,7 @@ pub(crate) fn addr(
             flow_label,
         },
         udp_sport: udp_sport_for_qpn(qpn),
+        encap,
     })
 }
 
@@ -207,6 +212,7 @@ pub(crate) fn no_addr() -> Addr {
             flow_label: 0,
         },
         udp_sport: 0,
+        encap: Encap::V2,
     }
 }
 

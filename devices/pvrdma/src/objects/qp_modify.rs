@@ -214,6 +214,7 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
     let handle = req.qp_handle;
     let objects = &mut cx.s.objects;
     let numbering = objects.qp_numbering(handle);
+    objects.gids.sync(&cx.env.port);
     let gids = &objects.gids;
     let qp = get_mut(&mut objects.qps, "QP", handle)?;
     let (mask, a) = (req.attr_mask, &req.attrs);

@@ -68,7 +68,8 @@ impl Endpoint {
         uar: Option<u32>,
     ) -> Self {
         sim.probe().expect("probe");
-        sim.bind_gid(0, gid, 2).expect("bind");
+        let gid_type = sim.config.gid_type.abi();
+        sim.bind_gid(0, gid, gid_type).expect("bind");
         let ctx = uar.map_or(0, |page| sim.create_uc(page).expect("context"));
         let pd = sim.create_pd(ctx).expect("pd");
         let cq = sim.create_cq(ctx, 256).expect("cq");

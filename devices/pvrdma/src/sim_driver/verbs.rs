@@ -280,12 +280,24 @@ impl SimDriver {
         self.modify_qp(qp, rts_mask, rts)
     }
 
+    /// CREATE_BIND as `vmw_pvrdma` sends it (no VLAN: 0xFFF).
     pub fn bind_gid(&mut self, index: u32, gid: [u8; 16], gid_type: u8) -> Result<(), Failure> {
+        self.bind_gid_vlan(index, gid, gid_type, 0xfff)
+    }
+
+    /// CREATE_BIND with VLAN `vlan` (which the upstream driver never gives).
+    pub fn bind_gid_vlan(
+        &mut self,
+        index: u32,
+        gid: [u8; 16],
+        gid_type: u8,
+        vlan: u32,
+    ) -> Result<(), Failure> {
         self.post(
             CmdCode::CreateBind,
             CreateBindReq {
                 mtu: 1024,
-                vlan: 0xfff,
+                vlan,
                 index,
                 new_gid: gid,
                 gid_type,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The RoCE v2 transport engine of pvrdma-vmm, as a pure library: no KVM,
+//! The RoCE transport engine of pvrdma-vmm, as a pure library: no KVM,
 //! no PCI, no guest memory types, no I/O, no clocks, no threads.
 //!
 //! The device model feeds it work requests and received frames and gives
@@ -11,8 +11,9 @@
 //! # Structure
 //!
 //! [`opcode`] the IBA opcode table; [`hdr`] transport headers, [`psn`]
-//! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`]
-//! Ethernet/IP/UDP framing, [`packet`] whole frames; [`verbs`] statuses,
+//! 24-bit sequence numbers, [`icrc`] the invariant CRC, [`net`] the
+//! framing (Ethernet with an optional 802.1Q tag, then IP and UDP for
+//! RoCE v2 or a GRH for RoCE v1), [`packet`] whole frames; [`verbs`] statuses,
 //! opcodes, access rights and the MR/completion/packet traits; [`req`] the
 //! requester's pure packet planner, [`comp`] the completer, [`resp`] the
 //! responder; [`sgl`] scatter/gather over SGE lists; [`qp`] the driver

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Whole RoCE v2 frames: [`parse`] validates a received frame into a
-//! [`Packet`] (headers decoded, payload borrowed), [`build`] makes one from
-//! addressing, transport headers and payload.
+//! Whole RoCE frames, v2 or v1, tagged with a VLAN or not ([`Encap`]):
+//! [`parse`] validates a received frame into a [`Packet`] (headers decoded,
+//! payload borrowed), [`build`] makes one from addressing, transport
+//! headers and payload.
 //!
 //! The ICRC (and an IPv6 UDP checksum) only guards a frame on a wire: the
 //! engine builds frames unsealed ([`build_unsealed`]) and whoever puts one
@@ -24,8 +25,8 @@
 use thiserror::Error;
 
 use crate::hdr::{Aeth, AtomicAckEth, AtomicEth, Bth, Deth, HdrError, Ieth, ImmDt, Reth, BTH_TVER};
-use crate::icrc::{icrc, IcrcError, UDP_LEN};
-use crate::net::{self, IpInfo, Layers, Mac, NetError};
+use crate::icrc::{icrc, icrc_v1, IcrcError, UDP_LEN};
+use crate::net::{self, Encap, IpInfo, Layers, Mac, NetError, RoceVersion};
 use crate::opcode::{Hdrs, OpClass, Opcode, UnknownOpcode, ICRC_LEN};
 
 /// Largest transport part a frame may carry: the IPv6 payload length
@@ -47,8 +48,8 @@ pub enum ParseError {
     /// Opcode not in the RC/UD table.
     #[error("Opcode")]
     Opcode(#[from] UnknownOpcode),
-    /// The UDP payload is too short for headers, pad and ICRC, or an
-    /// opcode without payload carries some.
+    /// The UDP (or GRH) payload is too short for headers, pad and ICRC,
+    /// or an opcode without payload carries some.
     #[error("Pad or payload length mismatch")]
     Length,
     /// ICRC mismatch.
@@ -127,8 +128,10 @@ pub struct Addr {
     pub dst_mac: Mac,
     /// IP addressing (from the GIDs, see [`net::ip_from_gid`]).
     pub ip: IpInfo,
-    /// UDP source port ([`net::udp_sport_for_qpn`]).
+    /// UDP source port ([`net::udp_sport_for_qpn`]; unused by RoCE v1).
     pub udp_sport: u16,
+    /// RoCE version and VLAN tag, from the source GID.
+    pub encap: Encap,
 }
 
 /// Calls `f(header, offset)` for every extension header of `op`.
@@ -150,20 +153,40 @@ pub fn parse_unsealed(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     parse_checked(frame, false)
 }
 
-fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseError> {
-    let layers = net::parse_layers(frame)?;
+/// The network header (IP or GRH), the UDP header (empty for RoCE v1) and
+/// the transport part of a frame with `layers`.
+fn split_layers<'f>(frame: &'f [u8], layers: &Layers) -> Result<[&'f [u8]; 3], NetError> {
     let l3_end = layers.l3_off.saturating_add(layers.l3_len);
     let l3 = frame
         .get(layers.l3_off..l3_end)
         .ok_or(NetError::Truncated("IP"))?;
-    let udp_end = l3_end.saturating_add(UDP_LEN);
     let udp = frame
-        .get(l3_end..udp_end)
+        .get(l3_end..layers.ib_off)
         .ok_or(NetError::Truncated("UDP"))?;
     let ib = frame
-        .get(udp_end..)
-        .and_then(|s| s.get(..layers.udp_payload_len))
+        .get(layers.ib_off..)
+        .and_then(|s| s.get(..layers.ib_len))
         .ok_or(NetError::BadLength("UDP"))?;
+    Ok([l3, udp, ib])
+}
+
+/// The ICRC of a packet of `version` over `covered` (the transport part
+/// without its ICRC).
+fn icrc_of(
+    version: RoceVersion,
+    l3: &[u8],
+    udp: &[u8],
+    covered: &[u8],
+) -> Result<[u8; 4], IcrcError> {
+    match version {
+        RoceVersion::V1 => icrc_v1(l3, covered),
+        RoceVersion::V2 => icrc(l3, udp, covered),
+    }
+}
+
+fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseError> {
+    let layers = net::parse_layers(frame)?;
+    let [l3, udp, ib] = split_layers(frame, &layers)?;
     let bth = Bth::parse(ib)?;
     if bth.tver != BTH_TVER {
         return Err(ParseError::BadVersion(bth.tver));
@@ -179,7 +202,10 @@ fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseErro
         return Err(ParseError::Length);
     }
     let (covered, wire_icrc) = ib.split_at_checked(covered_len).ok_or(ParseError::Length)?;
-    if check_icrc && icrc(l3, udp, covered).map_err(|_| ParseError::BadIcrc)? != wire_icrc {
+    if check_icrc
+        && icrc_of(layers.encap.version, l3, udp, covered).map_err(|_| ParseError::BadIcrc)?
+            != wire_icrc
+    {
         return Err(ParseError::BadIcrc);
     }
     let mut hdrs = Headers {
@@ -243,7 +269,7 @@ pub fn build_unsealed(
         .and_then(|l| l.checked_add(ICRC_LEN))
         .filter(|&l| l <= MAX_IB_LEN)
         .ok_or(BuildError::Length)?;
-    let hl = net::headers_len(&addr.ip);
+    let hl = net::headers_len(&addr.ip, addr.encap);
     let mut frame = spare_frame(hl.saturating_add(ib_len));
     let (_, ib) = frame.split_at_mut(hl);
     let mut bth = hdrs.bth;
@@ -285,6 +311,7 @@ pub fn build_unsealed(
         addr.dst_mac,
         &addr.ip,
         addr.udp_sport,
+        addr.encap,
     )?;
     Ok(frame)
 }
@@ -327,17 +354,17 @@ pub fn recycle(mut frame: Vec<u8>) {
 pub fn seal(frame: &mut [u8]) -> Result<(), BuildError> {
     let layers = net::parse_layers(frame)?;
     let l3_end = layers.l3_off.saturating_add(layers.l3_len);
-    let hl = l3_end.saturating_add(UDP_LEN);
     let (l3udp, rest) = frame
-        .split_at_mut_checked(hl)
+        .split_at_mut_checked(layers.ib_off)
         .ok_or(NetError::Truncated("UDP"))?;
     let ib = rest
-        .get_mut(..layers.udp_payload_len)
+        .get_mut(..layers.ib_len)
         .ok_or(NetError::BadLength("UDP"))?;
     let (l3, udp) = l3udp.split_at(l3_end);
     let covered_len = ib.len().checked_sub(ICRC_LEN).ok_or(BuildError::Length)?;
     let (covered, icrc_out) = ib.split_at_mut(covered_len);
-    icrc_out.copy_from_slice(&icrc(
+    icrc_out.copy_from_slice(&icrc_of(
+        layers.encap.version,
         l3.get(layers.l3_off..).unwrap_or_default(),
         udp,
         covered,
@@ -355,6 +382,7 @@ pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'
         layers: Layers {
             src_mac: [0; 6],
             dst_mac: [0; 6],
+            encap: Encap::V2,
             ip: IpInfo {
                 src: ip,
                 dst: ip,
@@ -365,7 +393,8 @@ pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'
             udp_sport: 0,
             l3_off: 14,
             l3_len: 20,
-            udp_payload_len: 0,
+            ib_off: 42,
+            ib_len: 0,
         },
         opcode: op,
         hdrs,
@@ -410,6 +439,7 @@ mod tests {
             dst_mac: [2, 0, 0, 0, 0, 2],
             ip,
             udp_sport: 0xc001,
+            encap: Encap::V2,
         }
     }
 
@@ -549,6 +579,131 @@ mod tests {
         assert_eq!(parse(&g), Err(ParseError::Length));
     }
 
+    fn v1_addr(vlan: Option<u16>, v6: bool) -> Addr {
+        Addr {
+            encap: Encap {
+                version: RoceVersion::V1,
+                vlan,
+            },
+            ..addr(v6)
+        }
+    }
+
+    #[test]
+    fn v1_and_tagged_frames_roundtrip() {
+        let cases = [
+            v1_addr(None, false),
+            v1_addr(None, true),
+            v1_addr(Some(100), false),
+            Addr {
+                encap: Encap {
+                    version: RoceVersion::V2,
+                    vlan: Some(100),
+                },
+                ..addr(true)
+            },
+        ];
+        for a in cases {
+            let f = build(&a, &write_imm(), b"hello").unwrap();
+            let tag = if a.encap.vlan.is_some() { 4 } else { 0 };
+            let ethertype = if a.encap.version == RoceVersion::V1 {
+                [0x89, 0x15]
+            } else {
+                [0x86, 0xdd]
+            };
+            assert_eq!(f[12 + tag..14 + tag], ethertype, "{a:?}");
+            let p = parse(&f).unwrap();
+            assert_eq!(p.payload, b"hello");
+            assert_eq!((p.layers.encap, p.layers.ip), (a.encap, a.ip));
+            let mut want = write_imm();
+            want.bth.pad = 3;
+            assert_eq!(p.hdrs, want);
+            // Unsealed, then sealed: the same frame.
+            let fill = |dst: &mut [u8]| {
+                dst.copy_from_slice(b"hello");
+                true
+            };
+            let mut u = build_unsealed(&a, &write_imm(), 5, fill).unwrap();
+            assert_eq!(parse(&u), Err(ParseError::BadIcrc));
+            assert_eq!(parse_unsealed(&u).unwrap().payload, b"hello");
+            seal(&mut u).unwrap();
+            assert_eq!(u, f);
+        }
+        // RoCE v1: no IP, no UDP; the GRH counts the transport part.
+        let f = build(&v1_addr(None, false), &write_imm(), b"hello").unwrap();
+        assert_eq!(f.len(), 14 + 40 + 12 + 16 + 4 + 8 + 4);
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]), 12 + 16 + 4 + 8 + 4);
+    }
+
+    /// A RoCE v1 frame stays a RoCE v1 frame: its ICRC is not a v2 one, so
+    /// the same bytes relabelled do not pass (and vice versa).
+    #[test]
+    fn v1_icrc_is_its_own() {
+        let f = build(&v1_addr(None, true), &write_imm(), b"hello").unwrap();
+        // The GRH as an IPv6 header: next header 0x1B is not UDP.
+        let mut g = f.clone();
+        g[12..14].copy_from_slice(&[0x86, 0xdd]);
+        assert!(matches!(
+            parse(&g),
+            Err(ParseError::Net(NetError::BadIp(_)))
+        ));
+        let v2 = build(&addr(true), &write_imm(), b"hello").unwrap();
+        let covered = &f[54..f.len() - 4];
+        assert_ne!(
+            f[f.len() - 4..],
+            icrc(&v2[14..54], &v2[54..62], covered).unwrap()
+        );
+    }
+
+    #[test]
+    fn hostile_v1_frames_are_errors() {
+        for vlan in [None, Some(100)] {
+            let f = build(&v1_addr(vlan, false), &write_imm(), b"hello").unwrap();
+            let l3 = if vlan.is_some() { 18 } else { 14 };
+            for n in 0..f.len() {
+                assert!(parse(&f[..n]).is_err(), "prefix {n}");
+            }
+            // Every bit of the GRH and the transport part counts, but the
+            // masked ones (traffic class, flow label, hop limit, the BTH's
+            // FECN/BECN/reserved byte).
+            let masked = |i: usize, bit: u8| {
+                (i == l3 && bit < 4)
+                    || (l3 + 1..=l3 + 3).contains(&i)
+                    || i == l3 + 7
+                    || i == l3 + 44
+            };
+            for i in l3..f.len() {
+                for bit in 0..8 {
+                    let mut g = f.clone();
+                    g[i] ^= 1 << bit;
+                    let r = parse(&g);
+                    if masked(i, bit) {
+                        assert!(r.is_ok(), "byte {i} bit {bit} is masked");
+                    } else {
+                        assert!(r.is_err(), "byte {i} bit {bit}");
+                    }
+                }
+            }
+            // A GRH that claims more than the frame holds, or less than
+            // headers and ICRC.
+            for paylen in [0u16, 3, 27, 45, 0xffff] {
+                let mut g = f.clone();
+                g[l3 + 4..l3 + 6].copy_from_slice(&paylen.to_be_bytes());
+                assert!(parse(&g).is_err(), "payload length {paylen}");
+                assert!(seal(&mut g).is_err() || parse(&g).is_err());
+            }
+            // Resealed forgeries reach the transport checks.
+            let mut g = f.clone();
+            g[l3 + 40] = 0x15; // reserved opcode
+            seal(&mut g).unwrap();
+            assert_eq!(parse(&g), Err(ParseError::Opcode(UnknownOpcode(0x15))));
+            let mut g = f.clone();
+            g[l3 + 41] |= 1; // tver
+            seal(&mut g).unwrap();
+            assert_eq!(parse(&g), Err(ParseError::BadVersion(1)));
+        }
+    }
+
     #[test]
     fn short_transport_part_is_length_error() {
         // A frame whose UDP payload is only a BTH and ICRC for an opcode
@@ -568,8 +723,12 @@ mod tests {
     #[test]
     fn seeded_garbage_never_panics() {
         let mut x = 0x1234_5678_9abc_def0u64;
-        let base = build(&addr(true), &write_imm(), b"payload!").unwrap();
-        for _ in 0..20_000 {
+        let bases = [
+            build(&addr(true), &write_imm(), b"payload!").unwrap(),
+            build(&v1_addr(Some(7), true), &write_imm(), b"payload!").unwrap(),
+        ];
+        for n in 0..40_000 {
+            let base = &bases[n % 2];
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -578,6 +737,8 @@ mod tests {
             g[i] = (x >> 32) as u8;
             g.truncate(((x >> 40) as usize) % (base.len() + 1));
             let _ = parse(&g);
+            let _ = seal(&mut g);
+            let _ = net::dst_ip(&g);
         }
     }
 }

@@ -295,10 +295,13 @@ pub struct WorkCompletion {
 /// `network_hdr_type` (needed to parse the GRH area).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UdSource {
-    /// RoCE v2 over IPv6 (else IPv4).
+    /// RoCE v2 over IPv6 (else IPv4); for RoCE v1 whether the source GID
+    /// is not IPv4-mapped.
     pub ipv6: bool,
     /// Source MAC of the frame.
     pub smac: [u8; 6],
+    /// A RoCE v1 frame: the GRH area holds its GRH.
+    pub roce_v1: bool,
 }
 
 /// Immediate data or an invalidated key of a receive completion.

@@ -9,7 +9,7 @@
 
 use std::net::Ipv4Addr;
 
-use rdma_transport::net::IpInfo;
+use rdma_transport::net::{Encap, IpInfo, RoceVersion};
 use rdma_transport::packet::{parse, seal, Addr};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, QpState, RestoreError, SendEntry};
@@ -102,6 +102,7 @@ fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
                 flow_label: 0,
             },
             udp_sport: 0xc000,
+            encap: Encap::V2,
         },
     }
 }
@@ -111,6 +112,8 @@ struct World {
     rng: u64,
     drop_pct: u64,
     now: u64,
+    /// How the frames that crossed were framed.
+    seen: Vec<Encap>,
 }
 
 impl World {
@@ -133,7 +136,18 @@ impl World {
             rng: 0x9e37_79b9,
             drop_pct: 0,
             now: 0,
+            seen: Vec::new(),
         }
+    }
+    /// [`World::new`] with both QPs framing their packets with `encap`.
+    fn with_encap(psn: u32, ud: bool, encap: Encap) -> Self {
+        let mut w = World::new(psn, ud);
+        for n in &mut w.n {
+            let mut a = *n.qp.attrs();
+            a.addr.encap = encap;
+            n.qp = Qp::new(a);
+        }
+        w
     }
     fn rand(&mut self) -> u64 {
         self.rng ^= self.rng << 13;
@@ -170,6 +184,9 @@ impl World {
                     }
                     let copies = if r > 100 - self.drop_pct { 2 } else { 1 };
                     let pkt = parse(&f).unwrap();
+                    if !self.seen.contains(&pkt.layers.encap) {
+                        self.seen.push(pkt.layers.encap);
+                    }
                     let nd = &mut self.n[1 - i];
                     let mut io = Io {
                         mr: &mut nd.mem,
@@ -532,6 +549,79 @@ fn ud_send_places_grh() {
     assert_eq!(w.wcs(1, false), [(WcStatus::Success, WcOpcode::Recv, 104)]);
     let b = &w.n[1].mem.buf;
     assert_eq!(b[120], 0x45, "IPv4 header in the last 20 GRH bytes");
+    assert_eq!(b[140..204], w.n[0].mem.buf[..64]);
+}
+
+/// The same verbs over RoCE v1 and with VLAN tags, on a lossy link: the
+/// QP's framing is all the frames carry, and it changes nothing else.
+#[test]
+fn roce_v1_and_vlan_frames_carry_every_verb() {
+    let v1 = |vlan| Encap {
+        version: RoceVersion::V1,
+        vlan,
+    };
+    let v2 = |vlan| Encap {
+        version: RoceVersion::V2,
+        vlan,
+    };
+    for encap in [v1(None), v1(Some(100)), v2(Some(100)), v2(Some(4094))] {
+        let mut w = World::with_encap(0xff_fff0, false, encap);
+        w.drop_pct = 10;
+        w.fill(0);
+        w.recv(1, 0, 2000);
+        w.post(0, WrOpcode::Send, 1500, 0, Remote::default());
+        w.post(0, WrOpcode::RdmaWrite, 700, 1500, remote(4000));
+        w.post(0, WrOpcode::RdmaRead, 900, 6000, remote(0));
+        w.post(0, WrOpcode::AtomicFetchAndAdd, 8, 7000, remote(7168));
+        w.run(3000);
+        use WcStatus::Success;
+        assert_eq!(
+            w.wcs(0, true),
+            [
+                (Success, WcOpcode::Send, 1500),
+                (Success, WcOpcode::RdmaWrite, 700),
+                (Success, WcOpcode::RdmaRead, 900),
+                (Success, WcOpcode::FetchAdd, 8)
+            ],
+            "{encap:?}"
+        );
+        assert_eq!(w.wcs(1, false), [(Success, WcOpcode::Recv, 1500)]);
+        let (a, b) = (&w.n[0].mem.buf, &w.n[1].mem.buf);
+        assert_eq!(a[..1500], b[..1500]);
+        assert_eq!(a[1500..2200], b[4000..4700]);
+        assert_eq!(a[6000..6900], b[..900]);
+        assert_eq!(w.seen, [encap], "every frame, both ways");
+    }
+}
+
+/// A UD receive of a RoCE v1 frame finds the frame's GRH in its first 40
+/// bytes (what `ib_init_ah_attr_from_wc` reads for RoCE v1), and the
+/// completion says RoCE v1.
+#[test]
+fn ud_over_roce_v1_places_its_grh() {
+    let encap = Encap {
+        version: RoceVersion::V1,
+        vlan: Some(100),
+    };
+    let mut w = World::with_encap(0, true, encap);
+    w.fill(0);
+    w.recv(1, 100, 40 + 64);
+    let r = Remote {
+        ud_qpn: 2,
+        ud_qkey: 0x1234,
+        ..Remote::default()
+    };
+    w.post(0, WrOpcode::Send, 64, 0, r);
+    w.run(20);
+    assert_eq!(w.wcs(1, false), [(WcStatus::Success, WcOpcode::Recv, 104)]);
+    let src = w.n[1].cq.0[0].0.ud_src.unwrap();
+    assert!(src.roce_v1 && !src.ipv6);
+    let b = &w.n[1].mem.buf;
+    assert_eq!(b[100] >> 4, 6, "GRH version");
+    assert_eq!(b[106], 0x1b, "next header: BTH");
+    let sgid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1];
+    assert_eq!(b[108..124], sgid);
+    assert_eq!(b[124..140], [&sgid[..15], &[2]].concat()[..]);
     assert_eq!(b[140..204], w.n[0].mem.buf[..64]);
 }
 

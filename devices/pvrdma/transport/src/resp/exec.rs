@@ -23,7 +23,7 @@ use super::{
 use crate::hdr::{Aeth, AtomicAckEth, Bth, NakCode, Syndrome, ACK_UNLIMITED, DEFAULT_PKEY};
 use crate::hdr::{GSI_QKEY, QPN_MASK};
 use crate::metrics::{inc, Metrics};
-use crate::net::{grh, GRH_LEN};
+use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::{Headers, Packet};
 use crate::psn::Psn;
@@ -540,7 +540,7 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
         return;
     };
     let plen = u16::try_from(pkt.payload.len()).unwrap_or(u16::MAX);
-    let g = grh(&pkt.layers.ip, plen);
+    let g = grh(&pkt.layers, plen);
     let placed = scatter(cx.mr, a.pd, &w.sges, 0, &g)
         .and_then(|()| scatter(cx.mr, a.pd, &w.sges, GRH_LEN as u32, pkt.payload));
     let status = match placed {
@@ -554,6 +554,7 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
     wc.ud_src = Some(UdSource {
         ipv6: pkt.layers.ip.src.is_ipv6(),
         smac: pkt.layers.src_mac,
+        roce_v1: pkt.layers.encap.version == RoceVersion::V1,
     });
     wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
     wc.solicited = pkt.hdrs.bth.se;
