@@ -54,7 +54,7 @@ MIG_AFTER=${MIG_AFTER:-4}
 MIG_SECONDS=${MIG_SECONDS:-600}
 MIG_STALL=${MIG_STALL:-240}
 # Guest to guest: the target guest's RAM disk, what each initiator writes, and per chunk.
-G2G_MIB=${G2G_MIB:-64}
+G2G_MIB=${G2G_MIB:-32}
 G2G_CHUNK_MIB=${G2G_CHUNK_MIB:-16}
 G2G_NQN=nqn.2026-11.dev.pvrdma-vmm:guest-target
 MAC_T=52:54:00:20:00:05

@@ -44,7 +44,7 @@
 //! Guest to guest (issue 14 item 1, the `guest_to_guest_*` tests): a guest is the NVMe-oF target
 //! (nvmet-rdma on its own PVRDMA device, a brd RAM disk; `tests/guest/nvmet.sh`), and two other
 //! guests in turn are its initiators: I1 over the same-host channel (no RoCE frame crosses its
-//! TAP), I2 with `local=off` (RoCE v2 over the bridge). Each writes 64 MiB of the pattern, the
+//! TAP), I2 with `local=off` (RoCE v2 over the bridge). Each writes 32 MiB of the pattern, the
 //! target guest reports every chunk's MD5 as it arrived, and the initiator reads back and verifies.
 //!
 //! With `NVMEOF_BASELINE_MIB=N` in the environment the same run then measures the Soft-RoCE
@@ -73,11 +73,11 @@ const CHUNK_BLOCKS: u64 = CHUNK_MIB * 256;
 const BASELINE_CHUNK_MIB: u64 = 8;
 const BASELINE_ENV: &str = "NVMEOF_BASELINE_MIB";
 /// Guest to guest: what each initiator writes (the target guest's whole RAM disk), per chunk.
-const G2G_MIB: u64 = 64;
+const G2G_MIB: u64 = 32;
 const G2G_CHUNK_MIB: u64 = 16;
-/// RoCE v2 frames on the wire initiator's TAP, at least: 64 MiB in at most 4 KiB frames is
-/// 16384 of them one way.
-const G2G_WIRE_FRAMES: u64 = 16_384;
+/// RoCE v2 frames on the wire initiator's TAP, at least: 32 MiB in at most 4 KiB frames is
+/// 8192 of them one way.
+const G2G_WIRE_FRAMES: u64 = 8192;
 /// The migration pass: MiB per round, and rounds after the test host said "migrated".
 const MIG_MIB: u64 = 8;
 const MIG_AFTER: u64 = 4;
