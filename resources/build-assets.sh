@@ -32,9 +32,10 @@ GUEST_MODULES="virtio_pci virtio_blk ext4 vmxnet3 ib_core ib_uverbs vmw_pvrdma r
 # the NVMe over Fabrics initiator of the nvmeof suite (with nvme_fabrics, nvme_core, rdma_cm);
 # nfsv4 and rpcrdma: the NFS client and its RDMA transport, for the nvmeof suite's NFS/RDMA phase
 # (with nfs, sunrpc, lockd, fscache, netfs, dns_resolver; busybox's mount hands `-t nfs4` options
-# to the kernel as text, so no nfs-common is needed). 8021q: the guest VLAN interfaces (eth0.100)
-# of the roce suite.
-GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma 8021q"
+# to the kernel as text, so no nfs-common is needed); nvmet_rdma and brd: the NVMe over Fabrics
+# target (with nvmet) and its RAM-disk namespace, for the nvmeof suite's guest-to-guest phase;
+# 8021q: the guest VLAN interfaces (eth0.100) of the roce suite.
+GUEST_EXTRA_MODULES="rdma_rxe crc32_generic nvme_rdma nfsv4 rpcrdma nvmet_rdma brd 8021q"
 # Guest userspace; recipes/userspace.sh fails if a binary needs a library outside this set.
 # libmnl0, libbsd0, libmd0 and libcap2 are what iproute2's `rdma` loads. libgcc-s1: glibc loads
 # libgcc_s.so.1 at run time (no ldd dependency) to unwind a thread in pthread_exit/pthread_cancel,
@@ -48,13 +49,23 @@ USERSPACE_PACKAGES=(busybox-static libc6 zlib1g libudev1 libnl-3-200 libnl-route
   libibumad3 libpci3 rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils libmnl0 libbsd0 libmd0 libcap2
   libgcc-s1 nvme-cli libnvme1 libjson-c5 libdbus-1-3 libsystemd0 libgcrypt20 libgpg-error0 liblzma5 libzstd1
   liblz4-1)
+# Only on the guest's root disk (PVRDMA_ROOTFS), not in its initramfs: UCX and Open MPI for the ucx
+# suite (6 MB more of gzip'd initramfs that every guest of every suite would unpack). ucx-utils
+# (ucx_perftest, ucx_info) and libucx0 with libnuma1 and libgomp1; openmpi-bin (orterun, orted) and
+# libopenmpi3 with what it and the components we keep load (libhwloc15, libevent, libpmix2 and its
+# libmunge2); openmpi-common for Open MPI's help texts. Not libopenmpi3's libfabric1, libpsm2-2 and
+# libpsm-infinipath1, nor libhwloc-plugins: the components that need them are dropped
+# (recipes/userspace.sh), with OpenSHMEM, MPI-IO and the compilers' wrappers; openmpi-bin's
+# ssh-client neither (the ucx suite launches with its own rsh agent).
+ROOTFS_PACKAGES=(libucx0 ucx-utils libnuma1 libgomp1 openmpi-bin libopenmpi3 openmpi-common libhwloc15
+  libevent-core-2.1-7 libevent-pthreads-2.1-7 libpmix2 libmunge2)
 # Packages of which the guest gets single files ("package:path"), not the whole package: iproute2
 # would bring ip/tc/ss and their libraries (libbpf, libelf, libxtables...) for one binary; of
 # libssl3, libnvme needs only libcrypto (not libssl, its engines or its provider modules).
 USERSPACE_PICKS=(iproute2:usr/bin/rdma libssl3:usr/lib/x86_64-linux-gnu/libcrypto.so.3)
 # Packages unpacked only to build guest programs against (guest/verbs-check.c, guest/access-check.c,
-# guest/write-check.c, which also uses librdmacm), never shipped.
-USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
+# guest/write-check.c, which also uses librdmacm; guest/mpi-check.c, Open MPI's mpi.h), never shipped.
+USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev libopenmpi-dev)
 # Build tools, plus qemu for the test host (installing it here makes one command prepare a machine).
 # libc6-dev: the guest's verbs-check and write-check programs are compiled here (the kernel module
 # build needs no libc).
@@ -66,7 +77,7 @@ USERSPACE_BUILD_PACKAGES=(libibverbs-dev librdmacm-dev)
 # phase runs in the test host (nfsd's export upcalls are answered by rpc.mountd). tcpdump: the roce
 # suite's capture on the test host's bridge (RoCE v1 frames, 802.1Q tags).
 HOST_PACKAGES=(qemu-system-x86 curl cpio e2fsprogs kmod gzip xz-utils make gcc libc6-dev "linux-headers-$KVER" linux-source-6.1
-  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server tcpdump)
+  rdma-core ibverbs-providers ibverbs-utils perftest rdmacm-utils iproute2 iputils-ping nfs-kernel-server openssl tcpdump)
 
 mkdir -p "$CACHE/debs"
 CACHE=$(cd "$CACHE" && pwd)
@@ -112,6 +123,7 @@ build_stage() {
 image_version=$(candidate_versions "linux-image-$KVER" | cut -d' ' -f2)
 userspace_versions=$(candidate_versions "${USERSPACE_PACKAGES[@]}")
 pick_versions=$(candidate_versions "${USERSPACE_PICKS[@]%%:*}")
+rootfs_versions=$(candidate_versions "${ROOTFS_PACKAGES[@]}")
 build_versions=$(candidate_versions "${USERSPACE_BUILD_PACKAGES[@]}")
 # Installed tools that shape the outputs: the module build's, and the image builders'.
 build_tools=$(for p in "linux-headers-$KVER" linux-source-6.1 make kmod; do echo "$p $(installed_version "$p")"; done
@@ -122,11 +134,12 @@ key=$(stage_key kernel "$KVER $image_version $build_tools" recipes/kernel.sh lib
 KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
-key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $(gcc --version | head -n1)" \
-  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c lib/common.sh)
+key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $rootfs_versions $(gcc --version | head -n1)" \
+  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c guest/mpi-check.c \
+  lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \
-  PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions"
+  PICK_PACKAGES="$pick_versions" PICKS="${USERSPACE_PICKS[*]}" BUILD_PACKAGES="$build_versions" EXTRA_PACKAGES="$rootfs_versions"
 
 key=$(stage_key guest "$KERNEL_DIR $USERSPACE_DIR $GUEST_MODULES | $GUEST_EXTRA_MODULES $image_tools" recipes/guest.sh guest/init lib/common.sh)
 GUEST_DIR=$CACHE/guest-$key

@@ -61,7 +61,7 @@ rc=0
 for i in \$(seq 600); do grep -q DEMO-TRAFFIC \$L/b.console && break; sleep 0.5; done
 sleep 5
 echo "demo: migrating guest B while ibv_rc_pingpong and rping run"
-$remote --api-socket \$S/b2.api receive-migration unix:\$S/migrate.sock --tap 52:54:00:77:00:02=tapb2 --no-wait || rc=1
+$remote --api-socket \$S/b2.api receive-migration unix:\$S/migrate.sock --tap 52:54:00:77:00:02=tapb2 --disk-dir $work --no-wait || rc=1
 $remote --api-socket \$S/b.api send-migration unix:\$S/migrate.sock --downtime-ms 300 || rc=1
 for p in "\${pids[@]}"; do wait \$p || rc=1; done
 sleep 1

@@ -85,6 +85,7 @@ pub use server::{start_server, start_server_with, ApiError, ApiServerHandle, Ser
 pub use types::{
     ActionError, ApiMessage, ApiRequest, ApiResponse, BlackoutStages, DeviceCountersInfo,
     DiskSummary, MigrationDirection, MigrationInfo, MigrationStatus, QpCountersInfo,
-    ReceiveMigrationParams, ResponseBody, SendMigrationParams, SnapshotParams, VmConfigSummary,
-    VmCounters, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS, DEFAULT_MIGRATION_TIMEOUT_S,
+    ReceiveMigrationParams, ResponseBody, SendMigrationParams, SnapshotParams, TlsParams,
+    VmConfigSummary, VmCounters, VmInfo, VmState, VmmPing, DEFAULT_DOWNTIME_MS,
+    DEFAULT_MIGRATION_TIMEOUT_S,
 };

@@ -263,10 +263,10 @@ fn check_no_params(body: &[u8]) -> Result<(), RouteError> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
 
     use super::*;
-    use crate::types::{ReceiveMigrationParams, SendMigrationParams, SnapshotParams};
+    use crate::types::{ReceiveMigrationParams, SendMigrationParams, SnapshotParams, TlsParams};
 
     /// `(method, path)` pairs under `paths:` in the OpenAPI document, found by indentation:
     /// paths at two spaces, operations at four.
@@ -334,11 +334,21 @@ mod tests {
                 destination_url: "tcp:10.0.0.2:6000".into(),
                 downtime_ms: 50,
                 timeout_s: 60,
+                tls: Some(TlsParams {
+                    cert: "/etc/m/cert.pem".into(),
+                    key: "/etc/m/key.pem".into(),
+                    ca: "/etc/m/ca.pem".into(),
+                }),
+                allow_plaintext: false,
             }),
             ApiRequest::CancelMigration,
             ApiRequest::ReceiveMigration(ReceiveMigrationParams {
-                receiver_url: "unix:/run/migrate.sock".into(),
                 taps: [("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned())].into(),
+                disks: [("/src/a.img".into(), "/dst/a.img".into())].into(),
+                disk_dirs: vec!["/var/disks".into()],
+                max_memory_mib: Some(4096),
+                allow_plaintext: true,
+                ..ReceiveMigrationParams::new("unix:/run/migrate.sock")
             }),
             ApiRequest::Snapshot(SnapshotParams {
                 destination_url: "file:///var/lib/snap".into(),
@@ -367,11 +377,7 @@ mod tests {
         let send = "/api/v1/vm.send-migration";
         assert_eq!(
             parse_request("PUT", send, br#"{"destination_url": "unix:/m.sock"}"#).unwrap(),
-            ApiRequest::SendMigration(SendMigrationParams {
-                destination_url: "unix:/m.sock".into(),
-                downtime_ms: 300,
-                timeout_s: 3600,
-            })
+            ApiRequest::SendMigration(SendMigrationParams::new("unix:/m.sock"))
         );
         assert_eq!(
             parse_request(
@@ -392,10 +398,7 @@ mod tests {
                 br#"{"receiver_url": "tcp:0.0.0.0:6000"}"#
             )
             .unwrap(),
-            ApiRequest::ReceiveMigration(ReceiveMigrationParams {
-                receiver_url: "tcp:0.0.0.0:6000".into(),
-                taps: BTreeMap::new(),
-            })
+            ApiRequest::ReceiveMigration(ReceiveMigrationParams::new("tcp:0.0.0.0:6000"))
         );
     }
 

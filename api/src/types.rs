@@ -8,6 +8,7 @@
 //! fields, so that adding one later does not break older clients.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +65,26 @@ pub struct SendMigrationParams {
     /// The whole migration is abandoned after this many seconds; the source keeps running.
     #[serde(default = "default_migration_timeout_s")]
     pub timeout_s: u64,
+    /// TLS for a `tcp:` destination: the destination must show a certificate of the CA
+    /// naming the URL's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsParams>,
+    /// Send over plain TCP to an address that is not loopback (guest memory in the clear,
+    /// the destination unauthenticated); refused otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext: bool,
+}
+
+/// PEM files of one end of a TLS migration (TLS 1.3, both ends authenticated).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsParams {
+    /// This end's certificate (chain).
+    pub cert: PathBuf,
+    /// This end's private key.
+    pub key: PathBuf,
+    /// The CA that must have signed the other end's certificate.
+    pub ca: PathBuf,
 }
 
 impl SendMigrationParams {
@@ -73,6 +94,8 @@ impl SendMigrationParams {
             destination_url: destination_url.into(),
             downtime_ms: DEFAULT_DOWNTIME_MS,
             timeout_s: DEFAULT_MIGRATION_TIMEOUT_S,
+            tls: None,
+            allow_plaintext: false,
         }
     }
 }
@@ -92,9 +115,43 @@ pub struct ReceiveMigrationParams {
     /// Where to listen for the source: `"unix:/path"` or `"tcp:host:port"`.
     pub receiver_url: String,
     /// TAP to use on this host for the NIC with this MAC (`"52:54:00:00:00:02"` ->
-    /// `"tap-b1"`), since TAP names are per host; NICs not listed keep the source's TAP name.
+    /// `"tap-b1"`). Every NIC of the incoming VM must be listed: the source does not choose
+    /// which network of this host the VM joins.
     #[serde(default)]
     pub taps: BTreeMap<String, String>,
+    /// Disk path to open on this host instead of the source's (`"/src/a.img"` ->
+    /// `"/dst/a.img"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub disks: BTreeMap<PathBuf, PathBuf>,
+    /// Directories whose files the source may name as disks as they are. A disk neither
+    /// mapped nor in one of these refuses the VM.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_dirs: Vec<PathBuf>,
+    /// Largest guest memory accepted, in MiB (default: this host's RAM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory_mib: Option<u64>,
+    /// TLS: only a source with a certificate of the CA is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsParams>,
+    /// Listen on plain TCP on an address that is not loopback (anyone who reaches it may
+    /// send a VM); refused otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext: bool,
+}
+
+impl ReceiveMigrationParams {
+    /// Listening on `receiver_url`, nothing mapped or allowed, no TLS.
+    pub fn new(receiver_url: impl Into<String>) -> Self {
+        Self {
+            receiver_url: receiver_url.into(),
+            taps: BTreeMap::new(),
+            disks: BTreeMap::new(),
+            disk_dirs: Vec::new(),
+            max_memory_mib: None,
+            tls: None,
+            allow_plaintext: false,
+        }
+    }
 }
 
 /// Parameters of [`ApiRequest::Snapshot`].

@@ -160,13 +160,13 @@ fn bad_bodies_are_400() {
 fn action_params_reach_the_vmm_intact() {
     let h = Harness::start();
     let send = ApiRequest::SendMigration(SendMigrationParams {
-        destination_url: "tcp:10.0.0.2:6000".into(),
         downtime_ms: 20,
         timeout_s: 90,
+        ..SendMigrationParams::new("tcp:10.0.0.2:6000")
     });
     let receive = ApiRequest::ReceiveMigration(ReceiveMigrationParams {
-        receiver_url: "unix:/run/in.sock".into(),
         taps: [("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned())].into(),
+        ..ReceiveMigrationParams::new("unix:/run/in.sock")
     });
     let snapshot = ApiRequest::Snapshot(SnapshotParams {
         destination_url: "file:///var/lib/snap".into(),
@@ -180,11 +180,7 @@ fn action_params_reach_the_vmm_intact() {
 #[test]
 fn vmm_bad_request_is_400_with_its_message() {
     let h = Harness::start();
-    let request = ApiRequest::SendMigration(SendMigrationParams {
-        destination_url: "ftp://elsewhere".into(),
-        downtime_ms: 300,
-        timeout_s: 3600,
-    });
+    let request = ApiRequest::SendMigration(SendMigrationParams::new("ftp://elsewhere"));
     let (status, message) = expect_http(h.client.call(&request));
     assert_eq!(
         (status, message.as_str()),

@@ -4,12 +4,13 @@
 //! MSI-X table included) of a vmxnet3 NIC, a virtio-blk disk or a PVRDMA function. Each
 //! comes from a real device that a simulated driver set to work (queues active, frames and
 //! requests done, for PVRDMA an RC QP pair mid-transfer), taken once per process. The fuzzer
-//! mutates the decoded tree of the snapshot (nested device snapshots decoded too, so that
-//! mutations reach the fields and not the JSON text): up to 16 changes, each a number (any,
-//! small, a boundary, or near the old value), a flag, a null, an element or key removed or
-//! duplicated, or another node's value copied in; sometimes the bytes are cut short. The
-//! result goes through `Snapshot::from_bytes` and is restored onto a fresh device of the same
-//! kind over a copy of the source's guest memory.
+//! mutates the device's own state inside the bus snapshot (the binary encoding has no field
+//! names, so it edits what the fields are made of, and the enclosing lengths are encoded
+//! again so that mutations reach the fields and not the framing): up to 16 changes, each a
+//! number at some position (any, small, a boundary, or near the old value), a bit flipped, a
+//! range of bytes removed, duplicated or copied from elsewhere; sometimes the bytes are cut
+//! short. The result goes through `Snapshot::from_bytes` and is restored onto a fresh device
+//! of the same kind over a copy of the source's guest memory.
 //! Invariants: no panic on any thread, no hang (devices are dropped, workers joined, after
 //! each input), no allocation over `-malloc_limit_mb`; a state that restores saves again,
 //! and that snapshot restores onto another fresh device.
@@ -25,15 +26,12 @@ use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::SimDriver;
 use pvrdma_vmm_fuzz::virtio_blk::{self as blk, VirtioBlk};
 use pvrdma_vmm_fuzz::Input;
-use serde_json::{json, Map, Value};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 use vm_migration::Snapshot;
 use vmxnet3::harness::{Harness, Sop};
 use vmxnet3::test_utils::{frame, tcp4_frame};
 
 const MAX_MUTATIONS: u8 = 16;
-/// The key under which a nested snapshot's decoded state replaces its bytes.
-const OPENED: &str = "$state";
 const PAGE: u64 = 4096;
 
 /// A destination device of one kind on its own bus.
@@ -82,20 +80,91 @@ fn pages<M: GuestMemory>(mem: &M, size: u64) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
-/// A source's bus snapshot (its tree opened) and its guest memory.
+/// A source's bus snapshot, the device's own state in it, and its guest memory.
 struct Reference {
-    tree: Value,
+    bus: Snapshot,
+    /// The bus state before the device state's length, and after the device state.
+    before: Vec<u8>,
+    state: Vec<u8>,
+    after: Vec<u8>,
     pages: Vec<(u64, Vec<u8>)>,
 }
 
 impl Reference {
-    fn new(bus: &PciBus, pages: Vec<(u64, Vec<u8>)>) -> Self {
+    fn new(bus: &PciBus, id: &str, pages: Vec<(u64, Vec<u8>)>) -> Self {
         bus.pause().expect("pause");
-        let bytes = bus.snapshot().expect("snapshot").to_bytes();
-        let mut tree: Value = serde_json::from_slice(&bytes).expect("a snapshot is JSON");
-        open(&mut tree);
-        Reference { tree, pages }
+        let bus = bus.snapshot().expect("snapshot");
+        let (before, state, after) = split(&bus.data, id);
+        Reference {
+            bus,
+            before,
+            state,
+            after,
+            pages,
+        }
     }
+
+    /// The bus snapshot's bytes with `state` as the device's.
+    fn with_state(&self, state: &[u8]) -> Vec<u8> {
+        let mut data = self.before.clone();
+        data.extend(varint(state.len() as u64));
+        data.extend_from_slice(state);
+        data.extend_from_slice(&self.after);
+        Snapshot {
+            data,
+            ..self.bus.clone()
+        }
+        .to_bytes()
+    }
+}
+
+/// `v` as a varint (LEB128), as the encoding writes lengths and numbers.
+fn varint(mut v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return out;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// The varint at the start of `bytes` and its length (at most 10 bytes).
+fn read_varint(bytes: &[u8]) -> (u64, usize) {
+    let mut v = 0u64;
+    for (i, b) in bytes.iter().take(10).enumerate() {
+        v |= u64::from(b & 0x7f) << (7 * i as u32).min(63);
+        if b & 0x80 == 0 {
+            return (v, i + 1);
+        }
+    }
+    (v, bytes.len().min(10))
+}
+
+/// Splits the bus state `data` around the state of its nested snapshot of `id` (encoded as
+/// the id's length and bytes, the version, the state's length, the state): the bytes before
+/// the state's length, the state, the bytes after it.
+fn split(data: &[u8], id: &str) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let mut needle = vec![id.len() as u8];
+    needle.extend_from_slice(id.as_bytes());
+    let at = data
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the device's snapshot in the bus's")
+        + needle.len();
+    let (_version, n) = read_varint(&data[at..]);
+    let len_at = at + n;
+    let (len, m) = read_varint(&data[len_at..]);
+    let start = len_at + m;
+    let end = start + len as usize;
+    (
+        data[..len_at].to_vec(),
+        data[start..end].to_vec(),
+        data[end..].to_vec(),
+    )
 }
 
 /// A vmxnet3 with two queue pairs, a frame sent and one received.
@@ -107,7 +176,11 @@ fn nic() -> Reference {
     h.wait_tx_completions(0, 1);
     h.backend.inject(frame(200, 1));
     h.wait_rx_completions(0, 1);
-    Reference::new(&h.bus, pages(&*h.mem, vmxnet3::harness::MEM_SIZE as u64))
+    Reference::new(
+        &h.bus,
+        "vmxnet3",
+        pages(&*h.mem, vmxnet3::harness::MEM_SIZE as u64),
+    )
 }
 
 /// A virtio-blk with its queue active and a read and a write done.
@@ -141,7 +214,7 @@ fn disk() -> Reference {
     while v.used_idx() != 2 {
         std::thread::yield_now();
     }
-    Reference::new(&v.bus, pages(&*v.mem, blk::MEM_SIZE))
+    Reference::new(&v.bus, "virtio-blk", pages(&*v.mem, blk::MEM_SIZE))
 }
 
 /// A PVRDMA function with an RC QP mid-transfer: a receive posted on the peer, a send and
@@ -152,7 +225,11 @@ fn rdma() -> Reference {
     a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     let remote = (b.sge(0, 0).addr, b.key);
     a.send(2, wr::RDMA_READ, &[a.sge(0, 100)], remote, 0);
-    Reference::new(&a.sim.bus, pages(&*a.sim.mem, pvrdma::sim_driver::MEM_SIZE))
+    Reference::new(
+        &a.sim.bus,
+        "pvrdma",
+        pages(&*a.sim.mem, pvrdma::sim_driver::MEM_SIZE),
+    )
 }
 
 fn references() -> &'static [Reference; 3] {
@@ -160,97 +237,19 @@ fn references() -> &'static [Reference; 3] {
     REFS.get_or_init(|| [nic(), disk(), rdma()])
 }
 
-/// Whether `map` is a `Snapshot`: id, version and data bytes.
-fn is_snapshot(map: &Map<String, Value>) -> bool {
-    map.len() == 3
-        && map.get("id").is_some_and(Value::is_string)
-        && map.get("version").is_some_and(Value::is_u64)
-        && map.get("data").is_some_and(Value::is_array)
-}
-
-/// Decodes the state of every snapshot in `v` in place.
-fn open(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            if is_snapshot(map) {
-                if let Some(data) = map.get_mut("data") {
-                    let bytes: Option<Vec<u8>> = data
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
-                        .collect();
-                    if let Some(state) =
-                        bytes.and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                    {
-                        *data = json!({ OPENED: state });
-                    }
-                }
-            }
-            map.values_mut().for_each(open);
-        }
-        Value::Array(items) => items.iter_mut().for_each(open),
-        _ => {}
-    }
-}
-
-/// Encodes every opened state back into its snapshot's bytes, innermost first.
-fn close(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            map.values_mut().for_each(close);
-            if let Some(data) = map.get_mut("data") {
-                if let Some(state) = data.as_object_mut().and_then(|m| m.remove(OPENED)) {
-                    let bytes = serde_json::to_vec(&state).unwrap_or_default();
-                    *data = json!(bytes);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(close),
-        _ => {}
-    }
-}
-
-/// Nodes in `v`, itself included.
-fn count(v: &Value) -> usize {
-    match v {
-        Value::Object(map) => 1 + map.values().map(count).sum::<usize>(),
-        Value::Array(items) => 1 + items.iter().map(count).sum::<usize>(),
-        _ => 1,
-    }
-}
-
-/// The `n`-th node of `v` in pre-order.
-fn nth(v: &mut Value, n: usize) -> Option<&mut Value> {
-    let Some(mut n) = n.checked_sub(1) else {
-        return Some(v);
+/// One change to `state` at byte `at`.
+fn mutate(state: &mut Vec<u8>, at: usize, input: &mut Input<'_>) {
+    let Some(at) = at.checked_rem(state.len()) else {
+        return;
     };
-    let children: Box<dyn Iterator<Item = &mut Value>> = match v {
-        Value::Object(map) => Box::new(map.values_mut()),
-        Value::Array(items) => Box::new(items.iter_mut()),
-        _ => return None,
-    };
-    for child in children {
-        let size = count(child);
-        if n < size {
-            return nth(child, n);
-        }
-        n -= size;
-    }
-    None
-}
-
-/// One change to the `n`-th node of `tree`; `other` is another node's value.
-fn mutate(tree: &mut Value, n: usize, other: Value, input: &mut Input<'_>) {
-    let Some(v) = nth(tree, n) else { return };
-    *v = match input.u8() % 9 {
-        0 => json!(input.u64()),
-        1 => json!(input.u8()),
+    let (old, len) = read_varint(&state[at..]);
+    let number = match input.u8() % 8 {
+        0 => Some(input.u64()),
+        1 => Some(input.u8().into()),
         2 => {
-            const BOUNDARIES: [i128; 14] = [
+            const BOUNDARIES: [u64; 12] = [
                 0,
                 1,
-                -1,
                 0xff,
                 0x100,
                 0xffff,
@@ -259,69 +258,55 @@ fn mutate(tree: &mut Value, n: usize, other: Value, input: &mut Input<'_>) {
                 0x1_0000_0000,
                 4095,
                 4096,
-                i64::MAX as i128,
-                u64::MAX as i128,
-                i64::MIN as i128,
+                i64::MAX as u64,
+                u64::MAX,
             ];
-            match BOUNDARIES[usize::from(input.u8()) % BOUNDARIES.len()] {
-                b if b < 0 => json!(b as i64),
-                b => json!(b as u64),
-            }
+            Some(BOUNDARIES[usize::from(input.u8()) % BOUNDARIES.len()])
         }
-        3 => {
-            // Near the old value: off by a little either way.
-            let delta = i64::from(input.u8() as i8);
-            match v.as_u64() {
-                Some(n) => json!(n.wrapping_add_signed(delta)),
-                None => json!(delta),
-            }
+        // Near the old value: off by a little either way.
+        3 => Some(old.wrapping_add_signed(i64::from(input.u8() as i8))),
+        4 => {
+            state[at] ^= 1 << (input.u8() % 8);
+            None
         }
-        4 => json!(!v.as_bool().unwrap_or(false)),
-        5 => Value::Null,
+        5 => {
+            let end = (at + usize::from(input.u8() % 16) + 1).min(state.len());
+            state.drain(at..end);
+            None
+        }
         6 => {
-            let mut changed = v.take();
-            match &mut changed {
-                Value::Array(items) if !items.is_empty() => {
-                    let i = usize::from(input.u8()) % items.len();
-                    if input.bool() {
-                        items.remove(i);
-                    } else {
-                        let copy = items[i].clone();
-                        items.insert(i, copy);
-                    }
-                }
-                Value::Object(map) if !map.is_empty() => {
-                    let i = usize::from(input.u8()) % map.len();
-                    if let Some(k) = map.keys().nth(i).cloned() {
-                        map.remove(&k);
-                    }
-                }
-                _ => {}
-            }
-            changed
+            let end = (at + usize::from(input.u8() % 16) + 1).min(state.len());
+            let copy = state[at..end].to_vec();
+            state.splice(at..at, copy);
+            None
         }
-        7 => other,
-        _ => json!(String::from_utf8_lossy(input.chunk(32))),
+        _ => {
+            let from = usize::from(input.u16()) % state.len();
+            let end = (from + usize::from(input.u8() % 16) + 1).min(state.len());
+            let copy = state[from..end].to_vec();
+            let to = (at + copy.len()).min(state.len());
+            state.splice(at..to, copy);
+            None
+        }
     };
+    if let Some(n) = number {
+        state.splice(at..at + len, varint(n));
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
     let kind = usize::from(input.u8() % 3);
     let reference = &references()[kind];
-    let mut tree = reference.tree.clone();
+    let mut state = reference.state.clone();
     for _ in 0..1 + input.u8() % MAX_MUTATIONS {
         if input.is_empty() {
             break;
         }
-        let nodes = count(&tree);
-        let n = usize::from(input.u16()) % nodes;
-        let other = usize::from(input.u16()) % nodes;
-        let other = nth(&mut tree, other).map(|v| v.clone()).unwrap_or_default();
-        mutate(&mut tree, n, other, &mut input);
+        let at = usize::from(input.u16());
+        mutate(&mut state, at, &mut input);
     }
-    close(&mut tree);
-    let mut bytes = serde_json::to_vec(&tree).expect("JSON encodes");
+    let mut bytes = reference.with_state(&state);
     if input.u8() == 0xff {
         bytes.truncate(usize::from(input.u16()) % bytes.len());
     }

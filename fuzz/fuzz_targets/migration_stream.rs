@@ -3,7 +3,7 @@
 //! - as a destination reads it: up to 64 framed requests, each header checked against its
 //!   command's ceiling, payloads read incrementally; `Start` checked, `Config` parsed as JSON
 //!   (which turns on a 1 MiB guest), `Memory` read as a `MemoryRangeTable` whose ranges must
-//!   lie in that guest and whose bytes are copied there, `State` decoded as a `Snapshot`; the
+//!   lie in that guest and whose bytes are copied there, `State` decoded as a `Snapshot` (its state as nested snapshots); the
 //!   destination's answer to each goes into a reply stream, which then reads back;
 //! - as a source reads the destination's answers (`read_response`);
 //! - the range tables themselves: built from a fuzzer bitmap, split into batches.
@@ -67,8 +67,9 @@ fn state(payload: &[u8]) -> Result<(), String> {
     let snapshot = Snapshot::from_bytes(payload).map_err(|e| e.to_string())?;
     let again = Snapshot::from_bytes(&snapshot.to_bytes()).expect("a snapshot re-encodes");
     assert_eq!(again, snapshot);
+    // The binary state names no types: decode it as what a bus holds, nested snapshots.
     snapshot
-        .state::<serde_json::Value>(&snapshot.id, snapshot.version)
+        .state::<Vec<Snapshot>>(&snapshot.id, snapshot.version)
         .map(drop)
         .map_err(|e| e.to_string())
 }

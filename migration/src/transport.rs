@@ -3,10 +3,12 @@
 //! `file:///dir` for snapshots.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
+
+use crate::tls::{TlsClient, TlsServer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UrlError {
@@ -14,6 +16,16 @@ pub enum UrlError {
     Scheme(String),
     #[error("'{0}' is not a snapshot URL (expected file:///absolute/dir)")]
     File(String),
+    #[error("Cannot resolve {0}")]
+    Resolve(String, #[source] io::Error),
+    #[error(
+        "{0} is not a loopback address: plain TCP would let anyone on the network drive the \
+         migration and read guest memory; give a TLS certificate, key and CA (--tls-cert, \
+         --tls-key, --tls-ca), or allow plain TCP explicitly (--allow-plaintext)"
+    )]
+    Plaintext(String),
+    #[error("TLS is for tcp: URLs, not {0} (a unix: socket stays on this host)")]
+    TlsNeedsTcp(String),
 }
 
 /// A stream endpoint of a migration.
@@ -95,22 +107,28 @@ impl Stream for TcpStream {
 }
 
 impl MigrationUrl {
-    /// Connects to a destination that is receiving.
-    pub fn connect(&self) -> io::Result<Box<dyn Stream>> {
-        Ok(match self {
-            Self::Unix(path) => Box::new(UnixStream::connect(path)?),
-            Self::Tcp(addr) => {
+    /// Connects to a destination that is receiving, over TLS if `tls`
+    /// (only a `tcp:` URL has a host to check a certificate against).
+    pub fn connect(&self, tls: Option<&TlsClient>) -> io::Result<Box<dyn Stream>> {
+        Ok(match (self, tls) {
+            (Self::Unix(path), None) => Box::new(UnixStream::connect(path)?),
+            (Self::Unix(_), Some(_)) => return Err(tls_needs_tcp()),
+            (Self::Tcp(addr), tls) => {
                 let s = TcpStream::connect(addr)?;
                 s.set_nodelay(true)?;
-                Box::new(s)
+                match tls {
+                    Some(tls) => tls.connect(self.host(), s)?,
+                    None => Box::new(s),
+                }
             }
         })
     }
 
-    /// Listens here and returns a listener that accepts one source.
-    pub fn listen(&self) -> io::Result<Listener> {
-        Ok(match self {
-            Self::Unix(path) => {
+    /// Listens here and returns a listener that accepts one source, over
+    /// TLS if `tls`.
+    pub fn listen(&self, tls: Option<TlsServer>) -> io::Result<Listener> {
+        Ok(match (self, tls) {
+            (Self::Unix(path), None) => {
                 // A socket file left by an earlier receiver is replaced.
                 if std::fs::symlink_metadata(path)
                     .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
@@ -120,26 +138,83 @@ impl MigrationUrl {
                 }
                 Listener::Unix(UnixListener::bind(path)?, path.clone())
             }
-            Self::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr)?),
+            (Self::Unix(_), Some(_)) => return Err(tls_needs_tcp()),
+            (Self::Tcp(addr), tls) => Listener::Tcp(TcpListener::bind(addr)?, tls),
         })
     }
+
+    /// The host part of a `tcp:` URL (empty for `unix:`).
+    fn host(&self) -> &str {
+        match self {
+            Self::Tcp(addr) => addr.rsplit_once(':').map_or("", |(host, _)| host),
+            Self::Unix(_) => "",
+        }
+    }
+
+    /// Refuses plain TCP beyond this host: without TLS anyone on the
+    /// network may drive the migration and read guest memory, so that
+    /// takes the user's explicit `allow_plaintext`. Unix sockets and
+    /// addresses that resolve to loopback only stay on this host. TLS
+    /// asked for a `unix:` URL is refused too, rather than ignored.
+    pub fn check_plaintext(&self, tls: bool, allow_plaintext: bool) -> Result<(), UrlError> {
+        let Self::Tcp(addr) = self else {
+            return match tls {
+                true => Err(UrlError::TlsNeedsTcp(self.to_string())),
+                false => Ok(()),
+            };
+        };
+        if tls || allow_plaintext {
+            return Ok(());
+        }
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| UrlError::Resolve(addr.clone(), e))?
+            .collect();
+        if !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()) {
+            return Ok(());
+        }
+        Err(UrlError::Plaintext(self.to_string()))
+    }
+}
+
+fn tls_needs_tcp() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "TLS is for tcp: URLs (a unix: socket stays on this host)",
+    )
+}
+
+/// Why [`Listener::accept`] gave no stream.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    /// The listening socket failed: nothing more will arrive.
+    #[error("Cannot accept on the migration socket")]
+    Socket(#[source] io::Error),
+    /// One peer was refused (TLS handshake, certificate): the listener
+    /// goes on.
+    #[error("Refused a connection from {0}")]
+    Peer(String, #[source] io::Error),
 }
 
 /// A receiver's listening socket; a Unix one removes its file when dropped.
 #[derive(Debug)]
 pub enum Listener {
     Unix(UnixListener, PathBuf),
-    Tcp(TcpListener),
+    Tcp(TcpListener, Option<TlsServer>),
 }
 
 impl Listener {
-    pub fn accept(&self) -> io::Result<Box<dyn Stream>> {
+    pub fn accept(&self) -> Result<Box<dyn Stream>, AcceptError> {
         Ok(match self {
-            Self::Unix(l, _) => Box::new(l.accept()?.0),
-            Self::Tcp(l) => {
-                let s = l.accept()?.0;
-                s.set_nodelay(true)?;
-                Box::new(s)
+            Self::Unix(l, _) => Box::new(l.accept().map_err(AcceptError::Socket)?.0),
+            Self::Tcp(l, tls) => {
+                let (s, peer) = l.accept().map_err(AcceptError::Socket)?;
+                let refused = |e| AcceptError::Peer(peer.to_string(), e);
+                s.set_nodelay(true).map_err(refused)?;
+                match tls {
+                    Some(tls) => tls.accept(s).map_err(refused)?,
+                    None => Box::new(s),
+                }
             }
         })
     }
@@ -180,11 +255,31 @@ mod tests {
     }
 
     #[test]
+    fn plain_tcp_beyond_loopback_needs_consent() {
+        let url = |s: &str| s.parse::<MigrationUrl>().unwrap();
+        for local in ["tcp:127.0.0.1:6000", "tcp:[::1]:6000", "tcp:localhost:6000"] {
+            url(local).check_plaintext(false, false).unwrap();
+        }
+        for remote in ["tcp:0.0.0.0:6000", "tcp:10.0.0.2:6000", "tcp:[::]:6000"] {
+            let e = url(remote).check_plaintext(false, false).unwrap_err();
+            assert!(matches!(e, UrlError::Plaintext(_)), "{remote}: {e}");
+            assert!(e.to_string().contains("--allow-plaintext"));
+            url(remote).check_plaintext(true, false).unwrap();
+            url(remote).check_plaintext(false, true).unwrap();
+        }
+        url("unix:/m.sock").check_plaintext(false, false).unwrap();
+        assert!(matches!(
+            url("unix:/m.sock").check_plaintext(true, false),
+            Err(UrlError::TlsNeedsTcp(_))
+        ));
+    }
+
+    #[test]
     fn unix_listener_accepts_and_cleans_up() {
         let path = std::env::temp_dir().join(format!("mig-{}.sock", std::process::id()));
         let url = MigrationUrl::Unix(path.clone());
-        let l = url.listen().unwrap();
-        let mut c = url.connect().unwrap();
+        let l = url.listen(None).unwrap();
+        let mut c = url.connect(None).unwrap();
         let mut s = l.accept().unwrap();
         c.write_all(b"hi").unwrap();
         let mut buf = [0u8; 2];

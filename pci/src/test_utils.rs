@@ -122,23 +122,35 @@ pub fn enable_all_vectors(config: &mut PciConfiguration, msix: &mut Msix) {
     assert!(msix.enabled());
 }
 
-/// One registered ioeventfd.
-#[derive(Debug)]
-struct Registration {
-    fd: EventFd,
-    addr: u64,
-    datamatch: Option<u32>,
-}
-
 /// Records ioeventfds like KVM: a second registration of the same address
 /// and datamatch fails with EEXIST, unregistering what is not registered
 /// with ENOENT. A [`MockIoEvents::strict`] one panics instead, and on any
-/// datamatch too: for devices that must never do either.
+/// datamatch too: for devices that must never do either. Registrations
+/// are kept by (address, datamatch), so thousands of doorbells cost what
+/// they cost in KVM, not a search each.
 #[derive(Debug, Default)]
 pub struct MockIoEvents {
-    regs: Mutex<Vec<Registration>>,
+    regs: Mutex<Registrations>,
     fail: AtomicBool,
     strict: bool,
+}
+
+/// Each registration's sequence number and copy of its eventfd.
+#[derive(Debug, Default)]
+struct Registrations {
+    next: u64,
+    by_key: BTreeMap<(u64, Option<u32>), (u64, EventFd)>,
+}
+
+impl Registrations {
+    /// The eventfd KVM signals for a 4-byte write of `value` at `addr`:
+    /// an exact datamatch first, else one without.
+    fn find(&self, addr: u64, value: u32) -> Option<&EventFd> {
+        self.by_key
+            .get(&(addr, Some(value)))
+            .or_else(|| self.by_key.get(&(addr, None)))
+            .map(|(_, fd)| fd)
+    }
 }
 
 impl MockIoEvents {
@@ -157,35 +169,36 @@ impl MockIoEvents {
     }
 
     pub fn count(&self) -> usize {
-        lock(&self.regs).len()
+        lock(&self.regs).by_key.len()
     }
 
     /// (address, datamatch) of every registration, sorted.
     pub fn registrations(&self) -> Vec<(u64, Option<u32>)> {
-        let mut all: Vec<_> = lock(&self.regs)
-            .iter()
-            .map(|r| (r.addr, r.datamatch))
-            .collect();
-        all.sort_unstable();
-        all
+        lock(&self.regs).by_key.keys().copied().collect()
     }
 
     /// (address, eventfd) of every registration, in registration order, so
     /// a test can signal a doorbell as KVM would.
     pub fn doorbells(&self) -> Vec<(u64, EventFd)> {
-        lock(&self.regs)
+        let regs = lock(&self.regs);
+        let mut all: Vec<_> = regs
+            .by_key
             .iter()
-            .map(|r| (r.addr, r.fd.try_clone().unwrap_or_else(|e| panic!("{e}"))))
-            .collect()
+            .map(|(&(addr, _), (seq, fd))| {
+                let fd = fd.try_clone().unwrap_or_else(|e| panic!("{e}"));
+                (*seq, addr, fd)
+            })
+            .collect();
+        all.sort_unstable_by_key(|&(seq, ..)| seq);
+        all.into_iter().map(|(_, addr, fd)| (addr, fd)).collect()
     }
 
     /// The eventfd KVM would signal for a 4-byte write of `value` at
     /// `addr`, if any.
     pub fn lookup(&self, addr: u64, value: u32) -> Option<EventFd> {
         lock(&self.regs)
-            .iter()
-            .find(|r| r.addr == addr && r.datamatch.is_none_or(|d| d == value))
-            .and_then(|r| r.fd.try_clone().ok())
+            .find(addr, value)
+            .and_then(|fd| fd.try_clone().ok())
     }
 
     /// Signals the eventfd KVM would for a 4-byte write of `value` at
@@ -193,13 +206,10 @@ impl MockIoEvents {
     /// would weigh on latency benchmarks). False when none matches.
     pub fn signal(&self, addr: u64, value: u32) -> bool {
         let regs = lock(&self.regs);
-        let Some(r) = regs
-            .iter()
-            .find(|r| r.addr == addr && r.datamatch.is_none_or(|d| d == value))
-        else {
+        let Some(fd) = regs.find(addr, value) else {
             return false;
         };
-        r.fd.write(1).unwrap_or_else(|e| panic!("ioeventfd: {e}"));
+        fd.write(1).unwrap_or_else(|e| panic!("ioeventfd: {e}"));
         true
     }
 }
@@ -213,26 +223,19 @@ impl IoEventRegistrar for MockIoEvents {
             return Err(io::Error::from_raw_os_error(libc_errno::EMFILE));
         }
         let mut regs = lock(&self.regs);
-        if regs
-            .iter()
-            .any(|r| r.addr == addr && r.datamatch == datamatch)
-        {
+        if regs.by_key.contains_key(&(addr, datamatch)) {
             assert!(!self.strict, "registered {addr:#x} twice");
             return Err(io::Error::from_raw_os_error(libc_errno::EEXIST));
         }
-        regs.push(Registration {
-            fd: fd.try_clone()?,
-            addr,
-            datamatch,
-        });
+        let seq = regs.next;
+        regs.next += 1;
+        regs.by_key
+            .insert((addr, datamatch), (seq, fd.try_clone()?));
         Ok(())
     }
 
     fn unregister(&self, _fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
-        let mut regs = lock(&self.regs);
-        let before = regs.len();
-        regs.retain(|r| !(r.addr == addr && r.datamatch == datamatch));
-        if regs.len() == before {
+        if lock(&self.regs).by_key.remove(&(addr, datamatch)).is_none() {
             assert!(
                 !self.strict,
                 "unregistered {addr:#x}, which is not registered"

@@ -1,7 +1,8 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
 # Stage "guest": the L2 guest's initramfs (busybox /init + kernel modules + the userspace tree) and
-# its raw ext4 root disk (userspace tree + an id file the guest prints to prove it read the disk).
+# its raw ext4 root disk (the userspace's full tree, with UCX and Open MPI, + an id file the guest
+# prints to prove it read the disk).
 # Inputs (env): RES OUT KVER KERNEL_DIR USERSPACE_DIR GUEST_MODULES GUEST_EXTRA_MODULES ROOTDISK_ID.
 # GUEST_MODULES are loaded at boot (guest/init loads everything in load-order); GUEST_EXTRA_MODULES
 # are only in the module tree (modules.dep covers them), for tests to load with modprobe/insmod.
@@ -31,7 +32,7 @@ mk_cpio_gz "$initrd" "$OUT/initramfs.cpio.gz"
 log "initramfs: $(du -h "$OUT/initramfs.cpio.gz" | cut -f1)"
 
 disk=$work/rootdisk
-cp -a "$USERSPACE_DIR/root" "$disk"
+cp -a "$USERSPACE_DIR/full" "$disk"
 mkdir -p "$disk"/{proc,sys,dev,tmp,run}
 printf '%s\n' "$ROOTDISK_ID" > "$disk/etc/pvrdma-vmm-rootdisk"
 # Size: the tree plus 25% and 16 MiB for ext4's metadata and journal; built from the directory with

@@ -12,10 +12,11 @@
 # The scenario prepends:
 #   RDMA_DEV        vmw_pvrdma0 (the device under test), or rxe0 (the baseline: this script
 #                   loads rdma_rxe and adds rxe0 on eth0)
-#   MY_IP HOST_IP   eth0's address and the test host's bridge (the target's address) (/24)
-#   SIG_PORT        TCP port of the test host's signal server: "target-ready"/"target-failed"
-#                   (nvmet's port listens, or will not), CHECKED_SIGNAL (it read back what this
-#                   guest wrote, on its side)
+#   MY_IP HOST_IP   eth0's address and the test host's bridge (/24)
+#   TARGET_IP       the target's address (default HOST_IP; another guest's for guest to guest)
+#   SIG_PORT        TCP port of the test host's signal server: READY_SIGNAL/FAILED_SIGNAL
+#                   (default "target-ready"/"target-failed": nvmet's port listens, or will not),
+#                   CHECKED_SIGNAL (the target's side read back what this guest wrote)
 #   NQN PORT        the subsystem's NQN and the target's port (4420)
 #   HOSTNQN HOSTID  this host's NQN and ID, given to nvme-cli (no /etc/nvme, no DMI UUID here)
 #   SIZE_MIB        the namespace's size
@@ -55,14 +56,13 @@
 #   NVMEOF-DONE ok=1|0, or NVMEOF-FAIL <why> (set-up failure; the script then ends with status 1)
 
 DEV=$RDMA_DEV
+TARGET_IP=${TARGET_IP:-$HOST_IP}
+READY_SIGNAL=${READY_SIGNAL:-target-ready}
+FAILED_SIGNAL=${FAILED_SIGNAL:-target-failed}
 say() { echo "NVMEOF-$*"; }
 # kernel_log: the framed part of the kernel's log a test reads (the console shows only errors:
 # `quiet`).
-kernel_log() {
-  echo "SECTION-BEGIN kernel-log"
-  dmesg | grep -E 'nvme|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:|timeout|I/O error|blk_update_request'
-  echo "SECTION-END kernel-log rc=0"
-}
+kernel_log() { kernel_log_section 'nvme|rdma|pvrdma|WARNING|BUG|Call Trace|RIP:|timeout|I/O error|blk_update_request'; }
 fail() {
   say "FAIL $*"
   driver_log
@@ -100,14 +100,14 @@ modprobe nvme-rdma || fail "modprobe nvme-rdma"
 say "MODULES$(for m in nvme_core nvme_fabrics nvme_rdma rdma_cm; do printf ' %s=%s' "$m" "$([ -d "/sys/module/$m" ] && echo 1 || echo 0)"; done)"
 [ -c /dev/nvme-fabrics ] || fail "no /dev/nvme-fabrics after loading nvme-rdma"
 
-got=$(wait_host_signal "$READY_WAIT" target-ready target-failed) || got=nothing
-[ "$got" = target-ready ] || fail "the test host's target is not ready: $got"
+got=$(wait_host_signal "$READY_WAIT" "$READY_SIGNAL" "$FAILED_SIGNAL") || got=nothing
+[ "$got" = "$READY_SIGNAL" ] || fail "the target is not ready: $got"
 
 NVME_ID="--hostnqn=$HOSTNQN --hostid=$HOSTID"
 # shellcheck disable=SC2086 # NVME_ID: two options
-section discover nvme discover -t rdma -a "$HOST_IP" -s "$PORT" $NVME_ID || fail "nvme discover failed"
+section discover nvme discover -t rdma -a "$TARGET_IP" -s "$PORT" $NVME_ID || fail "nvme discover failed"
 # shellcheck disable=SC2086
-section connect nvme connect -t rdma -a "$HOST_IP" -s "$PORT" -n "$NQN" $NVME_ID --ctrl-loss-tmo="$CTRL_LOSS_TMO" ||
+section connect nvme connect -t rdma -a "$TARGET_IP" -s "$PORT" -n "$NQN" $NVME_ID --ctrl-loss-tmo="$CTRL_LOSS_TMO" ||
   fail "nvme connect failed"
 
 # The controller of NQN and its namespace's block device (with native multipath, the subsystem's

@@ -16,12 +16,12 @@
 #   PP_ITERS PERF_ITERS PING_COUNT  iteration counts (pingpongs, perftest, rping)
 #   LOSS_PP_ITERS   iterations of the pingpong under loss (enough frames for netem to hit)
 #
-# The steps run in the order of the table at the end, by the protocol of tests/guest/steps.sh
+# The steps run in the order of the table at the end, by the protocol of the step protocol of tests/guest/lib.sh
 # (which the scenario puts in front of this script); each has a server party, a client party (a, b,
 # c, or l for L1) and a TCP port (or rdma_cm port) of its own. The test host serves its own signals
 # (gates, and its rxe servers); it reads the guests' serial consoles for theirs.
 #
-# Output, parsed by tests/tests/rdma.rs (and that of tests/guest/steps.sh):
+# Output, parsed by tests/tests/rdma.rs (and that of the step protocol of tests/guest/lib.sh):
 #   RDMA-GID idx=N gid=G type=T      the GID index used: the RoCE v2 GID of MY_IP
 #   RDMA-DONE role=R                 every step was gone through
 #   RDMA-ALIVE role=R uptime=S       every 30 s (also inside sections)
@@ -30,9 +30,6 @@
 
 DEV=vmw_pvrdma0
 SIG_DIR=/tmp/sig
-# A client failing with one of these could not reach a listening server (yet): worth another try.
-# shellcheck disable=SC2034 # read by tests/guest/steps.sh
-RETRY_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 
 say() { echo "RDMA-$*"; }
 fail() {

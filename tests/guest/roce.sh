@@ -12,19 +12,19 @@
 #   MY_IP           eth0's address (/24); IP_A .. IP_E, HOST_IP: the guests' and the bridge's
 #   VLAN            the VLAN id of eth0.VLAN (c, d, e); VIP_C VIP_D VIP_E: their addresses there
 #   GID_TYPE        the sysfs type of the GIDs the programs use ("IB/RoCE v1" or "RoCE v2")
-#   SIG_PORT LIMIT READY_WAIT RETRY_WAIT GATE_WAIT: as tests/guest/steps.sh (which the scenario
+#   SIG_PORT LIMIT READY_WAIT RETRY_WAIT GATE_WAIT: as the step protocol of tests/guest/lib.sh (which the scenario
 #                   puts in front of this script) uses them
 #   PP_ITERS PING_COUNT  iterations of the pingpongs and of rping
 #   CM_LIMIT        LIMIT of the rpings over the VLAN, which cannot connect (tests/tests/roce.rs)
 #
-# Steps (tests/guest/steps.sh's protocol; the server party first):
+# Steps (the step protocol of tests/guest/lib.sh's protocol; the server party first):
 #   a <- b   over eth0, RoCE v1: ibv_rc_pingpong -c, rping -v -V
 #   c <- d   over eth0.VLAN (c's side on the wire): ibv_rc_pingpong -c, ibv_ud_pingpong -c, rping
 #   d <- e   over eth0.VLAN, on the same-host channel: the same
 # The VLAN steps use the RoCE v2 GID of the eth0.VLAN address and connect to the server's address
 # there, so that the guest's IP stack (ARP, the programs' TCP) speaks on the VLAN first.
 #
-# Output, parsed by tests/tests/roce.rs (and that of tests/guest/steps.sh):
+# Output, parsed by tests/tests/roce.rs (and that of the step protocol of tests/guest/lib.sh):
 #   RDMA-NET-OK role=R ip=IP mac=MAC [vlan_ip=VIP]
 #   RDMA-GID idx=N gid=G type=T ndev=D   the GID the programs use: of MY_IP (a, b) or of the
 #                                        eth0.VLAN address (c, d, e), of type GID_TYPE
@@ -37,8 +37,6 @@
 
 DEV=vmw_pvrdma0
 SIG_DIR=/tmp/sig
-# shellcheck disable=SC2034 # read by tests/guest/steps.sh
-RETRY_RE="Couldn't connect to|RDMA_CM_EVENT_REJECTED"
 # Which addresses ip_of gives: eth0's, or those on the VLAN (set before each group of steps).
 NET=eth0
 

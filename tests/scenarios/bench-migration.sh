@@ -148,7 +148,7 @@ SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18
     receiver "$p-$dst" || true
     pid_dst=$VMM_PID
     log "bench-migration: $mem MiB, cell $cell ($qps QPs): $src -> $dst"
-    receive_rc=$(remote_cmd "$p-cell$cell-receive" --api-socket "$WORK/$p-$dst.api" receive-migration "tcp:127.0.0.1:$mport" --tap "$mac_b=$dst_tap" --no-wait)
+    receive_rc=$(remote_cmd "$p-cell$cell-receive" --api-socket "$WORK/$p-$dst.api" receive-migration "tcp:127.0.0.1:$mport" --tap "$mac_b=$dst_tap" --disk-dir "$WORK" --no-wait)
     send_rc=$(remote_cmd "$p-cell$cell-send" --api-socket "$WORK/$p-$src.api" send-migration "tcp:127.0.0.1:$mport" \
       --downtime-ms "$DOWNTIME_MS" --timeout-s "$MIGRATION_TIMEOUT")
     # The traffic ended before the switch-over: the end of this migration was not under traffic.

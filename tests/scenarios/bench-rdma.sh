@@ -29,20 +29,9 @@ ip addr add "$HOST_IP/24" dev br0
 l1_tap tapa br0
 l1_tap tapb br0
 
-# roce_counter DEV: RoCE v2 frames (UDP 4791) this host sends to DEV go through class 1:3 of a
-# prio qdisc (everything else through 1:1), whose counters then count them (as in rdma.sh). The
-# same qdisc for every configuration.
-roce_counter() {
-  tc qdisc add dev "$1" root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
-    tc filter add dev "$1" parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3
-}
-# roce_frames DEV: how many went through it so far.
-roce_frames() {
-  tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
-}
 modprobe -a sch_prio cls_u32 || true
 for dev in tapa tapb; do
-  roce_counter "$dev" || record bench "counter_$dev=fail"
+  frame_counter "$dev" || record bench "counter_$dev=fail"
 done
 
 # launch CONFIG ROLE IP MAC: one guest of CONFIG in the background; its pid in GUEST_PID.
@@ -105,7 +94,7 @@ for config in ${CONFIGS:?}; do
   pair=$((pair + 1))
   log "bench-rdma: $config pair"
   t0=$(now_us)
-  before_a=$(roce_frames tapa) before_b=$(roce_frames tapb)
+  before_a=$(frames_counted tapa) before_b=$(frames_counted tapb)
   # MACs of their own per pair: no same-host channel socket of a previous pair is ever addressed.
   launch "$config" a "$IP_A" "52:54:00:13:0$pair:01"
   pid_a=$GUEST_PID
@@ -118,7 +107,7 @@ for config in ${CONFIGS:?}; do
   wait_for_line "$OUT/bench-$config-a-serial.log" 'GUEST-POWEROFF' 60 "$pid_a" || true
   wait_for_exit "$pid_a" 60
   exit_a=$EXIT_STATUS
-  after_a=$(roce_frames tapa) after_b=$(roce_frames tapb)
+  after_a=$(frames_counted tapa) after_b=$(frames_counted tapb)
   figures "$config"
   fails=$(grep -h -o 'BENCH-RDMA-FAIL.*' "$OUT/bench-$config-a-serial.log" "$OUT/bench-$config-b-serial.log" | tr -d '\r' | tr ' ' '_' | paste -sd' ' -) || true
   record bench "$config.a_exit=$exit_a" "$config.b_exit=$exit_b" \

@@ -142,7 +142,7 @@ isolate_network() {
 
 # guest_script_disk IMG HEADER SCRIPT...: the raw disk a `pvtest=run pvrun=/dev/vdX` guest runs
 # (guest/init): HEADER (variable assignments, one per line), the guest helpers (guest/lib.sh), then
-# the SCRIPTs' text (helpers such as guest/steps.sh first), NUL-padded to whole 512-byte sectors.
+# the SCRIPTs' text, NUL-padded to whole 512-byte sectors.
 # A copy of the text goes to $OUT/<IMG's name>.sh for the logs.
 guest_script_disk() {
   local img=$1 header=$2 script
@@ -207,4 +207,38 @@ wait_rxe_gid() {
     (($(now_us) < end)) || return 1
     sleep 0.5
   done
+}
+
+# frame_counter DEV [MATCH...]: the frames this host sends out of DEV that a tc u32 filter of
+# MATCH selects (default: RoCE v2, UDP 4791) go through class 1:3 of a prio qdisc, everything else
+# through 1:1; the class's counters then count them (frames_counted). Needs sch_prio and cls_u32.
+frame_counter() {
+  local dev=$1
+  shift
+  (($#)) || set -- protocol ip u32 match ip protocol 17 0xff match ip dport 4791 0xffff
+  tc qdisc add dev "$dev" root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
+    tc filter add dev "$dev" parent 1: prio 1 "$@" flowid 1:3
+}
+# frames_counted DEV: how many frames frame_counter DEV counted so far.
+frames_counted() {
+  tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
+}
+
+# migrate_vm ENV SRC DST API TAPMAP [ARGS...]: live-migrates the VM of VMM SRC (API socket API) to a new VMM
+# DST started here (console $OUT/DST-serial.log), over a Unix socket, with pvrdma-remote on both
+# sides (receive-migration --tap TAPMAP: "MAC=TAP", --disk-dir $WORK, where guest_script_disk puts
+# the disks, and ARGS, e.g. more --disk-dir; send-migration --downtime-ms 300). Records in
+# $OUT/ENV.env mig_receive_rc, mig_send_rc, mig_seconds and mig_completed (send-migration's
+# "migration completed: ..." line: the blackout; the whole output in $OUT/SRC-to-DST-remote.log).
+# Sets VMM_PID to DST's.
+migrate_vm() {
+  local env=$1 src=$2 dst=$3 api=$4 taps=$5 url=unix:$WORK/$3.sock t
+  shift 5
+  start_receiver "$dst" "$WORK/$dst.api"
+  t=$(now_us)
+  record "$env" "mig_receive_rc=$(remote_cmd "$dst" --api-socket "$WORK/$dst.api" receive-migration "$url" --tap "$taps" --disk-dir "$WORK" "$@" --no-wait)"
+  record "$env" "mig_send_rc=$(remote_cmd "$src-to-$dst" --api-socket "$api" send-migration "$url" --downtime-ms 300)"
+  record "$env" "mig_seconds=$(since "$t")"
+  record "$env" "mig_completed=$(grep -m1 '^migration completed:' "$OUT/$src-to-$dst-remote.log" || true)"
+  log "migration: $(grep '^mig_' "$OUT/$env.env" | tr '\n' ' ')"
 }

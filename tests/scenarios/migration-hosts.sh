@@ -4,11 +4,12 @@
 # traffic. It runs on BOTH test hosts of a pair (e2e::testhost::Hosts::Pair), each with a bridge
 # br0 that spans both over their cable (eth0); PVRDMA_HOST says which one this is:
 #   a (10.15.0.253): guests A (10.15.0.1) and B (10.15.0.2) run ibv_rc_pingpong -c and rping -V
-#      against each other (scripts/demo-guest.sh); mid-run B is migrated to host b over TCP;
-#   b (10.15.0.254): a VMM waiting for the migration, which then runs B as B2 on a TAP of the
-#      same name as on host a (so no --tap override), and B's disk from the storage both hosts
-#      share (/share/disks, as a migration without storage copy needs). From then on A and B2
-#      talk RoCE v2 over the cable.
+#      against each other (scripts/demo-guest.sh); mid-run B is migrated to host b over TCP with
+#      TLS (certificates of a CA that host b makes in $OUT/tls before it listens);
+#   b (10.15.0.254): a VMM waiting for the migration, which then runs B as B2 on its TAP tapb
+#      (--tap), and B's disk from the storage both hosts share (/share/disks, allowed with
+#      --disk-dir; a migration without storage copy needs it). From then on A and B2 talk
+#      RoCE v2 over the cable.
 # Hosts meet in $OUT (/share, seen by both): b writes hosts-b2-listening once its VMM receives;
 # a writes hosts-a-sent (send-migration's exit status) and hosts-a-done when A has finished.
 # Results: $OUT/migration-hosts-{a,b}.env (each host's records: two machines appending to one file
@@ -22,6 +23,7 @@ MAC_A=52:54:00:15:00:01
 MAC_B=52:54:00:15:00:02
 HOST_B_IP=10.15.0.254
 PORT=6700
+TLS=$OUT/tls
 
 start_clock "$HOSTS_LIMIT"
 rec() { record "migration-hosts-$PVRDMA_HOST" "$@"; }
@@ -29,15 +31,49 @@ rec() { record "migration-hosts-$PVRDMA_HOST" "$@"; }
 l1_bridge br0
 l1_link br0
 
-# link_counters NAME: the cable's frame counters, recorded as NAME_{rx,tx}_packets.
+# RoCE v2 frames (UDP 4791) this host sends over the cable (eth0) are counted apart from the rest
+# (frame_counter). The cable's own frame counters would not do: the migration stream
+# alone is hundreds of thousands of frames.
+modprobe -a sch_prio cls_u32 || true
+if frame_counter eth0; then
+  rec "cable_counter_$PVRDMA_HOST=ok"
+else
+  rec "cable_counter_$PVRDMA_HOST=failed"
+fi
+
+# link_counters NAME: the RoCE v2 frames this host sent over the cable so far, recorded as
+# NAME_roce_tx, and the cable's frame counters (everything), as NAME_{rx,tx}_packets.
 link_counters() {
-  rec "$1_rx_packets=$(cat /sys/class/net/eth0/statistics/rx_packets)" \
+  rec "$1_roce_tx=$(frames_counted eth0)" \
+    "$1_rx_packets=$(cat /sys/class/net/eth0/statistics/rx_packets)" \
     "$1_tx_packets=$(cat /sys/class/net/eth0/statistics/tx_packets)"
 }
 
 # wait_for_file PATH: until host b or a writes PATH, within the scenario's time.
 wait_for_file() {
   wait_for_path "$1" "$(remaining)"
+}
+
+# make_tls: a CA in $TLS and, signed by it, host b's certificate (IP SAN $HOST_B_IP, which
+# send-migration checks) and host a's (which receive-migration requires), keys beside them.
+make_tls() {
+  mkdir -p "$TLS"
+  local key=(-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes)
+  openssl req -x509 "${key[@]}" -days 2 -subj /CN=migration-hosts-ca -keyout "$TLS/ca-key.pem" \
+    -out "$TLS/ca.pem" -addext basicConstraints=critical,CA:TRUE \
+    -addext keyUsage=critical,keyCertSign,cRLSign 2> "$TLS/openssl.log"
+  local end ip
+  for end in a b; do
+    ip=10.15.0.253
+    [[ $end == b ]] && ip=$HOST_B_IP
+    openssl req "${key[@]}" -subj "/CN=host-$end" -keyout "$TLS/$end-key.pem" -out "$WORK/$end.csr" \
+      2>> "$TLS/openssl.log"
+    # A file, not <(...): the test host's /dev has no /dev/fd.
+    printf '%s\n' "subjectAltName=IP:$ip" basicConstraints=CA:FALSE \
+      extendedKeyUsage=serverAuth,clientAuth > "$WORK/$end.ext"
+    openssl x509 -req -in "$WORK/$end.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca-key.pem" -CAcreateserial \
+      -days 2 -out "$TLS/$end.pem" -extfile "$WORK/$end.ext" 2>> "$TLS/openssl.log"
+  done
 }
 
 host_a() {
@@ -58,7 +94,9 @@ host_a() {
   guest_script_disk "$OUT/disks/hosts-b-run.img" "ROLE=client MY_IP=10.15.0.2 PEER_IP=10.15.0.1 $iters" "$guest"
   run_guest hosts-a "$WORK/hosts-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
   local pid_a=$VMM_PID
-  run_guest hosts-b "$OUT/disks/hosts-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
+  # 256 MiB: the migration crosses the emulated cable over TLS, which TCG makes slow (2.4 MiB/s
+  # on a loaded machine, 2026-11-26), and the suite is about the move, not the memory size.
+  VMM_MEMORY=256M run_guest hosts-b "$OUT/disks/hosts-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B" --api-socket "$WORK/b.api"
   local pid_b=$VMM_PID
 
   if wait_for_line "$OUT/hosts-b-serial.log" 'DEMO-TRAFFIC' "$(remaining)" "$pid_b"; then
@@ -67,7 +105,8 @@ host_a() {
     wait_for_file "$OUT/hosts-b2-listening" || true
     local t_mig rc
     t_mig=$(now_us)
-    rc=$(remote_cmd hosts-send --api-socket "$WORK/b.api" send-migration "tcp:$HOST_B_IP:$PORT" --downtime-ms 300)
+    rc=$(remote_cmd hosts-send --api-socket "$WORK/b.api" send-migration "tcp:$HOST_B_IP:$PORT" --downtime-ms 300 \
+      --tls-cert "$TLS/a.pem" --tls-key "$TLS/a-key.pem" --tls-ca "$TLS/ca.pem")
     echo "$rc" > "$OUT/hosts-a-sent"
     rec "send_rc=$rc" "migration_seconds=$(since "$t_mig")"
   else
@@ -92,7 +131,12 @@ host_b() {
   start_receiver hosts-b2 "$WORK/b2.api"
   local pid_b2=$VMM_PID
   local rc
-  rc=$(remote_cmd hosts-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:$HOST_B_IP:$PORT" --no-wait)
+  make_tls
+  # Host a writes B's disk there later; an allowed directory must exist when receiving starts.
+  mkdir -p "$OUT/disks"
+  rc=$(remote_cmd hosts-b2 --api-socket "$WORK/b2.api" receive-migration "tcp:$HOST_B_IP:$PORT" \
+    --tap "$MAC_B=tapb" --disk-dir "$OUT/disks" \
+    --tls-cert "$TLS/b.pem" --tls-key "$TLS/b-key.pem" --tls-ca "$TLS/ca.pem" --no-wait)
   rec "receive_rc=$rc"
   touch "$OUT/hosts-b2-listening"
 

@@ -64,7 +64,7 @@ fi
 migrate() {
   local from=$1 to=$2 url=$3
   start_receiver "peers-$to" "$WORK/peers-$to.api"
-  record migration-peers "${to}_receive_rc=$(remote_cmd "peers-$to" --api-socket "$WORK/peers-$to.api" receive-migration "$url" --tap "$MAC_B=tap$to" --no-wait)"
+  record migration-peers "${to}_receive_rc=$(remote_cmd "peers-$to" --api-socket "$WORK/peers-$to.api" receive-migration "$url" --tap "$MAC_B=tap$to" --disk-dir "$WORK" --no-wait)"
   record migration-peers "${to}_send_rc=$(remote_cmd "peers-$from-to-$to" --api-socket "$WORK/peers-$from.api" send-migration "$url" --downtime-ms 300)"
 }
 

@@ -28,7 +28,7 @@
 # Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
 # B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
 # results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
-# $OUT/nvmeof-a-to-a2-remote.log (send-migration's output: the blackout),
+# $OUT/nvmeof-a-to-nvmeof-a2-remote.log (send-migration's output: the blackout),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's and nfsd's side), $OUT/rxe-devinfo.txt;
 # $OUT/nfsrdma.env (the NFS server's set-up and check, the NFS guest's VMM exit and panics),
 # $OUT/nfsrdma-{serial,vmm}.log (see tests/guest/nfsrdma.sh), $OUT/nfsrdma-host-manifest.txt and
@@ -52,6 +52,17 @@ BASELINE_CHUNK_MIB=${BASELINE_CHUNK_MIB:-8}
 MIG_MIB=${MIG_MIB:-8}
 MIG_AFTER=${MIG_AFTER:-4}
 MIG_SECONDS=${MIG_SECONDS:-600}
+MIG_STALL=${MIG_STALL:-240}
+# Guest to guest: the target guest's RAM disk, what each initiator writes, and per chunk.
+G2G_MIB=${G2G_MIB:-32}
+G2G_CHUNK_MIB=${G2G_CHUNK_MIB:-16}
+G2G_NQN=nqn.2026-11.dev.pvrdma-vmm:guest-target
+MAC_T=52:54:00:20:00:05
+MAC_I1=52:54:00:20:00:06
+MAC_I2=52:54:00:20:00:07
+IP_T=10.20.0.5
+IP_I1=10.20.0.6
+IP_I2=10.20.0.7
 MAC_A=52:54:00:20:00:01
 MAC_B=52:54:00:20:00:02
 IP_A=10.20.0.1
@@ -242,11 +253,11 @@ end_guest() {
 # migrate_mid_io: the migration phase (issue 14 item 7). Once guest A reports its verified
 # write+read loop running (and a few seconds more, so that rounds are in flight), its VM moves
 # from VMM A to a new VMM A2 (TAP tapa2) through pvrdma-remote on both API sockets, over a Unix
-# socket; then this host serves "migrated", upon which the guest finishes its rounds on A2.
+# socket (migrate_vm); then this host serves "migrated", upon which the guest finishes its
+# rounds on A2.
 # Records the remote exit statuses, send-migration's "migration completed" line (the blackout) and
 # A's exit. Sets pid_a2.
 migrate_mid_io() {
-  local url=unix:$WORK/a2.sock
   if ! wait_for_line "$OUT/nvmeof-a-serial.log" 'NVMEOF-(MIGRATION-LOOP|FAIL|DONE)' "$(remaining)" "$pid_a" ||
     ! grep -q 'NVMEOF-MIGRATION-LOOP' "$OUT/nvmeof-a-serial.log"; then
     record nvmeof "mig_loop=never-started"
@@ -256,19 +267,21 @@ migrate_mid_io() {
   fi
   record nvmeof "mig_loop=running"
   sleep 4
-  start_receiver nvmeof-a2 "$WORK/a2.api"
+  migrate_vm nvmeof nvmeof-a nvmeof-a2 "$WORK/a.api" "$MAC_A=tapa2"
   pid_a2=$VMM_PID
-  local t
-  t=$(now_us)
-  record nvmeof "mig_receive_rc=$(remote_cmd nvmeof-a2 --api-socket "$WORK/a2.api" receive-migration "$url" --tap "$MAC_A=tapa2" --no-wait)"
-  record nvmeof "mig_send_rc=$(remote_cmd nvmeof-a-to-a2 --api-socket "$WORK/a.api" send-migration "$url" --downtime-ms 300)"
-  record nvmeof "mig_seconds=$(since "$t")"
-  record nvmeof "mig_completed=$(grep -m1 '^migration completed:' "$OUT/nvmeof-a-to-a2-remote.log" || true)"
   : > "$SIG/migrated"
   wait_for_exit "$pid_a" 30
   record nvmeof "a_exit=$EXIT_STATUS"
+  # A data path the switch-over broke hangs the guest's I/O for good: without a round verified on
+  # A2 within MIG_STALL seconds, A2 is stopped, so that the suite fails now instead of at its limit.
+  if wait_for_line "$OUT/nvmeof-a2-serial.log" 'NVMEOF-(ROUND .*migrated=1|MIGRATION-PASS|FAIL)' "$MIG_STALL" "$pid_a2"; then
+    record nvmeof "mig_stalled=0"
+  else
+    record nvmeof "mig_stalled=1"
+    log "migration: no round on A2 within $MIG_STALL s; stopping it"
+    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/nvmeof-a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
+  fi
   record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
-  log "migration: $(grep '^mig_' "$OUT/nvmeof.env" | tr '\n' ' ')"
 }
 
 check_target a '' "$SIZE_MIB" "$CHUNK_MIB"
@@ -280,6 +293,53 @@ else
 fi
 # nvmet's side: the NVM controllers it created for the guest's host NQN.
 record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
+
+# Guest to guest: guest T is the target (nvmet-rdma on its own PVRDMA device, tests/guest/nvmet.sh);
+# initiator I1 reaches it over the same-host channel (no RoCE frame on I1's TAP), then I2, whose
+# VMM has local=off, over the bridge (RoCE v2 on both TAPs). Each writes G2G_MIB of the pattern,
+# T reports what arrived (then zeroes it), and the initiator reads back and verifies.
+g2g_initiator() { # NAME IP PVRDMA-OPTIONS
+  local name=$1 pid_var=pid_$1
+  guest_script_disk "$WORK/nvmeof-$name-run.img" "$header
+TARGET_IP=$IP_T NQN=$G2G_NQN SIZE_MIB=$G2G_MIB READY_SIGNAL=g2g-ready FAILED_SIGNAL=g2g-failed
+RDMA_DEV=vmw_pvrdma0 MY_IP=$2 WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB CHECKED_SIGNAL=g2g-checked-$name MIG_MIB=0" \
+    "$GUEST_SCRIPTS/nvmeof.sh"
+  run_guest "nvmeof-$name" "$WORK/nvmeof-$name-run.img" --pvrdma "$3"
+  printf -v "$pid_var" '%s' "$VMM_PID"
+  if wait_for_line "$OUT/nvmeof-$name-serial.log" 'NVMEOF-(WRITTEN|FAIL)' "$(remaining)" "${!pid_var}" &&
+    grep -q 'NVMEOF-WRITTEN' "$OUT/nvmeof-$name-serial.log"; then
+    : > "$SIG/check-$name"
+    wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(CHECKED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
+  fi
+  : > "$SIG/g2g-checked-$name"
+  end_guest "$name"
+  record nvmeof "$name.roce_frames=$(frames_counted "tap$name")"
+  # Read back and gone: T may zero its data for the next initiator.
+  : > "$SIG/done-$name"
+  wait_for_line "$OUT/nvmeof-t-serial.log" "NVMET-(ZEROED initiator=$name|FAIL)" "$(remaining)" "$pid_t" || true
+}
+if ((G2G_MIB > 0)); then
+  modprobe -a sch_prio cls_u32 || true
+  for t in tapt tapi1 tapi2; do l1_tap "$t" br0; done
+  # RoCE v2 frames this host passes to each initiator's TAP: T's answers, when they take the wire.
+  for t in tapi1 tapi2; do frame_counter "$t" || record nvmeof "counter_$t=fail"; done
+  guest_script_disk "$WORK/nvmeof-t-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT MY_IP=$IP_T NQN=$G2G_NQN PORT=$PORT
+SIZE_MIB=$G2G_MIB WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB INITIATORS='i1 i2' LIMIT=$LIMIT CHECK_WAIT=$CHECK_WAIT" \
+    "$GUEST_SCRIPTS/nvmet.sh"
+  run_guest nvmeof-t "$WORK/nvmeof-t-run.img" --pvrdma "tap=tapt,mac=$MAC_T"
+  pid_t=$VMM_PID
+  if wait_for_line "$OUT/nvmeof-t-serial.log" 'NVMET-(READY|FAIL)' "$(remaining)" "$pid_t" &&
+    grep -q 'NVMET-READY' "$OUT/nvmeof-t-serial.log"; then
+    : > "$SIG/g2g-ready"
+  else
+    : > "$SIG/g2g-failed"
+  fi
+  g2g_initiator i1 "$IP_I1" "tap=tapi1,mac=$MAC_I1"
+  g2g_initiator i2 "$IP_I2" "tap=tapi2,mac=$MAC_I2,local=off"
+  : > "$SIG/g2g-done"
+  end_guest t
+  log "guest to guest: $(grep -E '^(t|i1|i2)[._]' "$OUT/nvmeof.env" | tr '\n' ' ')"
+fi
 
 # NFS over RDMA: guest N mounts the export, writes its tree and, once this host checked it, reads
 # it back.

@@ -54,19 +54,9 @@ l1_tap tapa br0
 l1_tap tapb br0
 l1_tap tapc br0
 
-# roce_counter DEV: RoCE v2 frames (UDP 4791) this host sends to DEV go through class 1:3 of a
-# prio qdisc (everything else through 1:1), whose counters then count them.
-roce_counter() {
-  tc qdisc add dev "$1" root handle 1: prio bands 3 priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 &&
-    tc filter add dev "$1" parent 1: protocol ip prio 1 u32 match ip protocol 17 0xff match ip dport 4791 0xffff flowid 1:3
-}
-# roce_frames DEV: how many went through it so far.
-roce_frames() {
-  tc -s class show dev "$1" | awk '$1 == "class" { n = ($3 == "1:3") } n && $1 == "Sent" { print $4; exit }'
-}
 modprobe -a sch_prio sch_netem cls_u32 || true
 for dev in tapa tapb tapc; do
-  roce_counter "$dev" || record rdma "counter_$dev=fail"
+  frame_counter "$dev" || record rdma "counter_$dev=fail"
 done
 
 # What runs in this host every 30 s (which VMM thread spins when a guest goes silent).
@@ -89,9 +79,9 @@ fi
 
 header="IP_A=$IP_A IP_B=$IP_B IP_C=$IP_C HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT
 GATE_WAIT=$GATE_WAIT PP_ITERS=$PP_ITERS LOSS_PP_ITERS=$LOSS_PP_ITERS PERF_ITERS=$PERF_ITERS PING_COUNT=$PING_COUNT"
-guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
-guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
-guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/rdma.sh"
 
 # One vCPU each: the guests share L1's single vCPU.
 run_guest rdma-a "$WORK/rdma-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
@@ -195,7 +185,7 @@ host_step() {
 # A is done with B once it reaches the first Soft-RoCE step: the RoCE frames that crossed A's and
 # B's TAPs until then (B has no other peer).
 if guest_line a "RDMA-AT step=rxe-rc-host-server([^a-z0-9-]|\$)"; then
-  record rdma "samehost.tapa.frames=$(roce_frames tapa)" "samehost.tapb.frames=$(roce_frames tapb)"
+  record rdma "samehost.tapa.frames=$(frames_counted tapa)" "samehost.tapb.frames=$(frames_counted tapb)"
 fi
 tc -s class show dev tapa > "$OUT/tapa-classes.txt" 2>&1 || true
 
@@ -207,7 +197,7 @@ host_step rxe-write-bw-host-server l a 18703 ib_write_bw "${PERF[@]}" -p 18703
 host_step rxe-write-bw-guest-server a l 18704 ib_write_bw "${PERF[@]}" -p 18704
 
 # Loss: netem drops LOSS of the RoCE v2 frames (UDP 4791) this host sends to C through tapc (class
-# 1:3 of its roce_counter); everything else (the programs' TCP exchange, the signals) passes
+# 1:3 of its frame_counter); everything else (the programs' TCP exchange, the signals) passes
 # untouched, so that the netem counters count RoCE frames only.
 netem_on() {
   tc qdisc add dev tapc parent 1:3 handle 30: netem loss "$LOSS"

@@ -65,7 +65,7 @@ for g in "${GUESTS[@]}"; do
   gid_type='RoCE v2'
   [[ ${PVRDMA[$g]} == *roce-v1* ]] && gid_type='IB/RoCE v1'
   guest_script_disk "$WORK/roce-$g-run.img" "$header ROLE=$g MY_IP=10.17.0.$n GID_TYPE='$gid_type'" \
-    "$GUEST_SCRIPTS/steps.sh" "$GUEST_SCRIPTS/roce.sh"
+    "$GUEST_SCRIPTS/roce.sh"
 done
 
 # One vCPU each: the guests share L1's single vCPU.

@@ -10,7 +10,7 @@
 //! - [`assets`]: the guest kernel, initramfs, root disk and L1 image (`resources/build-assets.sh`).
 //! - [`binaries`]: where the VMM binaries under test are.
 //! - [`results`]: reading the scenario's `key=value` files and the guests' serial logs.
-//! - [`steps`]: the results of the guests' step protocol (`tests/guest/steps.sh`), rping's data
+//! - [`steps`]: the results of the guests' step protocol (`tests/guest/lib.sh`), rping's data
 //!   and the PVRDMA counters a VMM logs at exit.
 //! - [`suite`]: one scenario run shared by all tests of a file.
 //! - [`wait`]: bounded waiting.

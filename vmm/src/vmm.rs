@@ -26,12 +26,11 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::arch::{self, acpi, boot, cpu, layout};
 use crate::config::{SerialConfig, VmConfig};
 use crate::device_manager::{DeviceError, DeviceManager};
+use crate::incoming::HostSettings;
 use crate::kvm::{KvmError, Vm};
 use crate::lock;
 use crate::memory::{self, GuestMemory, MemoryError};
-use crate::migration::{
-    self, ControlLink, HostSettings, Progress, Source, SourceRequest, VmSnapshot,
-};
+use crate::migration::{self, ControlLink, Progress, Source, SourceRequest, VmSnapshot};
 use crate::sandbox;
 use crate::vcpu::{self, ExitReporter, VcpuError, VcpuExitReason, VcpuHandle};
 
@@ -557,6 +556,14 @@ impl Vmm {
                 .map_err(|e: vm_migration::transport::UrlError| {
                     ActionError::BadRequest(e.to_string())
                 })?;
+        let tls = params
+            .tls
+            .as_ref()
+            .map(|t| migration::tls_files(t).client())
+            .transpose()
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+        url.check_plaintext(tls.is_some(), params.allow_plaintext)
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
         let config = serde_json::to_vec(&self.config)
             .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
         let (requests_tx, requests) = mpsc::channel();
@@ -574,6 +581,7 @@ impl Vmm {
         *lock(&self.migration) = Some(info);
         let source = Source {
             url,
+            tls,
             downtime: std::time::Duration::from_millis(params.downtime_ms),
             timeout: std::time::Duration::from_secs(params.timeout_s),
             config,
@@ -984,13 +992,18 @@ fn start_receiver(
             )));
         }
     }
+    let tls = params
+        .tls
+        .as_ref()
+        .map(|t| migration::tls_files(t).server())
+        .transpose()
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    url.check_plaintext(tls.is_some(), params.allow_plaintext)
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    let host = HostSettings::new(params, serial).map_err(ActionError::BadRequest)?;
     let listener = url
-        .listen()
+        .listen(tls)
         .map_err(|e| ActionError::Failed(format!("cannot listen on {url}: {e}")))?;
-    let host = HostSettings {
-        taps: params.taps.clone(),
-        serial: serial.clone(),
-    };
     *lock(progress) = Some(migration::start_info(
         MigrationDirection::Receive,
         &url.to_string(),

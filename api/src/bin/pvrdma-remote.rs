@@ -14,10 +14,11 @@ use std::time::Duration;
 use api::client::{ApiClient, ClientError};
 use api::{
     ApiRequest, MigrationDirection, MigrationInfo, MigrationStatus, ReceiveMigrationParams,
-    SendMigrationParams, SnapshotParams, VmInfo, DEFAULT_DOWNTIME_MS, DEFAULT_MIGRATION_TIMEOUT_S,
+    SendMigrationParams, SnapshotParams, TlsParams, VmInfo, DEFAULT_DOWNTIME_MS,
+    DEFAULT_MIGRATION_TIMEOUT_S,
 };
 use clap::error::ErrorKind;
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 /// Exit status when the VMM answered with an error, or a followed migration failed.
 const EXIT_REFUSED: u8 = 1;
@@ -90,6 +91,8 @@ enum Command {
         /// Return once the migration started; follow it with 'info'.
         #[arg(long)]
         no_wait: bool,
+        #[command(flatten)]
+        security: Security,
     },
     /// Stop an outgoing migration before its switch-over; the VM keeps running here.
     CancelMigration,
@@ -104,9 +107,21 @@ enum Command {
         /// NICs not listed keep the source's). Repeatable.
         #[arg(long = "tap", value_name = "MAC=TAP", value_parser = parse_tap)]
         taps: Vec<Tap>,
+        /// Open NEW on this host for the source's disk OLD. Repeatable.
+        #[arg(long = "disk", value_name = "OLD=NEW", value_parser = parse_disk)]
+        disks: Vec<(PathBuf, PathBuf)>,
+        /// Accept the source's disks that lie in DIR as they are. Repeatable. A disk neither
+        /// mapped nor in one of these refuses the VM (the source keeps running).
+        #[arg(long = "disk-dir", value_name = "DIR")]
+        disk_dirs: Vec<PathBuf>,
+        /// Largest guest memory accepted, in MiB (default: this host's RAM).
+        #[arg(long, value_name = "N")]
+        max_memory_mib: Option<u64>,
         /// Return once listening; follow the migration with 'info'.
         #[arg(long)]
         no_wait: bool,
+        #[command(flatten)]
+        security: Security,
     },
     /// Write the paused VM's state and memory to URL (file:///DIR).
     Snapshot {
@@ -114,6 +129,39 @@ enum Command {
         #[arg(value_name = "URL")]
         url: String,
     },
+}
+
+/// How a `tcp:` migration is protected: TLS 1.3 with both ends authenticated, or plain TCP
+/// where the user allows it.
+#[derive(Debug, Args)]
+struct Security {
+    /// TLS 1.3 (tcp: only): this end's certificate (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// TLS: this end's private key (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// TLS: the CA that must have signed the other end's certificate (PEM).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// Allow plain TCP to or on an address that is not loopback (guest memory in the clear,
+    /// the other end unauthenticated).
+    #[arg(long, conflicts_with = "tls_cert")]
+    allow_plaintext: bool,
+}
+
+impl Security {
+    /// The TLS files, given all three (clap requires that).
+    fn tls(&self) -> Option<TlsParams> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Some(TlsParams {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// What a command asks of the VMM.
@@ -143,25 +191,47 @@ impl Command {
                 downtime_ms,
                 timeout_s,
                 no_wait,
+                security,
             } => (
                 ApiRequest::SendMigration(SendMigrationParams {
                     destination_url: url,
                     downtime_ms,
                     timeout_s,
+                    tls: security.tls(),
+                    allow_plaintext: security.allow_plaintext,
                 }),
                 watch(no_wait, MigrationDirection::Send),
             ),
-            Self::ReceiveMigration { url, taps, no_wait } => {
+            Self::ReceiveMigration {
+                url,
+                taps,
+                disks,
+                disk_dirs,
+                max_memory_mib,
+                no_wait,
+                security,
+            } => {
                 let mut by_mac = BTreeMap::new();
                 for Tap { mac, name } in taps {
                     if let Some(earlier) = by_mac.insert(mac.clone(), name) {
                         return Err(format!("--tap: {mac} is already given TAP '{earlier}'"));
                     }
                 }
+                let mut by_old = BTreeMap::new();
+                for (old, new) in disks {
+                    if by_old.insert(old.clone(), new).is_some() {
+                        return Err(format!("--disk: {} is mapped twice", old.display()));
+                    }
+                }
                 (
                     ApiRequest::ReceiveMigration(ReceiveMigrationParams {
                         receiver_url: url,
                         taps: by_mac,
+                        disks: by_old,
+                        disk_dirs,
+                        max_memory_mib,
+                        tls: security.tls(),
+                        allow_plaintext: security.allow_plaintext,
                     }),
                     watch(no_wait, MigrationDirection::Receive),
                 )
@@ -213,6 +283,16 @@ fn parse_tap(text: &str) -> Result<Tap, String> {
         mac: mac.to_ascii_lowercase(),
         name: tap.to_owned(),
     })
+}
+
+/// Parses `--disk OLD=NEW` (two paths; the first `=` splits them).
+fn parse_disk(text: &str) -> Result<(PathBuf, PathBuf), String> {
+    match text.split_once('=') {
+        Some((old, new)) if !old.is_empty() && !new.is_empty() => Ok((old.into(), new.into())),
+        _ => Err(format!(
+            "--disk takes OLD=NEW (paths), e.g. /src/b.img=/dst/b.img, not '{text}'"
+        )),
+    }
 }
 
 /// The socket and the action of a parsed command line, or a usage error in clap's form.
@@ -451,11 +531,7 @@ mod tests {
         let a = action(&["--api-socket", "/s", "send-migration", "tcp:10.0.0.2:6000"]);
         assert_eq!(
             a.request,
-            ApiRequest::SendMigration(SendMigrationParams {
-                destination_url: "tcp:10.0.0.2:6000".into(),
-                downtime_ms: DEFAULT_DOWNTIME_MS,
-                timeout_s: DEFAULT_MIGRATION_TIMEOUT_S,
-            })
+            ApiRequest::SendMigration(SendMigrationParams::new("tcp:10.0.0.2:6000"))
         );
         assert_eq!(a.watch, Some(MigrationDirection::Send));
 
@@ -468,6 +544,7 @@ mod tests {
             "--no-wait",
             "--api-socket",
             "/s",
+            "--allow-plaintext",
         ]);
         assert_eq!(
             a.request,
@@ -475,6 +552,8 @@ mod tests {
                 destination_url: "unix:/m.sock".into(),
                 downtime_ms: 50,
                 timeout_s: 60,
+                tls: None,
+                allow_plaintext: true,
             })
         );
         assert_eq!(a.watch, None, "--no-wait");
@@ -489,6 +568,13 @@ mod tests {
             "--tap",
             "52:54:00:00:00:02=tap-b1",
             "--tap=52:54:00:AB:CD:0E=tap-b2",
+            "--disk=/src/a.img=/dst/a.img",
+            "--disk-dir",
+            "/var/disks",
+            "--max-memory-mib=2048",
+            "--tls-cert=c.pem",
+            "--tls-key=k.pem",
+            "--tls-ca=ca.pem",
         ]);
         let taps = [
             ("52:54:00:00:00:02".to_owned(), "tap-b1".to_owned()),
@@ -497,8 +583,16 @@ mod tests {
         assert_eq!(
             a.request,
             ApiRequest::ReceiveMigration(ReceiveMigrationParams {
-                receiver_url: "unix:/m.sock".into(),
                 taps: taps.into(),
+                disks: [("/src/a.img".into(), "/dst/a.img".into())].into(),
+                disk_dirs: vec!["/var/disks".into()],
+                max_memory_mib: Some(2048),
+                tls: Some(TlsParams {
+                    cert: "c.pem".into(),
+                    key: "k.pem".into(),
+                    ca: "ca.pem".into(),
+                }),
+                ..ReceiveMigrationParams::new("unix:/m.sock")
             })
         );
         assert_eq!(a.watch, Some(MigrationDirection::Receive));
@@ -667,6 +761,38 @@ mod tests {
                     "52:54:00:00:00:02=t2",
                 ],
                 "52:54:00:00:00:02 is already given TAP 't1'",
+            ),
+            (
+                &["send-migration", "tcp:h:1", "--tls-cert=c", "--tls-key=k"],
+                "required arguments were not provided",
+            ),
+            (
+                &[
+                    "send-migration",
+                    "tcp:h:1",
+                    "--tls-cert=c",
+                    "--tls-key=k",
+                    "--tls-ca=a",
+                    "--allow-plaintext",
+                ],
+                "cannot be used with",
+            ),
+            (
+                &["receive-migration", "tcp:h:1", "--disk", "/a"],
+                "--disk takes OLD=NEW",
+            ),
+            (
+                &[
+                    "receive-migration",
+                    "tcp:h:1",
+                    "--disk=/a=/b",
+                    "--disk=/a=/c",
+                ],
+                "--disk: /a is mapped twice",
+            ),
+            (
+                &["receive-migration", "tcp:h:1", "--max-memory-mib=lots"],
+                "invalid value 'lots'",
             ),
             (&["snapshot"], "required arguments were not provided"),
             (

@@ -192,12 +192,24 @@ impl Pair {
         t0.elapsed()
     }
 
-    /// 8-byte WRITE_WITH_IMM from A's QP 0: post to B's CQE.
+    /// 8-byte WRITE_WITH_IMM from A's QP 0: post to B's CQE. The
+    /// receives the immediates consume are posted ahead, in batches (as
+    /// `ib_write_lat` does), so that B's worker is not handling a receive
+    /// doorbell when a ping starts.
     fn write_latency(&self) -> Duration {
         let (a, b) = (&self.a, &self.b);
+        let mut recvs = self.recvs.borrow_mut();
         let mut samples = Vec::with_capacity(PINGS);
         for i in 0..PINGS {
-            b.sim.post_recv_sges(&b.qps[0], i as u64, &[]);
+            if recvs[0] < DEPTH / 2 {
+                while recvs[0] < 2 * DEPTH {
+                    b.sim.post_recv_sges(&b.qps[0], 0, &[b.sge(MR_LEN as u32)]);
+                    recvs[0] += 1;
+                }
+                // Let B's worker take them before the next ping starts.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            recvs[0] -= 1;
             let t0 = Instant::now();
             a.post(0, i as u64, wr::RDMA_WRITE_WITH_IMM, 8, b.key, 1);
             while b.poll().is_empty() {

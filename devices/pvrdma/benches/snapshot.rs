@@ -1,50 +1,70 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Device quiesce + save + restore time against the number of QPs (issue
-//! 6's in-process figure): a simulated driver brings N RC QPs to RTS, then
-//! the device is paused, snapshotted, encoded, and restored into a new
-//! device (`SimDriver::migrate`). Baseline in the same run: encoding and
-//! decoding the same bytes alone (what any state transfer costs).
-//! Run: `cargo bench -p pvrdma --bench snapshot`.
+//! Device migration time against the number of QPs (issue 16, goal 2): a
+//! simulated driver brings N RC QPs to RTS, connected to N QPs of a peer
+//! device, every 16 of them sharing a CQ and an MR, and sends a message
+//! on a sample of them; then the device is paused, snapshotted, encoded,
+//! decoded and restored into a new device (`SimDriver::migrate_timed`),
+//! several times over, and the sample's traffic checked again. Baseline
+//! in the same run: encoding and decoding the same snapshot alone (what
+//! any state transfer costs); figures are medians.
+//! Run: `cargo bench -p pvrdma --bench snapshot [-- QPS...]`.
 
-use std::time::Instant;
+use std::time::Duration;
 
-use pvrdma::sim_driver::{QpSpec, SimDriver, GID};
-use pvrdma_abi::verbs::qp_type;
-use vm_migration::{Pausable, Snapshot, Snapshottable};
+use pvrdma::sim_driver::fleet::Fleet;
+
+/// Migrations per QP count (the median is printed).
+const ROUNDS: usize = 7;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
 
 fn main() {
-    println!("QPs   snapshot bytes   pause+save   encode+decode alone   migrate (pause, save, new device, restore)");
-    // 1022: of the device's 1024 QP handles, 0 is never used and 1 is the GSI QP's.
-    for n in [1u32, 16, 256, 1022] {
-        let mut sim = SimDriver::new();
-        sim.probe().expect("probe");
-        sim.bind_gid(0, GID, 2).expect("bind");
-        let pd = sim.create_pd(0).expect("pd");
-        let cq = sim.create_cq(0, 64).expect("cq");
-        for _ in 0..n {
-            let qp = sim.create_qp(QpSpec::rc(pd, cq.handle)).expect("qp");
-            sim.to_rts(qp.handle, qp_type::RC).expect("RTS");
+    let counts: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let counts = if counts.is_empty() {
+        vec![1024, 4096]
+    } else {
+        counts
+    };
+    println!(
+        "QPs    state bytes  pause+save   encode   decode     plug  restore  | migrate  encode+decode alone  ratio"
+    );
+    for n in counts {
+        let mut fleet = Fleet::new(n);
+        let sample: Vec<usize> = (0..n).step_by(n.div_ceil(64).max(1)).collect();
+        fleet.exchange(&sample, 0);
+        let mut rounds = Vec::new();
+        for round in 0..ROUNDS {
+            let (f, times) = fleet.migrate_a_timed();
+            fleet = f;
+            fleet.exchange(&sample, round as u8 + 1);
+            rounds.push(times);
         }
-        let t0 = Instant::now();
-        sim.device().pause().expect("pause");
-        let snap = sim.device().snapshot().expect("snapshot");
-        let save = t0.elapsed();
-        sim.device().resume().expect("resume");
-        let t1 = Instant::now();
-        let bytes = snap.to_bytes();
-        let back = Snapshot::from_bytes(&bytes).expect("decode");
-        assert_eq!(back, snap);
-        let codec = t1.elapsed();
-        let t2 = Instant::now();
-        let sim = sim.migrate();
-        let migrate = t2.elapsed();
-        assert!(sim.metric("cmd_executed") == 0, "a fresh device, restored");
+        let med = |f: fn(&pvrdma::sim_driver::MigrateTimes) -> Duration| {
+            median(rounds.iter().map(f).collect())
+        };
+        let total = med(|t| t.save + t.encode + t.decode + t.restore);
+        let codec = med(|t| t.encode + t.decode);
         println!(
-            "{n:<5} {:>14}   {:>9.2} ms   {:>16.2} ms   {:>10.2} ms",
-            bytes.len(),
-            save.as_secs_f64() * 1e3,
-            codec.as_secs_f64() * 1e3,
-            migrate.as_secs_f64() * 1e3
+            "{n:<5} {:>12} {:>8.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms  | {:>5.2} ms  {:>16.2} ms  {:>5.2}",
+            rounds.first().map_or(0, |t| t.bytes),
+            ms(med(|t| t.save)),
+            ms(med(|t| t.encode)),
+            ms(med(|t| t.decode)),
+            ms(med(|t| t.plug)),
+            ms(med(|t| t.restore)),
+            ms(total),
+            ms(codec),
+            total.as_secs_f64() / codec.as_secs_f64().max(1e-9),
         );
     }
 }

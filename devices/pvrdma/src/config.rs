@@ -62,7 +62,8 @@ impl FromStr for GidType {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// QPs, including the GSI QP (handles stay below it; at most 0xFFFF,
-    /// since rdma-core keeps `qp_handle & 0xFFFF`).
+    /// since rdma-core keeps `qp_handle & 0xFFFF`). The default leaves a
+    /// guest room for 4096 busy QPs besides its kernel's.
     pub max_qp: u32,
     /// Send or receive queue entries per QP (a power of two).
     pub max_qp_wr: u32,
@@ -93,7 +94,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_qp: 1024,
+            max_qp: 8192,
             max_qp_wr: 4096,
             max_sge: 16,
             max_cq: 2048,

@@ -29,6 +29,7 @@ use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod endpoint;
+pub mod fleet;
 pub mod ib;
 mod verbs;
 mod work;
@@ -171,7 +172,23 @@ pub struct SimDriver {
     /// Context of each PD.
     pub pds: BTreeMap<u32, u32>,
     next_page: u64,
+    /// Bytes of guest memory.
+    mem_size: u64,
     seq: u64,
+}
+
+/// What [`SimDriver::migrate_timed`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct MigrateTimes {
+    /// Encoded snapshot.
+    pub bytes: usize,
+    /// Pause and snapshot.
+    pub save: Duration,
+    pub encode: Duration,
+    pub decode: Duration,
+    /// The new device on a new bus, its PCI state replayed.
+    pub plug: Duration,
+    pub restore: Duration,
 }
 
 /// The simulated wire of a [`SimDriver`]: frames the device sends are
@@ -273,18 +290,31 @@ fn plug(
 
 impl SimDriver {
     /// Live-migrates the device under the running driver: its snapshot
-    /// (through JSON, as it would cross the network) goes into a new
-    /// device on the same guest memory, port and wire, after the old one
-    /// is gone (its doorbells unregistered, its worker stopped). The PCI
-    /// side is replayed as the VMM's bus restore would: the same BARs,
-    /// memory decoding, MSI-X vectors.
-    pub fn migrate(mut self) -> Self {
+    /// (encoded, as it would cross the network) goes into a new device on
+    /// the same guest memory, port and wire, after the old one is gone
+    /// (its doorbells unregistered, its worker stopped). The PCI side is
+    /// replayed as the VMM's bus restore would: the same BARs, memory
+    /// decoding, MSI-X vectors.
+    pub fn migrate(self) -> Self {
+        self.migrate_timed().0
+    }
+
+    /// [`Self::migrate`], timing each of its stages.
+    pub fn migrate_timed(mut self) -> (Self, MigrateTimes) {
         use vm_migration::{Pausable, Snapshot, Snapshottable};
+        let t = Instant::now();
         self.device().pause().expect("pause");
-        let bytes = self.device().snapshot().expect("snapshot").to_bytes();
+        let snapshot = self.device().snapshot().expect("snapshot");
+        let save = t.elapsed();
+        let t = Instant::now();
+        let bytes = snapshot.to_bytes();
+        let encode = t.elapsed();
+        let t = Instant::now();
         let snapshot = Snapshot::from_bytes(&bytes).expect("decode");
+        let decode = t.elapsed();
         // The destination VMM's interrupt routes: GSIs from 0 again, as
         // the driver's vectors are numbered here.
+        let t = Instant::now();
         self.msi = Arc::new(MockMsi::default());
         let hooks = DeviceHooks {
             msi: self.msi.clone(),
@@ -299,8 +329,19 @@ impl SimDriver {
         self.dev = dev;
         self.cfg_write(1, 0x6);
         self.enable_msix();
+        let plug = t.elapsed();
+        let t = Instant::now();
         self.device().restore(&snapshot).expect("restore");
-        self
+        let restore = t.elapsed();
+        let times = MigrateTimes {
+            bytes: bytes.len(),
+            save,
+            encode,
+            decode,
+            plug,
+            restore,
+        };
+        (self, times)
     }
 
     /// [`Self::migrate`] to a VMM whose port is new (same MAC, link and
@@ -333,8 +374,14 @@ impl SimDriver {
 
     /// [`Self::with_config`] with the port's MAC `mac`.
     pub fn with_config_and_mac(config: &PvrdmaConfig, mac: [u8; 6]) -> Self {
+        Self::with_memory(config, mac, MEM_SIZE)
+    }
+
+    /// [`Self::with_config_and_mac`] with `mem_size` bytes of guest memory
+    /// instead of [`MEM_SIZE`] (thousands of QPs need more).
+    pub fn with_memory(config: &PvrdmaConfig, mac: [u8; 6], mem_size: u64) -> Self {
         let mem: Mem = Arc::new(
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)])
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
                 .expect("guest memory"),
         );
         let port = Arc::new(Port::new(mac, true));
@@ -367,6 +414,7 @@ impl SimDriver {
             contexts: BTreeMap::new(),
             pds: BTreeMap::new(),
             next_page: FIRST_PAGE,
+            mem_size,
             seq: 0,
         };
         // Memory decoding and bus mastering, as pci_enable_device does.
@@ -452,7 +500,10 @@ impl SimDriver {
     pub fn alloc_page(&mut self) -> u64 {
         let page = self.next_page;
         self.next_page += 2 * PAGE_SIZE;
-        assert!(self.next_page <= MEM_SIZE, "sim guest memory exhausted");
+        assert!(
+            self.next_page <= self.mem_size,
+            "sim guest memory exhausted"
+        );
         self.mem
             .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
             .expect("zero page");

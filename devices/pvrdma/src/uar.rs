@@ -175,12 +175,17 @@ impl Hub {
         })
     }
 
-    /// Hands `ops` to the worker.
+    /// Hands `ops` to the worker, which applies them when next woken.
     fn queue(&self, ops: impl IntoIterator<Item = WatchOp>) {
         self.watch
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(ops);
+    }
+
+    /// Wakes the worker to apply the queued ops (once for a batch: a
+    /// restore attaches thousands of doorbells).
+    pub(crate) fn wake_worker(&self) {
         if let Err(e) = self.wake.write(1) {
             log::error!("pvrdma: failed to wake the doorbell worker: {e}");
         }
@@ -241,11 +246,13 @@ impl Doorbells {
             registered: Vec::new(),
         };
         doorbells.attach(hub, gen, base)?;
+        hub.wake_worker();
         Ok(doorbells)
     }
 
-    /// Makes the eventfds, has the worker watch them and registers them at
-    /// `base` (a no-op if attached already).
+    /// Makes the eventfds, queues their watch for the worker (the caller
+    /// wakes it) and registers them at `base` (a no-op if attached
+    /// already).
     pub(crate) fn attach(&mut self, hub: &Arc<Hub>, gen: u64, base: Option<u64>) -> io::Result<()> {
         if self.hub.is_some() {
             return Ok(());
@@ -356,6 +363,7 @@ impl Drop for Doorbells {
             hub.queue(self.fds.iter().map(|(class, _)| WatchOp::Remove {
                 data: class.event_data(handle),
             }));
+            hub.wake_worker();
         }
     }
 }

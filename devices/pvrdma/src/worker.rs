@@ -34,7 +34,7 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::datapath::local::{Batch, Wake};
+use crate::datapath::local::{Batch, KickWatch, Wake};
 use crate::datapath::{self, Input, Outcome};
 
 use crate::events::EventRings;
@@ -56,8 +56,16 @@ const TIMER_EVENT: u32 = 0xff00_0004;
 const KICK_EVENT: u32 = 0xff00_0005;
 const LOCAL_EVENT: u32 = 0xff00_0006;
 const LOCAL_AGAIN_EVENT: u32 = 0xff00_0007;
+/// A peer's kick of a same-host ring (all of them share this value).
+const LOCAL_RING_EVENT: u32 = 0xff00_0008;
 /// Frames taken from the inbox per wake-up before other events get a turn.
 const RX_BATCH: usize = 256;
+/// How doorbell eventfds and same-host ring kicks are watched:
+/// edge-triggered, and never read. Their count does not matter (one pass
+/// handles all the work), and every signal reports an edge; not reading
+/// spares the latency path a system call per wake-up (and a peer's kick
+/// must not be read at all, see `datapath::local`).
+const EDGE: EventSet = EventSet::IN.union(EventSet::EDGE_TRIGGERED);
 /// Shortest timer the worker arms, so an overdue deadline cannot spin it.
 const MIN_TIMER: Duration = Duration::from_micros(100);
 
@@ -189,7 +197,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         for op in self.shared.env.hub.take_watch_ops() {
             match op {
                 WatchOp::Add { data, fd, gen } => {
-                    if let Err(e) = ops.add(Events::with_data(&fd, data, EventSet::IN)) {
+                    if let Err(e) = ops.add(Events::with_data(&fd, data, EDGE)) {
                         error!("pvrdma: failed to watch doorbell {data:#x}: {e}");
                         continue;
                     }
@@ -197,7 +205,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 }
                 WatchOp::Remove { data } => {
                     if let Some(w) = self.watched.remove(&data) {
-                        if let Err(e) = ops.remove(Events::with_data(&w.fd, data, EventSet::IN)) {
+                        if let Err(e) = ops.remove(Events::with_data(&w.fd, data, EDGE)) {
                             error!("pvrdma: failed to unwatch doorbell {data:#x}: {e}");
                         }
                     }
@@ -499,6 +507,27 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
+    /// Watches the kicks of same-host rings that arrived, and unwatches
+    /// those of rings that went, before they close.
+    fn apply_kick_watch(&self, ops: &mut EventOps) {
+        let Some(local) = self.shared.env.wire.local.as_ref() else {
+            return;
+        };
+        for change in local.take_watch() {
+            let result = match &change {
+                KickWatch::Add(fd) => ops.add(Events::with_data_raw(*fd, LOCAL_RING_EVENT, EDGE)),
+                KickWatch::Remove(file) => ops.remove(Events::with_data_raw(
+                    file.as_raw_fd(),
+                    LOCAL_RING_EVENT,
+                    EDGE,
+                )),
+            };
+            if let Err(e) = result {
+                error!("pvrdma: same-host ring kick {change:?}: {e}");
+            }
+        }
+    }
+
     /// POLL doorbells are only counted, in bulk, whenever the worker runs.
     fn drain_poll(&self) {
         if let Ok(n) = self.shared.env.hub.poll.read() {
@@ -528,20 +557,21 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             for (fd, wake) in local.fds() {
                 let data = match wake {
                     Wake::Socket => LOCAL_EVENT,
-                    Wake::Again => LOCAL_AGAIN_EVENT,
+                    Wake::Again | Wake::Ring => LOCAL_AGAIN_EVENT,
                 };
                 if let Err(e) = ops.add(Events::with_data_raw(fd, data, EventSet::IN)) {
                     error!("pvrdma: failed to watch the same-host channel: {e}");
                 }
             }
         }
+        self.apply_kick_watch(ops);
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         let data = events.data();
         // The data path's own wake-ups leave the POLL count for later: a
         // system call less on the latency path.
-        let data_path = matches!(data, LOCAL_EVENT | LOCAL_AGAIN_EVENT)
+        let data_path = matches!(data, LOCAL_EVENT | LOCAL_AGAIN_EVENT | LOCAL_RING_EVENT)
             || matches!(Class::from_event_data(data), Some((Class::Qp, _)));
         if !data_path {
             self.drain_poll();
@@ -564,8 +594,15 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 self.handle_link();
             }
             INBOX_EVENT => self.handle_inbox(),
-            LOCAL_EVENT => self.handle_local(Wake::Socket),
-            LOCAL_AGAIN_EVENT => self.handle_local(Wake::Again),
+            LOCAL_EVENT | LOCAL_AGAIN_EVENT | LOCAL_RING_EVENT => {
+                self.handle_local(match data {
+                    LOCAL_EVENT => Wake::Socket,
+                    LOCAL_AGAIN_EVENT => Wake::Again,
+                    _ => Wake::Ring,
+                });
+                // Rings that came or went (corrupt ones on any wake-up).
+                self.apply_kick_watch(ops);
+            }
             TIMER_EVENT => self.handle_timer_or_kick(false),
             KICK_EVENT => self.handle_timer_or_kick(true),
             data => {
@@ -575,8 +612,6 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 if w.fd.as_raw_fd() != events.fd() {
                     return;
                 }
-                // The count is irrelevant: one pass handles all of it.
-                let _ = w.fd.read();
                 let gen = w.gen;
                 if let Some((class, handle)) = Class::from_event_data(data) {
                     self.handle_doorbell(class, handle, gen);

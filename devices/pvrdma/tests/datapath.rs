@@ -299,6 +299,9 @@ fn ud_send_carries_the_grh_area_and_source_qpn() {
     assert_eq!(summary(&got[0]), (4, wc::RECV, wc_status::SUCCESS, 56));
     assert_eq!(got[0].src_qp, a.qp.qpn);
     assert_ne!(got[0].wc_flags & wc_flags::GRH, 0);
+    // The RoCE packet type where mlx5 reports it and UCX's UD reads it
+    // (0x8: UDP, RoCE v2; 0x2: IPv4).
+    assert_eq!(got[0].sl, 0xa, "sl = RoCE v2 over IPv4");
     // IPv4: the IP header in the last 20 bytes of the GRH area.
     let grh = b.read(0, 40);
     assert_eq!(grh[20] >> 4, 4, "IPv4 header");

@@ -49,7 +49,7 @@ fn probe_like_linux() {
             MAC[5]
         ]
     );
-    assert_eq!(caps.max_qp, 1024);
+    assert_eq!(caps.max_qp, 8192);
     assert_eq!(caps.max_fast_reg_page_list_len, 128);
     assert_eq!(sim.reg_read(Reg::Err), 0);
     assert_eq!(sim.metric("dsr_invalid"), 0);

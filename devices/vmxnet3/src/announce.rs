@@ -1,14 +1,54 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Telling the network where the guest went after a migration: until the
 //! guest itself sends a frame, bridges and switches still deliver its
-//! traffic to the port it left. A restored device therefore sends
-//! [`ANNOUNCE_COUNT`] frames from its MAC when it resumes, as QEMU's
-//! NICs do (`qemu_announce_self`): broadcast RARP requests, which every
-//! switch learns from and no host answers.
+//! traffic to the port it left. A restored device therefore sends frames
+//! from its MAC when it resumes, as QEMU's NICs do (`qemu_announce_self`):
+//! broadcast RARP requests, which every switch learns from and no host
+//! answers. The worker sends them on the schedule of [`ANNOUNCE_AT`].
 
-/// Frames per announcement, back to back: one may be lost while the
-/// host's bridge is still adding the new port.
-pub(crate) const ANNOUNCE_COUNT: usize = 3;
+use std::time::Duration;
+
+/// When each announcement frame goes out, counted from the resume: the
+/// first at once, the others spaced as QEMU's announce-self does by
+/// default (50 ms, then 100 ms longer each round). Frames back to back
+/// would all be lost to a bridge that is still adding the new port, or to
+/// a switch whose link to the new host has just come up.
+pub(crate) const ANNOUNCE_AT: [Duration; 4] = [
+    Duration::ZERO,
+    Duration::from_millis(50),
+    Duration::from_millis(200),
+    Duration::from_millis(450),
+];
+
+/// An announcement in progress: the frame and how many times it went out.
+#[derive(Debug)]
+pub(crate) struct Announcement {
+    frame: [u8; FRAME_LEN],
+    sent: usize,
+}
+
+impl Announcement {
+    pub(crate) fn new(mac: [u8; 6]) -> Self {
+        Announcement {
+            frame: rarp_announcement(mac),
+            sent: 0,
+        }
+    }
+
+    /// The frame to send now; counts it as sent.
+    pub(crate) fn next_frame(&mut self) -> &[u8] {
+        self.sent = self.sent.saturating_add(1);
+        &self.frame
+    }
+
+    /// How long after the frame just sent the next one is due, or `None`
+    /// once all of [`ANNOUNCE_AT`] went out.
+    pub(crate) fn next_gap(&self) -> Option<Duration> {
+        let last = ANNOUNCE_AT.get(self.sent.checked_sub(1)?)?;
+        Some(ANNOUNCE_AT.get(self.sent)?.saturating_sub(*last))
+    }
+}
+
 /// The Ethernet minimum (without FCS); the rest is zero padding.
 const FRAME_LEN: usize = 60;
 /// `ETH_P_RARP`.
@@ -52,6 +92,20 @@ pub(crate) fn rarp_announcement(mac: [u8; 6]) -> [u8; FRAME_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn announcement_follows_the_schedule() {
+        let mut a = Announcement::new([2, 0, 0, 0, 0, 1]);
+        let mut gaps = Vec::new();
+        loop {
+            assert_eq!(a.next_frame(), rarp_announcement([2, 0, 0, 0, 0, 1]));
+            match a.next_gap() {
+                Some(gap) => gaps.push(gap.as_millis()),
+                None => break,
+            }
+        }
+        assert_eq!(gaps, [50, 150, 250]);
+    }
 
     #[test]
     fn rarp_announcement_bytes() {

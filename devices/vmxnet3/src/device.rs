@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use device_worker::WorkerHandle;
 use log::{error, info, warn};
-use net_port::{FrameBackend, Port, PortEvent, VnetHdr};
+use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
     BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
@@ -19,7 +19,6 @@ use vm_memory::{GuestAddress, GuestAddressSpace};
 use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::announce::{rarp_announcement, ANNOUNCE_COUNT};
 use crate::interrupt::Interrupts;
 use crate::metrics::{Vmxnet3Counters, Vmxnet3Metrics};
 use crate::persist::{self, Restored};
@@ -78,8 +77,6 @@ pub struct Vmxnet3<M: GuestAddressSpace + Send + 'static> {
     config: PciConfiguration,
     mem: M,
     port: Arc<Port>,
-    /// The worker's too; the device only sends announcements itself.
-    backend: Arc<dyn FrameBackend>,
     state: SharedState,
     intr: Arc<Interrupts>,
     metrics: Arc<Vmxnet3Metrics>,
@@ -182,7 +179,7 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         let metrics = Arc::new(Vmxnet3Metrics::default());
         let worker = spawn_worker(WorkerParts {
             mem: mem.clone(),
-            backend: backend.clone(),
+            backend,
             port: port.clone(),
             state: state.clone(),
             intr: intr.clone(),
@@ -196,7 +193,6 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             config: pci,
             mem,
             port,
-            backend,
             state,
             intr,
             metrics,
@@ -546,11 +542,14 @@ impl<M: GuestAddressSpace + Send + 'static> Pausable for Vmxnet3<M> {
         Ok(())
     }
 
-    /// Announces the MAC first if the device was restored since its last
-    /// resume, then lets the worker serve what waited.
+    /// Lets the worker serve what waited; if the device was restored since
+    /// its last resume, the worker starts by announcing the MAC.
     fn resume(&mut self) -> Result<(), MigratableError> {
         if std::mem::take(&mut self.announce) {
-            self.announce();
+            lock(&self.state).announce = Some(self.regs.mac);
+            if let Err(e) = self.link_evt.write(1) {
+                warn!("vmxnet3: cannot wake the worker to announce the MAC: {e}");
+            }
         }
         self.state.set_run(RunState::Running);
         Ok(())
@@ -611,20 +610,6 @@ impl<M: GuestAddressSpace + Send + 'static> Snapshottable for Vmxnet3<M> {
     }
 }
 
-impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
-    /// Sends the RARP announcements of the MAC in use out of the backend,
-    /// so the network learns where the guest is now.
-    fn announce(&self) {
-        let frame = rarp_announcement(self.regs.mac);
-        for _ in 0..ANNOUNCE_COUNT {
-            if let Err(e) = self.backend.send(&VnetHdr::default(), &frame) {
-                warn!("vmxnet3: cannot announce the MAC: {e}");
-                return;
-            }
-        }
-    }
-}
-
 impl<M: GuestAddressSpace + Send + 'static> Drop for Vmxnet3<M> {
     fn drop(&mut self) {
         // The worker serves nothing more: after a migration the guest runs
@@ -655,7 +640,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use net_port::{VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_TCPV4};
+    use net_port::{VnetHdr, VNET_HDR_F_NEEDS_CSUM, VNET_HDR_GSO_TCPV4};
     use vm_memory::bitmap::{AtomicBitmap, Bitmap};
     use vm_memory::{Bytes, GuestMemoryBackend, GuestMemoryRegion};
 

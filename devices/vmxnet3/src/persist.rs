@@ -185,6 +185,7 @@ pub(crate) fn load<M: GuestMemory>(
             tx_stats: saved.tx_stats,
             rx_stats: saved.rx_stats,
             reported_link: saved.reported_link,
+            announce: None,
         },
     })
 }
@@ -266,13 +267,16 @@ mod tests {
         clippy::arithmetic_side_effects
     )]
 
+    use std::thread;
+    use std::time::{Duration, Instant};
+
     use net_port::VnetHdr;
     use serde_json::{json, Value};
     use vm_memory::Bytes;
     use vm_migration::{Pausable, Snapshottable};
 
     use super::*;
-    use crate::announce::rarp_announcement;
+    use crate::announce::{rarp_announcement, ANNOUNCE_AT};
     use crate::harness::*;
     use crate::regs::{PT_BAR, VD_BAR};
     use crate::test_utils::{frame, DriverLayout};
@@ -447,16 +451,33 @@ mod tests {
         let imr = |v: u64| dst.read(PT_BAR, 8 * v);
         assert_eq!((imr(0), imr(5), imr(24)), (0, 0, 1), "interrupt masks");
         assert!(dst.backend.take_sent().is_empty(), "not before resume");
+        let resumed = Instant::now();
         dst.bus.resume().unwrap();
+        // Each frame, with when it was sent, until the schedule's last is due and a bit more.
         let rarp = (VnetHdr::default(), rarp_announcement(mac).to_vec());
-        assert_eq!(dst.backend.take_sent(), vec![rarp; 3]);
+        thread::sleep(ANNOUNCE_AT[ANNOUNCE_AT.len() - 1] + Duration::from_millis(500));
+        let seen: Vec<Duration> = dst
+            .backend
+            .take_sent_timed()
+            .into_iter()
+            .map(|(at, frame)| {
+                assert_eq!(frame, rarp);
+                at - resumed
+            })
+            .collect();
+        assert_eq!(seen.len(), ANNOUNCE_AT.len(), "{seen:?}");
+        // Never early: the worker waits out each gap (it may be late on a busy host).
+        for (pair, due) in seen.windows(2).zip(ANNOUNCE_AT.windows(2)) {
+            assert!(pair[1] - pair[0] >= due[1] - due[0], "{seen:?}");
+        }
         dst.bus.pause().unwrap();
         dst.bus.resume().unwrap();
+        thread::sleep(Duration::from_millis(100));
         assert!(dst.backend.take_sent().is_empty(), "once per restore");
     }
 
     /// A snapshot of an activated device with traffic behind it, and its
-    /// state as JSON.
+    /// state as JSON (to edit by field).
     fn busy_snapshot() -> (Snapshot, Value) {
         let mut h = Harness::new();
         h.activate(2, 1, 1500);
@@ -466,16 +487,15 @@ mod tests {
         receive_all(&mut h, 0..3);
         h.bus.pause().unwrap();
         let snapshot = h.nic.lock().unwrap().snapshot().unwrap();
-        let value = serde_json::from_slice(&snapshot.data).unwrap();
+        let value = vm_migration::test_utils::state_json::<Saved>(&snapshot);
         (snapshot, value)
     }
 
-    fn with_data(value: &Value) -> Snapshot {
-        Snapshot {
-            id: ID.into(),
-            version: VERSION,
-            data: serde_json::to_vec(value).unwrap(),
-        }
+    /// The snapshot of the edited state `value`; `None` when its types
+    /// cannot hold it (nor, then, can its binary encoding).
+    fn with_data(value: &Value) -> Option<Snapshot> {
+        let good = Snapshot::new(ID, VERSION, &()).unwrap();
+        vm_migration::test_utils::with_state::<Saved>(&good, value.clone())
     }
 
     #[test]
@@ -552,15 +572,26 @@ mod tests {
             ("MAC", set("/regs/mac", json!("02:00:00:00:00:01"))),
         ];
         let mut h = Harness::new();
+        let mut unrepresentable = Vec::new();
         for (what, change) in &cases {
             let mut bad = value.clone();
             change(&mut bad);
-            let err = h.nic.lock().unwrap().restore(&with_data(&bad));
+            let Some(bad) = with_data(&bad) else {
+                unrepresentable.push(*what);
+                continue;
+            };
+            let err = h.nic.lock().unwrap().restore(&bad);
             assert!(
                 matches!(&err, Err(MigratableError::Restore(id, _)) if id == ID),
                 "{what}: {err:?}"
             );
         }
+        // Refused by the state's types: fixed-size arrays, a u16, a MAC of
+        // six bytes.
+        assert_eq!(
+            unrepresentable,
+            ["statistics of 7 queues", "MTU beyond u16", "MAC"]
+        );
         let mut other = good.clone();
         other.version = VERSION + 1;
         assert!(h.nic.lock().unwrap().restore(&other).is_err());
@@ -646,7 +677,13 @@ mod tests {
                         };
                         *v.pointer_mut(path).unwrap() = json!(n);
                     }
-                    with_data(&v)
+                    match with_data(&v) {
+                        Some(snapshot) => snapshot,
+                        None => {
+                            refused += 1;
+                            continue;
+                        }
+                    }
                 }
                 // Bytes flipped, inserted or cut.
                 1 => {

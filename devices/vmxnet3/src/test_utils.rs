@@ -13,6 +13,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use net_port::{FrameBackend, VnetHdr};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
@@ -22,6 +23,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 /// received, and an eventfd is readable while any are queued.
 pub struct MockBackend {
     sent: Mutex<Vec<(VnetHdr, Vec<u8>)>>,
+    /// When each frame of `sent` was sent.
+    sent_at: Mutex<Vec<Instant>>,
     inbox: Mutex<VecDeque<(VnetHdr, Vec<u8>)>>,
     rx_evt: EventFd,
     link: AtomicBool,
@@ -33,6 +36,7 @@ impl MockBackend {
     pub fn new(link: bool) -> Self {
         MockBackend {
             sent: Mutex::default(),
+            sent_at: Mutex::default(),
             inbox: Mutex::default(),
             rx_evt: EventFd::new(EFD_NONBLOCK).unwrap(),
             link: AtomicBool::new(link),
@@ -53,7 +57,14 @@ impl MockBackend {
 
     /// Frames sent since the last call.
     pub fn take_sent(&self) -> Vec<(VnetHdr, Vec<u8>)> {
+        self.sent_at.lock().unwrap().clear();
         std::mem::take(&mut *self.sent.lock().unwrap())
+    }
+
+    /// Frames sent since the last call, each with when it was sent.
+    pub fn take_sent_timed(&self) -> Vec<(Instant, (VnetHdr, Vec<u8>))> {
+        let times = std::mem::take(&mut *self.sent_at.lock().unwrap());
+        times.into_iter().zip(self.take_sent()).collect()
     }
 
     /// Frames injected and not received yet.
@@ -72,6 +83,7 @@ impl FrameBackend for MockBackend {
             return Err(io::Error::other("mock backend refuses"));
         }
         self.sent.lock().unwrap().push((*hdr, frame.to_vec()));
+        self.sent_at.lock().unwrap().push(Instant::now());
         Ok(())
     }
 

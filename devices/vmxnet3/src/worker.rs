@@ -22,12 +22,13 @@ use std::time::Duration;
 
 use device_worker::{Stoppable, WorkerHandle};
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
-use log::error;
+use log::{error, warn};
 use net_port::{FrameBackend, Port, VnetHdr, MAX_FRAME_LEN};
 use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemory};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::announce::Announcement;
 use crate::interrupt::Interrupts;
 use crate::metrics::Vmxnet3Metrics;
 use crate::regs::{ECR_LINK, ECR_RQERR, ECR_TQERR, MAX_RX_QUEUES, MAX_TX_QUEUES};
@@ -41,6 +42,7 @@ const KILL_EVENT: u32 = 0;
 const BACKEND_EVENT: u32 = 1;
 const LINK_EVENT: u32 = 2;
 const CARRIER_TIMER: u32 = 3;
+const ANNOUNCE_TIMER: u32 = 4;
 /// TX queue `q`'s doorbell is `TX_EVENT_BASE + q`.
 const TX_EVENT_BASE: u32 = 8;
 /// Frames taken from the backend per wake-up before doorbells get a turn.
@@ -118,6 +120,9 @@ pub(crate) struct DeviceState {
     /// The link state the guest last read (GET_LINK): a LINK event is due
     /// whenever the carrier differs from it.
     pub(crate) reported_link: bool,
+    /// A MAC to announce (set by a resume after a restore), for the worker
+    /// to pick up on its next link event.
+    pub(crate) announce: Option<[u8; 6]>,
 }
 
 /// The [`DeviceState`] lock and the signal that wakes a worker waiting out
@@ -205,6 +210,9 @@ pub(crate) struct WorkerParts<M> {
 pub(crate) struct Worker<M> {
     p: WorkerParts<M>,
     carrier_timer: TimerFd,
+    /// Armed while an announcement has frames to come.
+    announce_timer: TimerFd,
+    announcement: Option<Announcement>,
     /// The backend's link state at the last poll.
     backend_link: bool,
     tx_buf: Vec<u8>,
@@ -222,6 +230,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             backend_link: parts.port.state().carrier,
             p: parts,
             carrier_timer,
+            announce_timer: TimerFd::new().map_err(SpawnError::Timer)?,
+            announcement: None,
             tx_buf: vec![0; TX_BUF_LEN],
             rx_buf: vec![0; MAX_FRAME_LEN],
             stopped: false,
@@ -322,7 +332,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     fn handle_link(&mut self) {
-        let Some(st) = self.p.state.lock_running() else {
+        let Some(mut st) = self.p.state.lock_running() else {
             self.stopped = true;
             return;
         };
@@ -334,6 +344,46 @@ impl<M: GuestAddressSpace> Worker<M> {
                 active.post_event(&*self.p.mem.memory(), &self.p.intr, ECR_LINK);
             }
         }
+        let announce = st.announce.take();
+        drop(st);
+        if let Some(mac) = announce {
+            self.announcement = Some(Announcement::new(mac));
+            self.announce();
+        }
+    }
+
+    /// Sends the announcement's next frame and arms the timer for the one
+    /// after, if any.
+    fn announce(&mut self) {
+        let Some(announcement) = self.announcement.as_mut() else {
+            return;
+        };
+        if let Err(e) = self
+            .p
+            .backend
+            .send(&VnetHdr::default(), announcement.next_frame())
+        {
+            warn!("vmxnet3: cannot announce the MAC: {e}");
+        }
+        let next = announcement.next_gap();
+        if next.is_none() {
+            self.announcement = None;
+        }
+        // Zero disarms the timer.
+        if let Err(e) = self.announce_timer.reset(next.unwrap_or_default(), None) {
+            warn!("vmxnet3: cannot schedule the next MAC announcement: {e}");
+            self.announcement = None;
+        }
+    }
+
+    fn handle_announce_timer(&mut self) {
+        // A pause in between delays the frame, as it would any other.
+        if self.p.state.lock_running().is_none() {
+            self.stopped = true;
+            return;
+        }
+        let _ = self.announce_timer.wait();
+        self.announce();
     }
 
     /// The backend is the carrier's source, but only its changes are
@@ -406,6 +456,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             Events::with_data_raw(self.p.backend.rx_fd(), BACKEND_EVENT, EventSet::IN),
             Events::with_data(&self.p.link_evt, LINK_EVENT, EventSet::IN),
             Events::with_data(&self.carrier_timer, CARRIER_TIMER, EventSet::IN),
+            Events::with_data(&self.announce_timer, ANNOUNCE_TIMER, EventSet::IN),
         ];
         for (q, evt) in (TX_EVENT_BASE..).zip(&self.p.tx_evts) {
             events.push(Events::with_data(evt, q, EventSet::IN));
@@ -426,6 +477,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
             BACKEND_EVENT => self.handle_backend(events.event_set(), ops),
             LINK_EVENT => self.handle_link(),
             CARRIER_TIMER => self.poll_carrier(),
+            ANNOUNCE_TIMER => self.handle_announce_timer(),
             data => match data
                 .checked_sub(TX_EVENT_BASE)
                 .and_then(|q| usize::try_from(q).ok())

@@ -57,14 +57,7 @@ macro_rules! wire_struct {
 
         impl<'de> ::serde::Deserialize<'de> for $name {
             fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let bytes: Vec<u8> = ::serde::Deserialize::deserialize(d)?;
-                let mut v = Self::default();
-                let dst = <Self as ::vm_memory::ByteValued>::as_mut_slice(&mut v);
-                if dst.len() != bytes.len() {
-                    return Err(::serde::de::Error::invalid_length(bytes.len(), &stringify!($name)));
-                }
-                dst.copy_from_slice(&bytes);
-                Ok(v)
+                d.deserialize_bytes($crate::WireVisitor(::core::marker::PhantomData::<$name>))
             }
         }
 
@@ -74,6 +67,48 @@ macro_rules! wire_struct {
             }
         }
     };
+}
+
+/// Reads a wire struct from saved state: a byte string of exactly its
+/// size (one copy, not one call per byte), or a sequence of byte values
+/// (what self-describing formats such as JSON make of bytes).
+#[doc(hidden)]
+pub struct WireVisitor<T>(pub core::marker::PhantomData<T>);
+
+impl<'de, T: vm_memory::ByteValued + Default> serde::de::Visitor<'de> for WireVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+        write!(f, "{} bytes", core::mem::size_of::<T>())
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<T, E> {
+        let mut v = T::default();
+        let dst = v.as_mut_slice();
+        if dst.len() != bytes.len() {
+            return Err(E::invalid_length(bytes.len(), &self));
+        }
+        dst.copy_from_slice(bytes);
+        Ok(v)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+        let mut v = T::default();
+        let dst = v.as_mut_slice();
+        let size = dst.len();
+        for (i, byte) in dst.iter_mut().enumerate() {
+            *byte = seq
+                .next_element()?
+                .ok_or_else(|| serde::de::Error::invalid_length(i, &self))?;
+        }
+        if seq.next_element::<u8>()?.is_some() {
+            return Err(serde::de::Error::invalid_length(
+                size.saturating_add(1),
+                &self,
+            ));
+        }
+        Ok(v)
+    }
 }
 
 pub mod cmd;

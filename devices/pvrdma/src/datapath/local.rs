@@ -9,17 +9,27 @@
 //! are received alike (and a peer is never trusted on either).
 //!
 //! On its first frame for a peer, a sender creates a ring ([`ShmRing`],
-//! one per direction and peer) in a memfd and hands it over on the
-//! peer's control socket (SCM_RIGHTS). Frames are then memory copies into
-//! the ring; the control socket only carries a kick when the consumer
-//! said it was going to sleep. Frames a full ring refuses wait in a
+//! one per direction and peer) in a sealed memfd and hands it over on the
+//! peer's control socket (SCM_RIGHTS), with an eventfd the sender kicks
+//! the consumer by when it said it was going to sleep. Frames are then
+//! memory copies into the ring and, now and then, an eventfd write: the
+//! control socket carries only ring hand-overs, BYEs and liveness probes.
+//!
+//! The kick eventfd is shared with a peer that is not trusted, and an
+//! eventfd's blocking mode and counter belong to both holders: a peer
+//! could make a write of 1 block us, or a read. So the sender creates it
+//! with a count of 1 and kicks by writing 0, which never blocks yet wakes
+//! the waiters; the consumer never reads it and watches it edge-triggered,
+//! which reports every such write. Frames a full ring refuses wait in a
 //! bounded backlog per peer, pushed in order as the consumer makes room
 //! (the worker polls for that on a short timer, never blocking); only a
 //! full backlog,
 //! or a consumer that makes no room for [`ROOM_WAIT`], drops frames (RC
 //! retransmits, as on a congested wire, but a lost READ response costs
 //! the whole READ again). A peer that is gone (its socket refuses) makes
-//! the sender forget the ring and use the wire.
+//! the sender forget the ring and use the wire; an eventfd cannot tell,
+//! so a kick the consumer has not answered after [`ANSWER_WAIT`], or a
+//! full ring, has the sender ask the socket.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -28,8 +38,9 @@
 )]
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io;
-use std::os::fd::AsRawFd;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -59,6 +70,20 @@ pub(crate) enum Wake {
     Socket,
     /// The re-wake of a batch that left frames in the rings.
     Again,
+    /// A peer's kick eventfd (edge-triggered, nothing to read).
+    Ring,
+}
+
+/// A change to the kick eventfds the worker watches (edge-triggered),
+/// in the order they happened.
+#[derive(Debug)]
+pub(crate) enum KickWatch {
+    /// A ring's kick arrived; it stays open while the ring lives.
+    Add(RawFd),
+    /// A ring went: unwatch, then close. A descriptor the peer still
+    /// holds stays in an epoll set after our close, so unwatching comes
+    /// first.
+    Remove(File),
 }
 
 /// Frames received in one batch, back to back in one buffer that the
@@ -97,15 +122,21 @@ const BACKLOG_FRAMES: usize = 2048;
 const ROOM_WAIT: Duration = Duration::from_millis(100);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
-/// Longest a control message (ring hand-over, kick) may wait for room in
-/// the peer's socket queue.
+/// Control messages read per wake-up.
+const CONTROL_BATCH: usize = 64;
+/// Longest a control message (ring hand-over, probe) may wait for room
+/// in the peer's socket queue.
 const SEND_WAIT: Duration = Duration::from_millis(5);
+/// Longest a kicked consumer may leave its ring untouched before the
+/// sender asks its socket whether it is still there.
+const ANSWER_WAIT: Duration = Duration::from_millis(10);
 /// Control messages: a tag, then for SETUP the ring size, the sender's
-/// MAC and the sender's instance (the ring's memfd rides along as
-/// SCM_RIGHTS); BYE (a VMM leaving, e.g. after migrating its VM away) has
-/// the same layout without a ring.
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING2";
-const KICK: &[u8; 16] = b"PVRDMA-SHM-KICK1";
+/// MAC and the sender's instance (the ring's memfd and the kick eventfd
+/// ride along as SCM_RIGHTS); BYE (a VMM leaving, e.g. after migrating its
+/// VM away) has the same layout without them. A PROBE only asks whether
+/// the socket's owner is there.
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING3";
+const PROBE: &[u8; 16] = b"PVRDMA-SHM-PROBE";
 const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-2";
 const MSG_LEN: usize = 16 + 4 + 6 + 8;
 
@@ -169,6 +200,27 @@ fn remove_stale_incoming(dir: &Path, mac: [u8; 6]) {
     }
 }
 
+/// Checks that `dir` is a directory of our effective user that nobody
+/// else may enter: who can reach its sockets can join the channel (hand
+/// us rings, say BYE for a MAC), so its mode is the access check.
+fn private_dir(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(dir)?;
+    // SAFETY: geteuid has no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if !meta.is_dir() || meta.uid() != euid || meta.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} must be a directory of uid {euid} with mode 0700 (is uid {}, mode {:o})",
+                dir.display(),
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a VMM is bound to the socket file at `path` (a file left by one
 /// that is gone refuses connections).
 fn answers(path: &Path) -> io::Result<bool> {
@@ -180,6 +232,11 @@ fn answers(path: &Path) -> io::Result<bool> {
 struct Peer {
     sock: UnixDatagram,
     ring: ShmRing,
+    /// Wakes the consumer (written 0, see the module's doc).
+    kick: EventFd,
+    /// When we kicked a consumer that has not read since, and where its
+    /// tail was then.
+    unanswered: Option<(Instant, u64)>,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
     /// Frames the full ring refused, oldest first.
@@ -189,11 +246,11 @@ struct Peer {
 }
 
 impl Peer {
-    /// Kicks the consumer; false when its VMM is gone (or replaced).
-    fn kick(&self) -> bool {
-        match self.sock.send(KICK) {
+    /// Whether the consumer's VMM is still there (not gone or replaced).
+    fn probe(&self) -> bool {
+        match self.sock.send(PROBE) {
             Ok(_) => true,
-            // Its queue is full of kicks: it is awake anyway.
+            // Its queue is full: it is there, and busy.
             Err(e) => matches!(
                 e.kind(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
@@ -201,20 +258,42 @@ impl Peer {
         }
     }
 
+    /// Wakes the consumer, which said it was going to sleep.
+    fn kick(&mut self) {
+        // Adding 0 never blocks, whatever the peer did to the eventfd.
+        let _ = self.kick.write(0);
+        if self.unanswered.is_none() {
+            self.unanswered = Some((Instant::now(), self.ring.tail()));
+        }
+    }
+
+    /// False when a kick went unanswered for [`ANSWER_WAIT`] and the
+    /// consumer's socket says it is gone.
+    fn alive(&mut self) -> bool {
+        let Some((kicked, tail)) = self.unanswered else {
+            return true;
+        };
+        if self.ring.tail() != tail {
+            self.unanswered = None;
+            return true;
+        }
+        let now = Instant::now();
+        if now.saturating_duration_since(kicked) <= ANSWER_WAIT {
+            return true;
+        }
+        self.unanswered = Some((now, tail));
+        self.probe()
+    }
+
     /// Pushes backlogged frames while the ring has room; drops them all
     /// once the oldest waited [`ROOM_WAIT`]. Returns the frames dropped.
     fn flush(&mut self, now: Instant) -> usize {
-        while let Some(frame) = self.backlog.front() {
-            match self.ring.push(frame) {
-                Some(waiting) => {
-                    if waiting {
-                        self.kick();
-                    }
-                    self.backlog.pop_front();
-                    self.since = Some(now);
-                }
-                None => break,
+        while let Some(waiting) = self.backlog.front().and_then(|f| self.ring.push(f)) {
+            if waiting {
+                self.kick();
             }
+            self.backlog.pop_front();
+            self.since = Some(now);
         }
         if self.backlog.is_empty() {
             self.since = None;
@@ -235,6 +314,23 @@ struct Inbound {
     ring: ShmRing,
     /// The instance that handed it over.
     instance: u64,
+    /// The peer's kick, watched by the worker.
+    kick: File,
+}
+
+/// Whether `file` is an eventfd: an anonymous inode like `ours` (one
+/// eventfd of our own) that takes a write of 0 (timerfds, signalfds,
+/// epoll and the other anonymous inodes refuse writes; pipes, sockets and
+/// files are not anonymous inodes). The write wakes nobody of ours.
+fn is_eventfd(file: &File, ours: &EventFd) -> bool {
+    // SAFETY: `ours` is a valid eventfd for the duration of the call and
+    // outlives the File, which does not close it (ManuallyDrop).
+    let ours = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(ours.as_raw_fd()) });
+    let same_inode = match (file.metadata(), ours.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    };
+    same_inode && (&*file).write(&0u64.to_ne_bytes()).is_ok_and(|n| n == 8)
 }
 
 /// One device's end of the same-host channel.
@@ -249,6 +345,8 @@ pub(crate) struct LocalChannel {
     peers: Mutex<BTreeMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
     inbound: Mutex<BTreeMap<[u8; 6], Inbound>>,
+    /// Kick eventfds for the worker to watch or unwatch.
+    watch: Mutex<Vec<KickWatch>>,
     dir: PathBuf,
     /// The MAC's socket path, `<dir>/<mac>.sock`.
     home: PathBuf,
@@ -265,16 +363,19 @@ pub(crate) struct LocalChannel {
 
 impl LocalChannel {
     /// Binds the control socket of `mac` in `dir` (created 0700 if
-    /// missing). A socket file left by a VMM that is gone is replaced; one
-    /// that answers belongs to a running VMM with the same MAC, an error —
-    /// unless `take_over`: the VM is migrating here from that VMM. Then our
-    /// socket waits beside the MAC's until [`LocalChannel::claim`] (the VM
-    /// runs here): a migration that fails leaves the source's in place.
+    /// missing; an existing one must be ours and closed to everyone else,
+    /// see [`private_dir`]). A socket file left by a VMM that is gone is
+    /// replaced; one that answers belongs to a running VMM with the same
+    /// MAC, an error — unless `take_over`: the VM is migrating here from
+    /// that VMM. Then our socket waits beside the MAC's until
+    /// [`LocalChannel::claim`] (the VM runs here): a migration that fails
+    /// leaves the source's in place.
     pub(crate) fn bind(dir: &Path, mac: [u8; 6], take_over: bool) -> io::Result<Self> {
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
+        private_dir(dir)?;
         let home = dir.join(sock_name(mac));
         let own = if take_over {
             remove_stale_incoming(dir, mac);
@@ -305,6 +406,7 @@ impl LocalChannel {
             mac,
             peers: Mutex::new(BTreeMap::new()),
             inbound: Mutex::new(BTreeMap::new()),
+            watch: Mutex::new(Vec::new()),
             dir: dir.to_path_buf(),
             staged: Mutex::new((own != home).then_some(own)),
             home,
@@ -333,12 +435,27 @@ impl LocalChannel {
             .unwrap_or_else(|| self.home.clone())
     }
 
-    /// What the worker watches, and which [`Wake`] each is.
-    pub(crate) fn fds(&self) -> [(std::os::fd::RawFd, Wake); 2] {
+    /// What the worker watches (level-triggered), and which [`Wake`]
+    /// each is; the kicks of peers' rings come through
+    /// [`LocalChannel::take_watch`].
+    pub(crate) fn fds(&self) -> [(RawFd, Wake); 2] {
         [
             (self.sock.as_raw_fd(), Wake::Socket),
             (self.again.as_raw_fd(), Wake::Again),
         ]
+    }
+
+    /// The kick eventfds to watch and unwatch since the last call, in order.
+    pub(crate) fn take_watch(&self) -> Vec<KickWatch> {
+        std::mem::take(&mut *self.watch.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Drops an inbound ring; its kick is unwatched before it closes.
+    fn retire(&self, ring: Option<Inbound>) {
+        if let Some(r) = ring {
+            let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
+            watch.push(KickWatch::Remove(r.kick));
+        }
     }
 
     /// A ring towards the VMM owning `mac`, handed over on its socket.
@@ -352,11 +469,17 @@ impl LocalChannel {
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
         let (ring, file) = shm_ring::create(RING_BYTES).ok()?;
+        // A count of 1 that nobody reads: kicks write 0 (module doc).
+        let kick = EventFd::new(EFD_NONBLOCK).ok()?;
+        kick.write(1).ok()?;
         let msg = control(SETUP, RING_BYTES as u32, self.mac, self.inode);
-        sock.send_with_fd(&msg[..], file.as_raw_fd()).ok()?;
+        let fds = [file.as_raw_fd(), kick.as_raw_fd()];
+        sock.send_with_fds(&[&msg[..]], &fds).ok()?;
         Some(Peer {
             sock,
             ring,
+            kick,
+            unanswered: None,
             instance,
             backlog: VecDeque::new(),
             since: None,
@@ -397,6 +520,11 @@ impl LocalChannel {
         let Some(peer) = self.peer(&mut peers, dst_mac) else {
             return Sent::NotLocal;
         };
+        if !peer.alive() {
+            // The peer is gone (or was replaced): forget its ring.
+            peers.remove(&dst_mac);
+            return Sent::NotLocal;
+        }
         let pushed = if peer.backlog.is_empty() {
             peer.ring.push(frame)
         } else {
@@ -405,20 +533,15 @@ impl LocalChannel {
         match pushed {
             Some(false) => Sent::Local,
             Some(true) => {
-                if peer.kick() {
-                    Sent::Local
-                } else {
-                    // The peer is gone (or was replaced): forget its ring.
-                    peers.remove(&dst_mac);
-                    Sent::NotLocal
-                }
+                peer.kick();
+                Sent::Local
             }
             // The first refusal, and a full backlog, ask whether the peer
             // is still there: a full ring may belong to one that is gone
             // (migrated away without ever sleeping); then the frame takes
             // the wire and the next one finds the MAC's new owner.
             None if (peer.backlog.is_empty() || peer.backlog.len() >= BACKLOG_FRAMES)
-                && !peer.kick() =>
+                && !peer.probe() =>
             {
                 peers.remove(&dst_mac);
                 Sent::NotLocal
@@ -468,21 +591,18 @@ impl LocalChannel {
     /// one our ring goes to means the same: the MAC has a new owner.
     /// Rings of the MAC's other instance are left alone, so that a late
     /// BYE from a migration's source does not cut its destination off.
+    ///
+    /// At most [`CONTROL_BATCH`] messages per call: the socket is watched
+    /// level-triggered, so a flood is read on later wake-ups, between
+    /// other work.
     fn accept(&self) {
         let mut buf = [0u8; MSG_LEN];
-        loop {
-            let (n, file) = match self.sock.recv_with_fd(&mut buf) {
-                Ok(got) => got,
-                Err(_) => break,
+        for _ in 0..CONTROL_BATCH {
+            let Some((n, [memfd, kick])) = self.recv_control(&mut buf) else {
+                break;
             };
+            // Anything else (a PROBE) needs no answer.
             let Some((tag, size, from, instance)) = buf.get(..n).and_then(parse_control) else {
-                // A kick: frames wait in a ring. Whatever follows it in the
-                // queue is read on the next wake-up (the socket is watched
-                // level-triggered), which spares the latency path a
-                // system call that would only say EAGAIN.
-                if buf.get(..n) == Some(&KICK[..]) {
-                    break;
-                }
                 continue;
             };
             if tag != SETUP && tag != BYE {
@@ -502,9 +622,9 @@ impl LocalChannel {
             if peers.get(&from).is_some_and(ours_is_stale) {
                 peers.remove(&from);
             }
-            let Some(file) = file.filter(|_| tag == SETUP) else {
+            let Some((file, kick)) = memfd.zip(kick).filter(|_| tag == SETUP) else {
                 if inbound.get(&from).is_some_and(|r| r.instance == instance) {
-                    inbound.remove(&from);
+                    self.retire(inbound.remove(&from));
                 }
                 continue;
             };
@@ -512,13 +632,47 @@ impl LocalChannel {
                 log::warn!("pvrdma: same-host channel: too many peers, ring refused");
                 continue;
             }
+            if !is_eventfd(&kick, &self.again) {
+                log::warn!("pvrdma: same-host channel: ring refused: its kick is no eventfd");
+                continue;
+            }
             match ShmRing::map(file, size as usize) {
                 Ok(ring) => {
-                    inbound.insert(from, Inbound { ring, instance });
+                    let fd = kick.as_raw_fd();
+                    let old = inbound.insert(
+                        from,
+                        Inbound {
+                            ring,
+                            instance,
+                            kick,
+                        },
+                    );
+                    self.retire(old);
+                    let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
+                    watch.push(KickWatch::Add(fd));
                 }
                 Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
         }
+    }
+
+    /// The next control message into `buf`: its length and the (up to
+    /// two) descriptors that came with it; `None` when there is none.
+    fn recv_control(&self, buf: &mut [u8]) -> Option<(usize, [Option<File>; 2])> {
+        let mut iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        }];
+        let mut fds: [RawFd; 2] = [-1; 2];
+        // SAFETY: the iovec covers `buf`, which is borrowed mutably for the
+        // call; any bytes may be written there.
+        let (n, _) = unsafe { self.sock.recv_with_fds(&mut iov, &mut fds) }.ok()?;
+        // The slots it did not fill are still -1.
+        let files = fds.map(|fd| {
+            // SAFETY: the descriptors recv_with_fds returned are ours to own.
+            (fd >= 0).then(|| unsafe { File::from_raw_fd(fd) })
+        });
+        Some((n, files))
     }
 
     /// Up to `max` frames from other VMMs into `batch` (emptied first),
@@ -531,6 +685,7 @@ impl LocalChannel {
             Wake::Again => {
                 let _ = self.again.read();
             }
+            Wake::Ring => {}
         }
         batch.data.clear();
         // What a peer's burst of large frames grew it to is not kept.
@@ -560,7 +715,7 @@ impl LocalChannel {
             }
         }
         for mac in corrupt {
-            inbound.remove(&mac);
+            self.retire(inbound.remove(&mac));
         }
         if batch.len() >= max {
             if let Err(e) = self.again.write(1) {
@@ -628,7 +783,11 @@ impl Drop for LocalChannel {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 mod tests {
     use super::*;
 
@@ -637,6 +796,50 @@ mod tests {
         let mut batch = Batch::default();
         ch.recv(max, wake, &mut batch);
         batch.frames().map(<[u8]>::to_vec).collect()
+    }
+
+    /// An epoll set watching a channel's ring kicks as its worker does.
+    struct Kicks(std::os::fd::OwnedFd);
+
+    impl Kicks {
+        fn new() -> Self {
+            // SAFETY: plain system call; the descriptor is owned below.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            assert!(fd >= 0);
+            // SAFETY: a fresh descriptor nothing else owns.
+            Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+        }
+
+        /// Applies `ch`'s watch changes; returns how many kicks it watches.
+        fn follow(&self, ch: &LocalChannel, watched: &mut usize) {
+            for change in ch.take_watch() {
+                let (op, fd) = match &change {
+                    KickWatch::Add(fd) => (libc::EPOLL_CTL_ADD, *fd),
+                    KickWatch::Remove(f) => (libc::EPOLL_CTL_DEL, f.as_raw_fd()),
+                };
+                let mut ev = libc::epoll_event {
+                    events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                    u64: 0,
+                };
+                // SAFETY: a valid epoll set and descriptor, and an event
+                // that lives for the call.
+                let rc = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), op, fd, &mut ev) };
+                assert_eq!(rc, 0, "{change:?}");
+                if op == libc::EPOLL_CTL_ADD {
+                    *watched += 1;
+                } else {
+                    *watched -= 1;
+                }
+            }
+        }
+
+        /// Kicks reported within `ms` milliseconds.
+        fn wait(&self, ms: i32) -> usize {
+            let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
+            // SAFETY: a valid epoll set and a buffer of 8 events.
+            let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 8, ms) };
+            usize::try_from(n).unwrap()
+        }
     }
 
     #[test]
@@ -662,18 +865,31 @@ mod tests {
         );
         // A second VMM with the same MAC is refused while the first lives.
         assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).is_err());
-        // B went to sleep after draining: the next frame kicks it.
+        // B went to sleep after draining: the next frame kicks it, on the
+        // ring's eventfd, edge-triggered as its worker watches it.
+        let (kicks, mut watched) = (Kicks::new(), 0);
+        kicks.follow(&b, &mut watched);
+        assert_eq!(watched, 1, "one ring, one kick");
+        kicks.wait(0);
+        assert_eq!(kicks.wait(0), 0);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
-        let mut readable = [libc::pollfd {
-            fd: b.fds()[0].0,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: one valid pollfd, for the duration of the call.
-        assert_eq!(unsafe { libc::poll(readable.as_mut_ptr(), 1, 1000) }, 1);
-        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"kick".to_vec()]);
+        assert_eq!(kicks.wait(1000), 1);
+        // Not asleep any more: the next frame needs no kick.
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"more"), Sent::Local);
+        assert_eq!(kicks.wait(0), 0);
+        assert_eq!(
+            recv(&b, 8, Wake::Ring),
+            vec![b"kick".to_vec(), b"more".to_vec()]
+        );
+        // Every kick wakes, though nobody reads the eventfd.
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
+        assert_eq!(kicks.wait(1000), 1);
+        recv(&b, 8, Wake::Ring);
         drop(b);
-        // B's socket is gone: A forgets the ring when it next has to kick.
+        // B's socket is gone: A forgets the ring once a kick went
+        // unanswered for a while.
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::Local, "kicked");
+        std::thread::sleep(ANSWER_WAIT * 2);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
         // A stale socket file (its VMM died without cleaning up) is replaced.
         drop(UnixDatagram::bind(dir.join(sock_name([2, 0, 0, 0, 0, 4]))).unwrap());
@@ -694,6 +910,7 @@ mod tests {
         // and another MAC's killed one.
         drop(UnixDatagram::bind(waiting(1)).unwrap());
         let live = UnixDatagram::bind(waiting(2)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let other = dir.join(format!("{}{INCOMING}1", sock_name([2, 0, 0, 0, 5, 3])));
         drop(UnixDatagram::bind(&other).unwrap());
 
@@ -893,6 +1110,120 @@ mod tests {
         assert_eq!(b.again.read().unwrap(), 1, "asked to come back");
         assert_eq!(recv(&b, 100, Wake::Socket).len(), 6);
         drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Hands `to` a SETUP as a peer would, with `memfd` and `kick`.
+    fn setup(dir: &Path, from: [u8; 6], to: [u8; 6], memfd: &File, kick: RawFd) {
+        let sock = UnixDatagram::unbound().unwrap();
+        sock.connect(dir.join(sock_name(to))).unwrap();
+        let msg = control(SETUP, 4096, from, 77);
+        sock.send_with_fds(&[&msg[..]], &[memfd.as_raw_fd(), kick])
+            .unwrap();
+    }
+
+    #[test]
+    fn a_ring_whose_kick_is_no_eventfd_is_refused() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-k-{}", std::process::id()));
+        let me = [2, 0, 0, 0, 8, 1];
+        let b = LocalChannel::bind(&dir, me, false).unwrap();
+        let (kicks, mut watched) = (Kicks::new(), 0);
+        let memfd = || shm_ring::create(4096).unwrap().1;
+        // A pipe (a hostile peer could fill it and make it block), a
+        // timerfd (another anonymous inode), and the memfd itself.
+        let mut pipe = [0; 2];
+        // SAFETY: an array of two descriptors for pipe to fill.
+        assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+        let [rd, wr] = pipe;
+        let timer = vmm_sys_util::timerfd::TimerFd::new().unwrap();
+        let ring = memfd();
+        for (i, kick) in [wr, timer.as_raw_fd(), ring.as_raw_fd()]
+            .into_iter()
+            .enumerate()
+        {
+            setup(&dir, [2, 0, 0, 0, 9, i as u8], me, &memfd(), kick);
+        }
+        recv(&b, 8, Wake::Socket);
+        kicks.follow(&b, &mut watched);
+        assert_eq!(watched, 0, "none taken");
+        assert!(b.inbound.lock().unwrap().is_empty());
+        // A real eventfd is taken, and unwatched when its peer says BYE.
+        let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+        setup(&dir, [2, 0, 0, 0, 9, 9], me, &ring, efd.as_raw_fd());
+        recv(&b, 8, Wake::Socket);
+        kicks.follow(&b, &mut watched);
+        assert_eq!(watched, 1);
+        let sock = UnixDatagram::unbound().unwrap();
+        sock.send_to(
+            &control(BYE, 0, [2, 0, 0, 0, 9, 9], 77),
+            dir.join(sock_name(me)),
+        )
+        .unwrap();
+        recv(&b, 8, Wake::Socket);
+        kicks.follow(&b, &mut watched);
+        assert_eq!(watched, 0, "unwatched before it closed");
+        // SAFETY: the pipe's two descriptors, closed once.
+        unsafe {
+            libc::close(rd);
+            libc::close(wr);
+        }
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_kick_never_blocks_whatever_the_consumer_did_to_its_eventfd() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-kb-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 10, 1], false).unwrap();
+        let b = LocalChannel::bind(&dir, [2, 0, 0, 0, 10, 2], false).unwrap();
+        let to_b = [2, 0, 0, 0, 10, 2];
+        assert_eq!(a.send(to_b, b"one"), Sent::Local);
+        recv(&b, 8, Wake::Socket);
+        // B, hostile: its end of the kick made blocking, the counter full.
+        let kick = b.inbound.lock().unwrap()[&[2, 0, 0, 0, 10, 1]]
+            .kick
+            .as_raw_fd();
+        // SAFETY: F_SETFL with flags on a descriptor B owns.
+        assert_eq!(unsafe { libc::fcntl(kick, libc::F_SETFL, 0) }, 0);
+        let full = u64::MAX - 1 - 1;
+        // SAFETY: an 8-byte write from a live buffer.
+        let n = unsafe { libc::write(kick, full.to_ne_bytes().as_ptr().cast(), 8) };
+        assert_eq!(n, 8);
+        // B sleeps: A's next frame kicks, and must come back.
+        assert!(recv(&b, 8, Wake::Ring).is_empty());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let sent = a.send(to_b, b"two");
+            tx.send(sent).unwrap();
+            drop(a);
+        });
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(5)),
+            Ok(Sent::Local),
+            "kicked without blocking"
+        );
+        assert_eq!(recv(&b, 8, Wake::Ring), vec![b"two".to_vec()]);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_directory_others_can_enter_is_refused() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-p-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for mode in [0o755, 0o770, 0o701] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = LocalChannel::bind(&dir, [2, 0, 0, 0, 11, 1], false).unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "mode {mode:o}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        drop(LocalChannel::bind(&dir, [2, 0, 0, 0, 11, 1], false).unwrap());
+        // Nor a symlink to a private directory (its target could change).
+        let link = dir.with_extension("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        assert!(LocalChannel::bind(&link, [2, 0, 0, 0, 11, 2], false).is_err());
+        let _ = std::fs::remove_file(&link);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -123,6 +123,7 @@ fn cqe(handle: u32, wc: &WorkCompletion, numbering: Numbering) -> Cqe {
     if let Some(src) = wc.ud_src {
         cqe.wc_flags |= wc_flags::GRH;
         cqe.smac = src.smac;
+        cqe.sl = roce_packet_type(src.ipv6);
         if numbering == Numbering::Kernel {
             cqe.wc_flags |= wc_flags::WITH_NETWORK_HDR_TYPE;
             cqe.network_hdr_type = if src.roce_v1 {
@@ -135,6 +136,19 @@ fn cqe(handle: u32, wc: &WorkCompletion, numbering: Numbering) -> Cqe {
         }
     }
     cqe
+}
+
+/// A UD receive's `sl`: RoCE has no LRH to take a service level from, so the
+/// CQE says what Annex A17.4.5.1 wants it to (was the frame IPv4 or IPv6?)
+/// where mlx5 does: bit 3 set for a UDP (RoCE v2) frame, bits 2..0 its L3
+/// header, 1 for IPv6, 2 for IPv4. UCX 1.11-1.17's UD transport (Debian
+/// 12's 1.13 among them) reads the IP version of every datagram from `sl`
+/// and, from 0, takes an IPv4 frame's GRH area for an IPv6 one: its
+/// destination check then drops every datagram (UCX's wire-up and UD
+/// never connect).
+fn roce_packet_type(ipv6: bool) -> u8 {
+    const UDP: u8 = 1 << 3;
+    UDP | if ipv6 { 1 } else { 2 }
 }
 
 /// The engine attributes of `qp` as modify_qp left them; `None` when its

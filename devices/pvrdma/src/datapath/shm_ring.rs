@@ -10,7 +10,10 @@
 //!
 //! The other process is not trusted: the consumer validates `head`, every
 //! length, and copies a frame out before anyone parses it. A corrupt ring
-//! is dropped, never read past.
+//! is dropped, never read past. The memfd is sealed against shrinking and
+//! growing before it is handed over, and a ring is mapped only with those
+//! seals in place: a peer that could truncate the file under our mapping
+//! would crash us with SIGBUS on the next access.
 //!
 //! Wake-ups follow virtio's notification suppression: the consumer sets
 //! `waiting` and re-checks for data before it sleeps; the producer, after
@@ -23,6 +26,7 @@
 )]
 
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 use net_port::MAX_FRAME_LEN;
@@ -45,6 +49,8 @@ pub(crate) enum RingError {
     Map,
     #[error("the peer corrupted the shared ring")]
     Corrupt,
+    #[error("shared ring is not a memfd sealed against shrinking and growing")]
+    Unsealed,
 }
 
 /// One direction of the channel between two VMMs.
@@ -58,11 +64,30 @@ pub(crate) struct ShmRing {
 const MIN_CAP: usize = 4096;
 const MAX_CAP: usize = 64 << 20;
 
+/// The seals a ring's memfd must carry: its size is fixed for good.
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// The seals of `file`; an error for a file that cannot be sealed (not
+/// a memfd).
+fn seals(file: &File) -> Result<libc::c_int, RingError> {
+    // SAFETY: F_GET_SEALS on a descriptor `file` owns; no memory passed.
+    let got = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if got < 0 {
+        return Err(RingError::Unsealed);
+    }
+    Ok(got)
+}
+
 impl ShmRing {
-    /// Maps `file` (at least `HEADER + cap` bytes) as a ring of `cap` bytes.
+    /// Maps `file` (at least `HEADER + cap` bytes, sealed against
+    /// resizing) as a ring of `cap` bytes.
     pub(crate) fn map(file: File, cap: usize) -> Result<Self, RingError> {
         if !cap.is_power_of_two() || !(MIN_CAP..=MAX_CAP).contains(&cap) {
             return Err(RingError::Size(cap));
+        }
+        // Before the size check: unsealed, the size could change after it.
+        if seals(&file)? & SEALS != SEALS {
+            return Err(RingError::Unsealed);
         }
         let size = cap.checked_add(HEADER).ok_or(RingError::Size(cap))?;
         let len = file.metadata().map_err(|_| RingError::Map)?.len();
@@ -172,6 +197,12 @@ impl ShmRing {
         Ok(Some(len))
     }
 
+    /// Bytes the consumer has read so far: it moves when the consumer
+    /// answers a kick.
+    pub(crate) fn tail(&self) -> u64 {
+        self.load(TAIL)
+    }
+
     /// Consumer, before sleeping: announces it and says whether data came
     /// in meanwhile (then it must not sleep).
     pub(crate) fn prepare_to_wait(&self) -> bool {
@@ -198,18 +229,31 @@ impl std::fmt::Display for ShmRing {
     }
 }
 
-/// A fresh memfd-backed ring of `cap` bytes, and the file to hand over.
-pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
+/// A memfd of `size` bytes, sealed with `seals` (none: `0`).
+fn memfd(size: usize, seals: libc::c_int) -> std::io::Result<File> {
     use std::os::fd::FromRawFd;
-    let size = cap.saturating_add(HEADER);
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create with a NUL-terminated name and flags only.
-    let fd = unsafe { libc::memfd_create(c"pvrdma-local".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(c"pvrdma-local".as_ptr(), flags) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` was just returned by memfd_create and nothing else owns it.
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size as u64)?;
+    if seals != 0 {
+        // SAFETY: F_ADD_SEALS on a descriptor `file` owns, flags only.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
+}
+
+/// A fresh memfd-backed ring of `cap` bytes, and the file to hand over
+/// (sealed: its size can no longer change).
+pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
+    let file = memfd(cap.saturating_add(HEADER), SEALS | libc::F_SEAL_SEAL)?;
     let ring =
         ShmRing::map(file.try_clone()?, cap).map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok((ring, file))
@@ -285,5 +329,35 @@ mod tests {
 
     fn tempfile() -> File {
         create(4096).unwrap().1
+    }
+
+    #[test]
+    fn a_ring_the_peer_could_resize_is_refused() {
+        let size = 4096 + HEADER;
+        // Unsealed, or sealed against only one direction: the peer could
+        // truncate it under our mapping.
+        for seals in [0, libc::F_SEAL_GROW, libc::F_SEAL_SHRINK] {
+            assert_eq!(
+                ShmRing::map(memfd(size, seals).unwrap(), 4096).err(),
+                Some(RingError::Unsealed),
+                "seals {seals:#x}"
+            );
+        }
+        // Not a memfd at all.
+        let dir = std::env::temp_dir().join(format!("pvrdma-ring-{}", std::process::id()));
+        let plain = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&dir)
+            .unwrap();
+        plain.set_len(size as u64).unwrap();
+        let _ = std::fs::remove_file(&dir);
+        assert_eq!(ShmRing::map(plain, 4096).err(), Some(RingError::Unsealed));
+        // What we hand over cannot be truncated.
+        let file = tempfile();
+        assert!(file.set_len(0).is_err());
+        assert!(ShmRing::map(file, 4096).is_ok());
     }
 }

@@ -135,7 +135,8 @@ impl Objects {
     }
 
     /// Makes the doorbells of restored objects (eventfds, the worker's
-    /// watch, ioeventfds at BAR2 `base`).
+    /// watch, ioeventfds at BAR2 `base`); the caller wakes the worker once
+    /// for all of them.
     pub(crate) fn attach_doorbells(
         &mut self,
         hub: &std::sync::Arc<crate::uar::Hub>,

@@ -363,6 +363,9 @@ mod tests {
     use pci::test_utils::{MockIoEvents, MockMsi};
     use pci::PciBus;
     use serde_json::json;
+    use vm_migration::test_utils::{state_json, with_state};
+
+    use crate::transport::pci::SavedVirtioPci;
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
     use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
     use vm_memory::bitmap::{AtomicBitmap, Bitmap};
@@ -1107,7 +1110,7 @@ mod tests {
         target.restore(&good).unwrap();
         assert_eq!(status(&mut target), running);
 
-        let json: serde_json::Value = serde_json::from_slice(&good.data).unwrap();
+        let json = state_json::<SavedVirtioPci>(&good);
         let position = json!({"next_avail": 0, "next_used": 0});
         let cases = [
             ("/common/device_features", json!(VERSION_1)),
@@ -1138,16 +1141,27 @@ mod tests {
             ("/device_config", json!([])),
             ("/msix/vectors", json!([])),
         ];
+        let mut unrepresentable = Vec::new();
         for (pointer, value) in cases {
             let mut bad = json.clone();
             *bad.pointer_mut(pointer).unwrap() = value.clone();
-            let result = target.restore(&Snapshot::new(ID, 1, &bad).unwrap());
+            // A value the state's types cannot hold (-1 in a u16, null
+            // for a list) has no binary encoding either.
+            let Some(bad) = with_state::<SavedVirtioPci>(&good, bad) else {
+                unrepresentable.push(format!("{pointer} = {value}"));
+                continue;
+            };
+            let result = target.restore(&bad);
             assert!(
                 matches!(result, Err(MigratableError::Restore(..))),
                 "{pointer} = {value}: {result:?}"
             );
             assert_eq!(status(&mut target), 0, "{pointer} = {value}: left reset");
         }
+        assert_eq!(
+            unrepresentable,
+            ["/common/status = 256", "/common/queues/0/size = -1"]
+        );
         target.restore(&good).unwrap();
         assert_eq!(status(&mut target), running);
 

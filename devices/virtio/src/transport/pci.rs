@@ -105,7 +105,7 @@ const SNAPSHOT_VERSION: u32 = 1;
 /// The function's state in a snapshot, beside the configuration space the
 /// bus saves. Untrusted on restore.
 #[derive(Serialize, Deserialize)]
-struct SavedVirtioPci {
+pub(crate) struct SavedVirtioPci {
     common: SavedCommon,
     /// The device configuration (for a disk: its capacity), which must be
     /// this device's: the guest would not expect it to change.
