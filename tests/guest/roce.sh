@@ -12,12 +12,12 @@
 #   MY_IP           eth0's address (/24); IP_A .. IP_E, HOST_IP: the guests' and the bridge's
 #   VLAN            the VLAN id of eth0.VLAN (c, d, e); VIP_C VIP_D VIP_E: their addresses there
 #   GID_TYPE        the sysfs type of the GIDs the programs use ("IB/RoCE v1" or "RoCE v2")
-#   SIG_PORT LIMIT READY_WAIT RETRY_WAIT GATE_WAIT: as the step protocol of tests/guest/lib.sh (which the scenario
-#                   puts in front of this script) uses them
+#   SIG_PORT LIMIT READY_WAIT RETRY_WAIT GATE_WAIT: as the step protocol of tests/guest/lib.sh
+#                   (which the scenario puts in front of this script) uses them
 #   PP_ITERS PING_COUNT  iterations of the pingpongs and of rping
 #   CM_LIMIT        LIMIT of the rpings over the VLAN, which cannot connect (tests/tests/roce.rs)
 #
-# Steps (the step protocol of tests/guest/lib.sh's protocol; the server party first):
+# Steps (the step protocol of tests/guest/lib.sh; the server party first):
 #   a <- b   over eth0, RoCE v1: ibv_rc_pingpong -c, rping -v -V
 #   c <- d   over eth0.VLAN (c's side on the wire): ibv_rc_pingpong -c, ibv_ud_pingpong -c, rping
 #   d <- e   over eth0.VLAN, on the same-host channel: the same
