@@ -15,7 +15,9 @@
 #   SIG_PORT LIMIT READY_WAIT RETRY_WAIT GATE_WAIT: as the step protocol of tests/guest/lib.sh
 #                   (which the scenario puts in front of this script) uses them
 #   PP_ITERS PING_COUNT  iterations of the pingpongs and of rping
-#   CM_LIMIT        LIMIT of the rpings over the VLAN, which cannot connect (tests/tests/roce.rs)
+#   CM_LIMIT        LIMIT of the rpings over the VLAN, which cannot connect (tests/tests/roce.rs):
+#                   their clients' (their servers get 15 s more, so that the REJ a killed client's
+#                   kernel sends finds the server's VMM still there)
 #
 # Steps (the step protocol of tests/guest/lib.sh; the server party first):
 #   a <- b   over eth0, RoCE v1: ibv_rc_pingpong -c, rping -v -V
@@ -72,6 +74,12 @@ gid_of() {
     return 0
   done
   return 1
+}
+
+# cm_limit SERVER: LIMIT for an rping over the VLAN of which SERVER is the server.
+cm_limit() {
+  LIMIT=$CM_LIMIT
+  [ "$ROLE" = "$1" ] && LIMIT=$((CM_LIMIT + 15))
 }
 
 # cm_counters STEP SERVER CLIENT: the CM line of this guest after STEP, if it was one of its
@@ -143,13 +151,13 @@ PP="-d $DEV -g $GIDX"
   PROG_LIMIT=$LIMIT
   step vlan-wire-rc c d - tcp 18911 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18911
   step vlan-wire-ud c d - tcp 18912 ibv_ud_pingpong $PP -c -n "$PP_ITERS" -s 512 -p 18912
-  LIMIT=$CM_LIMIT
+  cm_limit c
   step vlan-wire-rping c d - cm 18913 rping -v -C "$PING_COUNT" -p 18913
   LIMIT=$PROG_LIMIT
   cm_counters vlan-wire-rping c d
   step vlan-local-rc d e - tcp 18921 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18921
   step vlan-local-ud d e - tcp 18922 ibv_ud_pingpong $PP -c -n "$PP_ITERS" -s 512 -p 18922
-  LIMIT=$CM_LIMIT
+  cm_limit d
   step vlan-local-rping d e - cm 18923 rping -v -C "$PING_COUNT" -p 18923
   LIMIT=$PROG_LIMIT
   cm_counters vlan-local-rping d e

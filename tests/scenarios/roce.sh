@@ -12,8 +12,9 @@
 # with the RoCE v2 GIDs of their eth0.100 addresses: C's frames and D's frames to C cross the
 # bridge (C has no same-host socket), D <-> E is a memory copy between their VMMs.
 # tcpdump captures everything that crosses br0 for the whole run ($OUT/roce.pcap, 128 bytes of
-# each frame); once the guests are done, this host counts in it, per pair, the RoCE v1 frames
-# (EtherType 0x8915), the RoCE v2 frames (UDP 4791) and both tagged with VLAN 100.
+# each frame); once the guests are done, this host counts in it, per pair and while both of its
+# VMMs ran, the RoCE v1 frames (EtherType 0x8915), the RoCE v2 frames (UDP 4791) and both tagged
+# with VLAN 100.
 # Results: $OUT/roce.env (capture counts "cap.PAIR.KIND=N", VMM exits and panics),
 # $OUT/roce-{a,b,c,d,e}-{serial,vmm}.log (the guests' results: see tests/guest/roce.sh; each VMM
 # logs its device's counters when it exits), $OUT/roce-capture-*.txt (the first frames of each
@@ -74,6 +75,21 @@ for g in "${GUESTS[@]}"; do
   declare "pid_$g=$VMM_PID"
 done
 
+# watch_pair X Y: writes to $WORK/end-XY when the first of X's and Y's VMMs ended (EPOCHREALTIME,
+# the clock of tcpdump's time stamps, within 0.1 s): a pair's frames are counted until then, for
+# once a VMM is gone a frame for it rightly takes the wire (a CM message of the other guest's
+# kernel, say), even between VMMs that shared the same-host channel.
+watch_pair() {
+  local px=pid_$1 py=pid_$2
+  (
+    while kill -0 "${!px}" 2>/dev/null && kill -0 "${!py}" 2>/dev/null; do sleep 0.1; done
+    echo "$EPOCHREALTIME" > "$WORK/end-$1$2"
+  ) &
+}
+watch_pair a b
+watch_pair c d
+watch_pair d e
+
 # Each VMM must end once its guest powered off: 60 s after the guest's last word it is killed
 # (exit=timeout), however much of the run's time is left.
 for g in "${GUESTS[@]}"; do
@@ -85,28 +101,36 @@ done
 kill -INT "$tcpdump_pid" 2>/dev/null || true
 wait "$tcpdump_pid" || true
 
-# count NAME FILTER: frames of the capture that FILTER matches, as roce.env's cap.NAME (reading a
-# file, the filter sees 802.1Q tags in the frame: "udp port 4791" alone matches untagged frames
-# only, "vlan 100 and udp port 4791" tagged ones). One line per frame starts with its time stamp
-# (tcpdump adds a hex dump of protocols it does not decode, RoCE v1's among them).
+# count NAME FILTER [END]: frames of the capture that FILTER matches (captured before END, an
+# EPOCHREALTIME), as roce.env's cap.NAME (reading a file, the filter sees 802.1Q tags in the frame:
+# "udp port 4791" alone matches untagged frames only, "vlan 100 and udp port 4791" tagged ones).
+# One line per frame starts with its time stamp (tcpdump adds a hex dump of protocols it does not
+# decode, RoCE v1's among them).
 count() {
-  local n
-  n=$(tcpdump -r "$OUT/roce.pcap" -nn "$2" 2>/dev/null | grep -c '^[0-9]') || true
-  record roce "cap.$1=${n:-error}"
+  local n=error
+  if tcpdump -r "$OUT/roce.pcap" -tt -nn "$2" > "$WORK/count.txt" 2>/dev/null; then
+    n=$(awk -v end="${3:-}" '/^[0-9]/ && (end == "" || $1 < end + 0) { n++ } END { print n + 0 }' "$WORK/count.txt")
+  fi
+  record roce "cap.$1=$n"
 }
 # pair X Y: frames between guests X and Y, either way.
 pair() { echo "ether host ${MAC[$1]} and ether host ${MAC[$2]}"; }
 v2="udp port 4791"
 v1="ether proto 0x8915"
+roce="($v1 or $v2 or (vlan and ($v1 or $v2)))"
 for p in ab cd de; do
   x=${p:0:1} y=${p:1:1}
-  count "$p.v1" "$(pair "$x" "$y") and $v1"
-  count "$p.v2" "$(pair "$x" "$y") and $v2"
-  count "$p.vlan$VLAN.v1" "$(pair "$x" "$y") and vlan $VLAN and $v1"
-  count "$p.vlan$VLAN.v2" "$(pair "$x" "$y") and vlan $VLAN and $v2"
-  count "$p.vlan.any_roce" "$(pair "$x" "$y") and vlan and ($v1 or $v2)"
-  count "$p.from_$x.roce" "ether src ${MAC[$x]} and ether dst ${MAC[$y]} and ($v1 or $v2 or (vlan and ($v1 or $v2)))"
-  count "$p.from_$y.roce" "ether src ${MAC[$y]} and ether dst ${MAC[$x]} and ($v1 or $v2 or (vlan and ($v1 or $v2)))"
+  end=$(cat "$WORK/end-$p" 2>/dev/null) || end=
+  record roce "cap.$p.end=${end:-none}"
+  count "$p.v1" "$(pair "$x" "$y") and $v1" "$end"
+  count "$p.v2" "$(pair "$x" "$y") and $v2" "$end"
+  count "$p.vlan$VLAN.v1" "$(pair "$x" "$y") and vlan $VLAN and $v1" "$end"
+  count "$p.vlan$VLAN.v2" "$(pair "$x" "$y") and vlan $VLAN and $v2" "$end"
+  count "$p.vlan.any_roce" "$(pair "$x" "$y") and vlan and ($v1 or $v2)" "$end"
+  count "$p.from_$x.roce" "ether src ${MAC[$x]} and ether dst ${MAC[$y]} and $roce" "$end"
+  count "$p.from_$y.roce" "ether src ${MAC[$y]} and ether dst ${MAC[$x]} and $roce" "$end"
+  # Also after the first of their VMMs ended (for the record).
+  count "$p.all_roce" "$(pair "$x" "$y") and $roce"
 done
 count all "greater 0"
 tcpdump -r "$OUT/roce.pcap" -nn -e -c 8 "$(pair a b) and $v1" > "$OUT/roce-capture-v1.txt" 2>&1 || true
