@@ -4,9 +4,11 @@
 //! once a request passed the checks of the parent module.
 //!
 //! Every placement is bounded by the packet (at most one MTU) and by keys
-//! checked in the responder's own tables; READ responses are produced one
-//! packet per call of [`next_read_response`], so the driver bounds the
-//! work per turn. READ/atomic results are kept in a small replay cache
+//! checked in the responder's own tables; READ responses and atomic ACKs
+//! are produced one packet per call of [`next_response`], so the driver
+//! bounds the work per turn, and an ACK or NAK for a later request waits
+//! behind them ([`RespState::held`]): the requester sees every response
+//! in PSN order. READ/atomic results are kept in a small replay cache
 //! ([`MAX_RES`]) so a duplicate request is answered, never re-executed.
 #![deny(
     clippy::unwrap_used,
@@ -193,12 +195,20 @@ impl RespState {
         self.write = None;
     }
 
+    /// Queues the response to a new READ or atomic. A held ACK or NAK is
+    /// dropped: this request's response acknowledges every earlier PSN.
     fn push_res(&mut self, r: Res) {
         if self.res.len() >= MAX_RES {
             let done = self.res.iter().position(|x| x.next.is_none());
             let _ = self.res.remove(done.unwrap_or(0));
         }
         self.res.push_back(r);
+        self.held = None;
+    }
+
+    /// Whether READ responses or atomic ACKs are still to be sent.
+    fn owes_responses(&self) -> bool {
+        self.res.iter().any(|r| r.next.is_some())
     }
 
     fn ack_or_defer(&mut self, a: &RespAttrs, m: &mut Metrics, pkt: &Packet<'_>) -> RespOut {
@@ -213,8 +223,25 @@ impl RespState {
     }
 }
 
-/// Handles one RC request packet (or, for UD, one datagram).
+/// Handles one RC request packet (or, for UD, one datagram). An ACK or
+/// NAK that would overtake responses still owed is held back (the latest
+/// one: it says all the earlier ones said) for [`next_response`].
 pub fn respond(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> RespOut {
+    match handle_request(st, a, cx, pkt) {
+        RespOut::Reply(h) if st.owes_responses() => {
+            st.held = h.aeth.map(|aeth| (h.bth.psn, aeth));
+            RespOut::Nothing
+        }
+        out => out,
+    }
+}
+
+fn handle_request(
     st: &mut RespState,
     a: &RespAttrs,
     cx: &mut RespCtx<'_>,
@@ -433,13 +460,13 @@ fn atomic(st: &mut RespState, a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<
     st.push_res(Res {
         psn,
         kind: ResKind::Atomic { orig },
-        next: None,
+        next: Some(psn),
     });
     st.psn = psn.add(1);
     st.msn = st.msn.wrapping_add(1) & QPN_MASK;
     st.unacked = 0;
     st.end_message();
-    RespOut::Reply(atomic_ack(a, psn, st.msn, orig))
+    RespOut::Nothing
 }
 
 fn atomic_ack(a: &RespAttrs, psn: Psn, msn: u32, orig: u64) -> Headers {
@@ -458,43 +485,38 @@ fn duplicate(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
         ResKind::Read { len, .. } => psn.distance_from(r.psn) < read_psns(len, mtu),
         ResKind::Atomic { .. } => r.psn == psn,
     });
-    match (
-        pkt.opcode.is(OpClass::READ),
-        pkt.opcode.is(OpClass::ATOMIC),
-        hit,
-    ) {
-        (true, _, Some(r)) if matches!(r.kind, ResKind::Read { .. }) => {
-            r.next = Some(psn);
-            RespOut::Nothing
-        }
-        (
-            _,
-            true,
-            Some(&mut Res {
-                kind: ResKind::Atomic { orig },
-                ..
-            }),
-        ) => RespOut::Reply(atomic_ack(a, psn, st.msn, orig)),
-        (false, false, _) => RespOut::Reply(ack_hdrs(a, st.psn.sub(1), ACK, st.msn)),
-        _ => RespOut::Nothing,
+    let (read, atomic) = (pkt.opcode.is(OpClass::READ), pkt.opcode.is(OpClass::ATOMIC));
+    match hit {
+        Some(r) if read && matches!(r.kind, ResKind::Read { .. }) => r.next = Some(psn),
+        Some(r) if atomic && matches!(r.kind, ResKind::Atomic { .. }) => r.next = Some(psn),
+        _ if !read && !atomic => return RespOut::Reply(ack_hdrs(a, st.psn.sub(1), ACK, st.msn)),
+        _ => {}
     }
+    RespOut::Nothing
 }
 
-/// rxe `read_reply`: the next READ response packet owed to the peer, if
-/// any (one MTU of data at most), or a remote access NAK when the MR went
-/// away meanwhile.
-pub fn next_read_response(
+/// rxe `read_reply` / `atomic_reply`: the next response owed to the peer,
+/// in PSN order: a READ response (one MTU of data at most), or a remote
+/// access NAK when the MR went away meanwhile; an atomic ACK; then the
+/// ACK or NAK held behind them. `None` when nothing is owed.
+pub fn next_response(
     st: &mut RespState,
     a: &RespAttrs,
     mr: &dyn MrTable,
 ) -> Option<(Headers, Vec<u8>)> {
     let msn = st.msn;
     let mtu = a.mtu.max(1);
-    let r = st.res.iter_mut().find(|r| r.next.is_some())?;
+    let Some(r) = st.res.iter_mut().find(|r| r.next.is_some()) else {
+        let (psn, aeth) = st.held.take()?;
+        return Some((ack_hdrs(a, psn, aeth.syndrome, aeth.msn), Vec::new()));
+    };
     let psn = r.next?;
-    let ResKind::Read { va, rkey, len } = r.kind else {
-        r.next = None;
-        return None;
+    let (va, rkey, len) = match r.kind {
+        ResKind::Read { va, rkey, len } => (va, rkey, len),
+        ResKind::Atomic { orig } => {
+            r.next = None;
+            return Some((atomic_ack(a, psn, msn, orig), Vec::new()));
+        }
     };
     let npsn = read_psns(len, mtu);
     let idx = psn.distance_from(r.psn);
@@ -559,4 +581,174 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
     wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
     wc.solicited = pkt.hdrs.bth.se;
     cx.cq.complete(wc, false);
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+    use crate::hdr::{AtomicEth, Reth};
+    use crate::packet::test_packet;
+    use crate::verbs::{FastReg, MemError, MrInfo};
+
+    const A: RespAttrs = RespAttrs {
+        qpn: 2,
+        dest_qpn: 1,
+        pd: 1,
+        access: Access::all(),
+        mtu: 256,
+        min_rnr_timer: 1,
+        qkey: 0,
+        ud: false,
+    };
+
+    /// One MR (key 7) of 4 KiB at IOVA 0, every right.
+    struct Mem(Vec<u8>);
+    impl MrTable for Mem {
+        fn lookup(&self, key: u32) -> Option<MrInfo> {
+            (key == 7).then_some(MrInfo {
+                pd: 1,
+                access: Access::all(),
+                iova: 0,
+                len: self.0.len() as u64,
+            })
+        }
+        fn read(&self, _: u32, iova: u64, b: &mut [u8]) -> Result<(), MemError> {
+            let i = iova as usize;
+            b.copy_from_slice(&self.0[i..i + b.len()]);
+            Ok(())
+        }
+        fn write(&mut self, _: u32, iova: u64, d: &[u8]) -> Result<(), MemError> {
+            let i = iova as usize;
+            self.0[i..i + d.len()].copy_from_slice(d);
+            Ok(())
+        }
+        fn invalidate(&mut self, _: u32, _: u32) -> bool {
+            false
+        }
+        fn fast_reg(&mut self, _: &FastReg, _: u32) -> bool {
+            false
+        }
+    }
+    struct Rq;
+    impl RecvQueue for Rq {
+        fn take(&mut self) -> Option<RecvWqe> {
+            None
+        }
+    }
+    struct Cq;
+    impl CompletionSink for Cq {
+        fn complete(&mut self, _: WorkCompletion, _: bool) {}
+    }
+
+    fn request(op: Opcode, psn: u32, payload: &[u8]) -> Packet<'_> {
+        let mut hdrs = Headers {
+            bth: Bth {
+                opcode: op as u8,
+                psn: Psn::new(psn),
+                ack_req: true,
+                ..Bth::default()
+            },
+            ..Headers::default()
+        };
+        if op.has(crate::opcode::Hdrs::RETH) {
+            let len = if op == Opcode::RcRdmaReadRequest {
+                600
+            } else {
+                8
+            };
+            hdrs.reth = Some(Reth {
+                va: 0,
+                rkey: 7,
+                len,
+            });
+        }
+        hdrs.atomic = Some(AtomicEth {
+            va: 64,
+            rkey: 7,
+            swap_add: 1,
+            compare: 0,
+        });
+        test_packet(op, hdrs, payload)
+    }
+
+    /// IBA 9.7.5.1: the responder answers in PSN order. The ACK of a
+    /// WRITE executed while a READ's responses are still owed waits
+    /// behind them (it would otherwise tell the requester that they were
+    /// lost), and so does an atomic's ACK; a later ACK or NAK replaces a
+    /// held one, and a new READ drops it (its responses acknowledge it).
+    #[test]
+    fn responses_go_out_in_psn_order() {
+        let mut st = RespState {
+            psn: Psn::new(10),
+            ..RespState::default()
+        };
+        let mut mem = Mem(vec![0; 4096]);
+        let (mut rq, mut cq, mut m) = (Rq, Cq, Metrics::default());
+        let mut cx = RespCtx {
+            mr: &mut mem,
+            rq: &mut rq,
+            cq: &mut cq,
+            m: &mut m,
+        };
+        let sent = |st: &mut RespState, pkt: &Packet<'_>, cx: &mut RespCtx<'_>| {
+            let out = respond(st, &A, cx, pkt);
+            assert!(matches!(out, RespOut::Nothing), "{out:?}");
+        };
+        // READ of 600 bytes: PSNs 10-12; WRITE 13; atomic 14; WRITE 15.
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaReadRequest, 10, &[]),
+            &mut cx,
+        );
+        let data = [1u8; 8];
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 13, &data),
+            &mut cx,
+        );
+        assert_eq!(st.held.map(|h| h.0.get()), Some(13));
+        sent(&mut st, &request(Opcode::RcFetchAdd, 14, &[]), &mut cx);
+        assert_eq!(st.held, None, "the atomic's ACK acknowledges 13");
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 15, &data),
+            &mut cx,
+        );
+        // A duplicate WRITE is re-acknowledged, behind the rest as well.
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 13, &data),
+            &mut cx,
+        );
+        let mut order = vec![];
+        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+            let op = Opcode::try_from(h.bth.opcode).unwrap();
+            order.push((op, h.bth.psn.get()));
+        }
+        use Opcode::*;
+        assert_eq!(
+            order,
+            [
+                (RcRdmaReadResponseFirst, 10),
+                (RcRdmaReadResponseMiddle, 11),
+                (RcRdmaReadResponseLast, 12),
+                (RcAtomicAcknowledge, 14),
+                (RcAcknowledge, 15),
+            ]
+        );
+        // Nothing owed: the next ACK goes out at once.
+        let out = respond(&mut st, &A, &mut cx, &request(RcRdmaWriteOnly, 16, &data));
+        assert!(matches!(out, RespOut::Reply(h) if h.bth.psn.get() == 16));
+        // A duplicate atomic replays its result, in order too.
+        sent(&mut st, &request(RcFetchAdd, 14, &[]), &mut cx);
+        let (h, _) = next_response(&mut st, &A, cx.mr).unwrap();
+        assert_eq!(h.atomic_ack.map(|a| a.orig), Some(0));
+        assert!(next_response(&mut st, &A, cx.mr).is_none());
+    }
 }
