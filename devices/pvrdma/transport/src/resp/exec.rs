@@ -594,12 +594,12 @@ mod tests {
     use super::*;
     use crate::hdr::{AtomicEth, Reth};
     use crate::packet::test_packet;
-    use crate::verbs::{FastReg, MemError, MrInfo};
+    use crate::verbs::TestMr;
 
     const A: RespAttrs = RespAttrs {
         qpn: 2,
         dest_qpn: 1,
-        pd: 1,
+        pd: 0,
         access: Access::all(),
         mtu: 256,
         min_rnr_timer: 1,
@@ -607,34 +607,6 @@ mod tests {
         ud: false,
     };
 
-    /// One MR (key 7) of 4 KiB at IOVA 0, every right.
-    struct Mem(Vec<u8>);
-    impl MrTable for Mem {
-        fn lookup(&self, key: u32) -> Option<MrInfo> {
-            (key == 7).then_some(MrInfo {
-                pd: 1,
-                access: Access::all(),
-                iova: 0,
-                len: self.0.len() as u64,
-            })
-        }
-        fn read(&self, _: u32, iova: u64, b: &mut [u8]) -> Result<(), MemError> {
-            let i = iova as usize;
-            b.copy_from_slice(&self.0[i..i + b.len()]);
-            Ok(())
-        }
-        fn write(&mut self, _: u32, iova: u64, d: &[u8]) -> Result<(), MemError> {
-            let i = iova as usize;
-            self.0[i..i + d.len()].copy_from_slice(d);
-            Ok(())
-        }
-        fn invalidate(&mut self, _: u32, _: u32) -> bool {
-            false
-        }
-        fn fast_reg(&mut self, _: &FastReg, _: u32) -> bool {
-            false
-        }
-    }
     struct Rq;
     impl RecvQueue for Rq {
         fn take(&mut self) -> Option<RecvWqe> {
@@ -664,13 +636,13 @@ mod tests {
             };
             hdrs.reth = Some(Reth {
                 va: 0,
-                rkey: 7,
+                rkey: 1,
                 len,
             });
         }
         hdrs.atomic = Some(AtomicEth {
             va: 64,
-            rkey: 7,
+            rkey: 1,
             swap_add: 1,
             compare: 0,
         });
@@ -688,7 +660,7 @@ mod tests {
             psn: Psn::new(10),
             ..RespState::default()
         };
-        let mut mem = Mem(vec![0; 4096]);
+        let mut mem = TestMr(vec![0; 4096]);
         let (mut rq, mut cq, mut m) = (Rq, Cq, Metrics::default());
         let mut cx = RespCtx {
             mr: &mut mem,
