@@ -17,6 +17,8 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::cmp::Ordering;
+
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -28,7 +30,7 @@ use crate::metrics::{inc, Metrics};
 use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::{Headers, Packet};
-use crate::psn::Psn;
+use crate::psn::{psn_compare, Psn};
 use crate::req::read_psns;
 use crate::sgl::{scatter, SglError};
 use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
@@ -224,8 +226,11 @@ impl RespState {
 }
 
 /// Handles one RC request packet (or, for UD, one datagram). An ACK or
-/// NAK that would overtake responses still owed is held back (the latest
-/// one: it says all the earlier ones said) for [`next_response`].
+/// NAK that would overtake responses still owed is held back for
+/// [`next_response`]: the one of the highest PSN, the later on a tie, says
+/// all the others said (a duplicate's re-ACK of the PSN before a held
+/// sequence NAK must not replace the NAK, or the requester would wait
+/// for its timer).
 pub fn respond(
     st: &mut RespState,
     a: &RespAttrs,
@@ -234,7 +239,10 @@ pub fn respond(
 ) -> RespOut {
     match handle_request(st, a, cx, pkt) {
         RespOut::Reply(h) if st.owes_responses() => {
-            st.held = h.aeth.map(|aeth| (h.bth.psn, aeth));
+            let newer = |(held, _): (Psn, Aeth)| psn_compare(h.bth.psn, held) != Ordering::Less;
+            if st.held.is_none_or(newer) {
+                st.held = h.aeth.map(|aeth| (h.bth.psn, aeth));
+            }
             RespOut::Nothing
         }
         out => out,
@@ -722,5 +730,15 @@ mod tests {
         let (h, _) = next_response(&mut st, &A, cx.mr).unwrap();
         assert_eq!(h.atomic_ack.map(|a| a.orig), Some(0));
         assert!(next_response(&mut st, &A, cx.mr).is_none());
+        // READ 17-19 owed; 21 comes before 20 (the NAK of 20 is held), then
+        // a duplicate of 16, whose re-ACK of 19 must not replace the NAK.
+        sent(&mut st, &request(RcRdmaReadRequest, 17, &[]), &mut cx);
+        sent(&mut st, &request(RcRdmaWriteOnly, 21, &data), &mut cx);
+        sent(&mut st, &request(RcRdmaWriteOnly, 16, &data), &mut cx);
+        let mut last = None;
+        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+            last = Some((h.bth.psn.get(), h.aeth.unwrap().syndrome));
+        }
+        assert_eq!(last, Some((20, Syndrome::Nak(NakCode::PsnSeqError))));
     }
 }
