@@ -875,14 +875,14 @@ fn guest_to_guest_on_the_wire() {
 
 /// Guest to guest on the wire, the controller: I2's kernel must log no reset or reconnect.
 ///
-/// Ignored, a known bug this suite found (2026-11-26): between two of our devices on the wire the
-/// target guest's QPs (nvmet-rdma as RDMA READ/WRITE requester) exceed their retries about every
-/// 13 s under NVMe load (the target's VMM logs `retry_exceeded=1` with hundreds of `comp_dropped`
-/// responses), so nvmet reports "ctrl fatal error" and I2's nvme-rdma resets and reconnects; the
-/// data still arrives and reads back verified. Against Soft-RoCE (this suite's native target)
-/// and over the same-host channel there is no reset. Run with `--ignored` to see it.
+/// This found a bug (2026-11-26): between two of our devices on the wire the target guest's QPs
+/// (nvmet-rdma as RDMA READ/WRITE requester) exceeded their retries about every 13 s under NVMe
+/// load (`retry_exceeded=1` with hundreds of `comp_dropped`), and I2's nvme-rdma reset and
+/// reconnected. The responder let ACKs overtake the READ responses it owed, the completer took
+/// each response behind a gap for a new loss, and a retried READ restarted whole; the
+/// in-process twins are `rdma-transport`'s `nvme_mix_over_bounded_links` and `pvrdma`'s
+/// `nvme_load_on_the_wire_completes_every_command`.
 #[test]
-#[ignore = "known bug: our device as RDMA READ/WRITE requester over the wire exceeds its retries under NVMe load"]
 fn guest_to_guest_on_the_wire_keeps_its_controller() {
     suite().expect_initiator_kernel_clean("i2");
 }

@@ -225,9 +225,23 @@ impl SimDriver {
         &mut self,
         qp: u32,
         sgid_index: u8,
+        peer: ([u8; 16], [u8; 6]),
+        peer_qpn: u32,
+        psns: (u32, u32),
+    ) -> Result<(), Failure> {
+        self.connect_rc_depth(qp, sgid_index, peer, peer_qpn, psns, 4)
+    }
+
+    /// [`Self::connect_rc`] with `rd_atomic` RDMA READs and atomics
+    /// outstanding each way (`max_rd_atomic`, `max_dest_rd_atomic`).
+    pub fn connect_rc_depth(
+        &mut self,
+        qp: u32,
+        sgid_index: u8,
         (dgid, dmac): ([u8; 16], [u8; 6]),
         peer_qpn: u32,
         (sq_psn, rq_psn): (u32, u32),
+        rd_atomic: u8,
     ) -> Result<(), Failure> {
         let init = QpAttr {
             qp_state: qp_state::INIT,
@@ -253,7 +267,7 @@ impl SimDriver {
             path_mtu: 3,
             dest_qp_num: peer_qpn,
             rq_psn,
-            max_dest_rd_atomic: 4,
+            max_dest_rd_atomic: rd_atomic,
             min_rnr_timer: 1,
             ah_attr: ah,
             ..QpAttr::default()
@@ -272,7 +286,7 @@ impl SimDriver {
             timeout: 10,
             retry_cnt: 7,
             rnr_retry: 7,
-            max_rd_atomic: 4,
+            max_rd_atomic: rd_atomic,
             ..QpAttr::default()
         };
         let rts_mask =

@@ -55,6 +55,13 @@ pub struct CompState {
     pub deadline: Option<u64>,
     /// End of an RNR wait (ns): the requester is paused until then.
     pub rnr_until: Option<u64>,
+    /// A retransmission from `psn` is under way and nothing was
+    /// acknowledged since (rxe's `started_retry`): the responses that
+    /// were in flight behind a gap still arrive, each past `psn`, and
+    /// must not start another retry each, spending the whole retry
+    /// budget on one loss. Only progress or a timeout ends it.
+    #[serde(default)]
+    pub retrying: bool,
 }
 
 /// Shortest retransmission timeout, as a Local ACK Timeout exponent:
@@ -84,6 +91,7 @@ impl CompState {
             rnr_left: a.rnr_retry,
             deadline: None,
             rnr_until: None,
+            retrying: false,
         }
     }
 
@@ -107,16 +115,28 @@ impl CompState {
         self.psn = psn;
         self.retries_left = a.retry_cnt;
         self.rnr_left = a.rnr_retry;
+        self.retrying = false;
     }
 
     fn retry(&mut self) -> CompStep {
         match self.retries_left.checked_sub(1) {
             Some(left) => {
                 self.retries_left = left;
+                self.retrying = true;
                 CompStep::Retry
             }
             None => CompStep::CqeErr(WcStatus::RetryExcErr),
         }
+    }
+
+    /// A response says something before it was lost (a gap in READ
+    /// responses, an acknowledgement past a READ, a PSN sequence NAK):
+    /// retry, unless the retry that loss asks for is already under way.
+    fn retry_once(&mut self) -> CompStep {
+        if self.retrying {
+            return CompStep::Drop;
+        }
+        self.retry()
     }
 }
 
@@ -216,7 +236,7 @@ pub fn comp_packet(
         // rxe `check_psn`: a later PSN acknowledges the head implicitly,
         // unless it needed a response, which was then lost.
         if w.needs_response() {
-            return st.retry();
+            return st.retry_once();
         }
         st.progress(a, last.add(1));
         return CompStep::AckedHead;
@@ -227,7 +247,7 @@ pub fn comp_packet(
         }
         if psn != st.psn {
             // A response went missing: re-read from the oldest gap.
-            return st.retry();
+            return st.retry_once();
         }
         let mtu = a.mtu.max(1);
         let idx = psn.distance_from(w.first_psn);
@@ -284,7 +304,7 @@ pub fn comp_packet(
             if psn != st.psn {
                 st.progress(a, psn);
             }
-            st.retry()
+            st.retry_once()
         }
         Syndrome::Nak(NakCode::RemoteAccessError) => CompStep::CqeErr(WcStatus::RemAccessErr),
         Syndrome::Nak(NakCode::RemoteOperationalError) => CompStep::CqeErr(WcStatus::RemOpErr),
@@ -457,14 +477,63 @@ mod tests {
             comp_packet(&mut st, &A, Some(&w), next, &seq, 0),
             CompStep::Retry
         );
+        // The same NAK again asks for the retry already under way; only a
+        // timeout spends the budget then.
         assert_eq!(
             comp_packet(&mut st, &A, Some(&w), next, &seq, 0),
-            CompStep::Retry
+            CompStep::Drop
         );
+        assert_eq!(st.retries_left, 1);
+        assert_eq!(comp_timer(&mut st, 0, true), None, "not armed");
+        st.deadline = Some(0);
+        assert_eq!(comp_timer(&mut st, 0, true), Some(CompStep::Retry));
+        st.deadline = Some(0);
         assert_eq!(
-            comp_packet(&mut st, &A, Some(&w), next, &seq, 0),
-            CompStep::CqeErr(WcStatus::RetryExcErr)
+            comp_timer(&mut st, 0, true),
+            Some(CompStep::CqeErr(WcStatus::RetryExcErr))
         );
+    }
+
+    /// One READ response lost in a burst: the responses behind the gap
+    /// still arrive, and the first of them starts the one retry the loss
+    /// needs (rxe's `started_retry`); the rest, and an acknowledgement
+    /// past the READ, are dropped instead of each spending a retry, until
+    /// the re-read responses make progress again.
+    #[test]
+    fn a_loss_in_a_burst_of_read_responses_costs_one_retry() {
+        let mut st = CompState::new(Psn::new(10), &A);
+        let rd = wqe(WrOpcode::RdmaRead, 10, 8 * 256);
+        let next = Psn::new(20);
+        let full = [0u8; 256];
+        let resp = |psn: u32| {
+            let op = match psn {
+                10 => Opcode::RcRdmaReadResponseFirst,
+                17 => Opcode::RcRdmaReadResponseLast,
+                _ => Opcode::RcRdmaReadResponseMiddle,
+            };
+            pkt(op, psn, ACK, &full)
+        };
+        let r = comp_packet(&mut st, &A, Some(&rd), next, &resp(10), 0);
+        assert!(matches!(r, CompStep::ReadData { offset: 0, .. }));
+        // 11 is lost.
+        let mut steps = vec![];
+        for psn in 12..=17 {
+            steps.push(comp_packet(&mut st, &A, Some(&rd), next, &resp(psn), 0));
+        }
+        let ack = pkt(Opcode::RcAcknowledge, 19, ACK, &[]);
+        steps.push(comp_packet(&mut st, &A, Some(&rd), next, &ack, 0));
+        assert_eq!(steps[0], CompStep::Retry);
+        assert!(steps[1..].iter().all(|s| *s == CompStep::Drop), "{steps:?}");
+        assert_eq!(st.retries_left, A.retry_cnt - 1, "one retry spent");
+        // The driver rewinds to the READ's first PSN; the responses come
+        // again, in order, and complete it.
+        st.psn = Psn::new(10);
+        for psn in 10..=17 {
+            let r = comp_packet(&mut st, &A, Some(&rd), next, &resp(psn), 0);
+            assert!(matches!(r, CompStep::ReadData { last, .. } if last == (psn == 17)));
+        }
+        assert!(!st.retrying);
+        assert_eq!(st.retries_left, A.retry_cnt);
     }
 
     #[test]

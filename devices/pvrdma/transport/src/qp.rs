@@ -28,7 +28,7 @@ use crate::opcode::OpClass;
 use crate::packet::{build_unsealed, Addr, BuildError, Headers, Packet};
 use crate::psn::Psn;
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
-use crate::resp::exec::{next_read_response, respond};
+use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
 use crate::sgl::{gather, scatter, sge_total};
 use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
@@ -584,17 +584,16 @@ impl Qp {
         }
     }
 
-    /// Does up to `budget` units of queued work: READ responses owed to
-    /// the peer, then new or retransmitted request packets; in the error
+    /// Does up to `budget` units of queued work: responses owed to the
+    /// peer (READ data, atomic ACKs, an ACK held behind them), then new or
+    /// retransmitted request packets; in the error
     /// state, flushes WQEs instead. Returns the work done (0 = idle).
     pub fn flush(&mut self, now: u64, io: &mut Io<'_>, budget: usize) -> usize {
         let mut work = 0usize;
         while work < budget {
             let did = if self.error {
                 self.flush_one(io)
-            } else if let Some((h, d)) =
-                next_read_response(&mut self.resp, &self.attrs.resp(), io.mr)
-            {
+            } else if let Some((h, d)) = next_response(&mut self.resp, &self.attrs.resp(), io.mr) {
                 emit(io.net, &self.attrs.addr, &h, &d);
                 true
             } else {

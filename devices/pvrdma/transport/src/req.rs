@@ -225,10 +225,12 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
         ..Headers::default()
     };
     if op.has(Hdrs::RETH) {
+        // A READ resumed by [`rewind`] asks for the rest only.
+        let skip = if is_read { st.offset } else { 0 };
         hdrs.reth = Some(Reth {
-            va: r.addr,
+            va: r.addr.wrapping_add(u64::from(skip)),
             rkey: r.rkey,
-            len: wqe.len,
+            len: wqe.len.saturating_sub(skip),
         });
     }
     if op.has(Hdrs::ATMETH) {
@@ -259,7 +261,7 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
             src_qpn: a.qpn,
         });
     }
-    let psns = if is_read { read_psns(wqe.len, mtu) } else { 1 };
+    let psns = if is_read { read_psns(rest, mtu) } else { 1 };
     let payload_off = st.offset;
     st.psn = st.psn.add(psns);
     if done {
@@ -279,23 +281,29 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
 
 /// rxe `req_retry`: rewinds the requester to resend `wqe` (whose first
 /// PSN is `first`) from `psn`. SEND and WRITE resume at the packet of
-/// `psn`; READ and atomics restart whole (a READ is re-served, an atomic
-/// replayed by the responder). Returns the PSN that goes out first.
+/// `psn`. A READ resumes there too: the request goes again with that PSN
+/// for the rest of the data (RETH address and length advanced, as IBA
+/// 9.7.5.1.4 allows and rxe does), and the responder re-serves from it;
+/// restarting whole would re-read what already arrived, and on a link
+/// that drops part of every burst a long READ would never complete.
+/// Atomics restart (the responder replays the result). Returns the PSN
+/// that goes out first.
 pub fn rewind(st: &mut ReqState, wqe: &SendWqe, first: Psn, psn: Psn, mtu: u32) -> Psn {
     let mtu = mtu.clamp(256, 4096);
     let (k, kind) = match wqe.opcode {
         WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
-            (psn.distance_from(first), Opcode::RcSendFirst)
+            (psn.distance_from(first), Some(Opcode::RcSendFirst))
         }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-            (psn.distance_from(first), Opcode::RcRdmaWriteFirst)
+            (psn.distance_from(first), Some(Opcode::RcRdmaWriteFirst))
         }
-        _ => (0, Opcode::RcSendFirst),
+        WrOpcode::RdmaRead => (psn.distance_from(first), None),
+        _ => (0, None),
     };
     let k = k.min(read_psns(wqe.len, mtu).saturating_sub(1));
     st.psn = first.add(k);
     st.offset = k.saturating_mul(mtu);
-    st.prev = (k > 0).then_some(kind);
+    st.prev = kind.filter(|_| k > 0);
     st.since_ack_req = 0;
     st.psn
 }
@@ -453,6 +461,52 @@ mod tests {
         assert_eq!(read_psns(0, 1024), 1);
         assert_eq!(read_psns(1024, 1024), 1);
         assert_eq!(read_psns(u32::MAX, 256), 16_777_216);
+    }
+
+    /// A READ whose first two responses arrived resumes at the third
+    /// (IBA 9.7.5.1.4): the request goes again with that PSN, for the
+    /// rest of the data; SEND and WRITE resume mid-message; an atomic
+    /// restarts.
+    #[test]
+    fn rewind_resumes_at_the_first_missing_psn() {
+        let mut read = wqe(WrOpcode::RdmaRead, 3000);
+        read.remote.addr = 0x10_0000;
+        let first = Psn::new(0xff_ffff);
+        let mut st = ReqState {
+            una: first,
+            ..ReqState::default()
+        };
+        let psn = rewind(&mut st, &read, first, first.add(2), RC.mtu);
+        assert_eq!(psn, Psn::new(1));
+        let ReqStep::Packet { hdrs, done, .. } = req_step(&mut st, &read, &RC) else {
+            panic!()
+        };
+        assert_eq!((hdrs.bth.psn, done), (Psn::new(1), true));
+        let reth = hdrs.reth.unwrap();
+        assert_eq!((reth.va, reth.len), (0x10_0000 + 2048, 952));
+        assert_eq!((st.psn, st.offset, st.prev), (Psn::new(2), 0, None));
+        // From its first PSN, the whole READ.
+        rewind(&mut st, &read, first, first, RC.mtu);
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &read, &RC) else {
+            panic!()
+        };
+        assert_eq!(hdrs.reth.map(|r| (r.va, r.len)), Some((0x10_0000, 3000)));
+        assert_eq!(st.psn, Psn::new(2));
+        // A WRITE continues with a MIDDLE packet from byte 1024.
+        let write = wqe(WrOpcode::RdmaWrite, 3000);
+        rewind(&mut st, &write, first, first.add(1), RC.mtu);
+        let ReqStep::Packet {
+            hdrs, payload_off, ..
+        } = req_step(&mut st, &write, &RC)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (hdrs.bth.opcode, payload_off),
+            (RcRdmaWriteMiddle as u8, 1024)
+        );
+        let atomic = wqe(WrOpcode::AtomicFetchAndAdd, 8);
+        assert_eq!(rewind(&mut st, &atomic, first, first.add(1), RC.mtu), first);
     }
 
     #[test]

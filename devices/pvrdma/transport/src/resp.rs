@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hdr::{NakCode, Syndrome};
+use crate::hdr::{Aeth, NakCode, Syndrome};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
@@ -52,9 +52,15 @@ pub struct RespState {
     pub write: Option<(u64, u32, u32)>,
     /// Requests executed since the last ACK (coalescing).
     pub unacked: u32,
-    /// READ/atomic replay cache and pending READ responses (at most
-    /// [`exec::MAX_RES`]).
+    /// READ/atomic replay cache and the READ responses and atomic ACKs
+    /// still owed (at most [`exec::MAX_RES`]).
     pub res: VecDeque<Res>,
+    /// An ACK or NAK (its PSN and AETH) held back until the responses
+    /// owed for earlier requests are sent: IBA 9.7.5.1 has the responder
+    /// answer in PSN order, and an ACK past a READ that overtook its
+    /// responses would tell the requester they were lost.
+    #[serde(default)]
+    pub held: Option<(Psn, Aeth)>,
 }
 
 /// What the responder does with a request packet.

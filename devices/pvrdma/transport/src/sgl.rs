@@ -119,35 +119,7 @@ pub fn gather(
 )]
 mod tests {
     use super::*;
-    use crate::verbs::MrInfo;
-
-    struct Mem(Vec<u8>);
-    impl MrTable for Mem {
-        fn lookup(&self, key: u32) -> Option<MrInfo> {
-            (key == 1).then_some(MrInfo {
-                pd: 0,
-                access: Access::LOCAL_WRITE,
-                iova: 0,
-                len: self.0.len() as u64,
-            })
-        }
-        fn read(&self, _: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError> {
-            let i = iova as usize;
-            buf.copy_from_slice(&self.0[i..i + buf.len()]);
-            Ok(())
-        }
-        fn write(&mut self, _: u32, iova: u64, data: &[u8]) -> Result<(), MemError> {
-            let i = iova as usize;
-            self.0[i..i + data.len()].copy_from_slice(data);
-            Ok(())
-        }
-        fn invalidate(&mut self, _: u32, _: u32) -> bool {
-            false
-        }
-        fn fast_reg(&mut self, _: &crate::verbs::FastReg, _: u32) -> bool {
-            false
-        }
-    }
+    use crate::verbs::TestMr as Mem;
 
     #[test]
     fn scatter_gather_across_sges() {

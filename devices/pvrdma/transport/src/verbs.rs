@@ -326,6 +326,40 @@ pub trait PacketSink {
     fn send(&mut self, frame: Vec<u8>);
 }
 
+/// One MR over a byte vector, for the role tests: key 1, PD 0, IOVA 0,
+/// every right.
+#[cfg(test)]
+pub(crate) struct TestMr(pub Vec<u8>);
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+impl MrTable for TestMr {
+    fn lookup(&self, key: u32) -> Option<MrInfo> {
+        (key == 1).then_some(MrInfo {
+            pd: 0,
+            access: Access::all(),
+            iova: 0,
+            len: self.0.len() as u64,
+        })
+    }
+    fn read(&self, _: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let i = iova as usize;
+        buf.copy_from_slice(&self.0[i..i + buf.len()]);
+        Ok(())
+    }
+    fn write(&mut self, _: u32, iova: u64, data: &[u8]) -> Result<(), MemError> {
+        let i = iova as usize;
+        self.0[i..i + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn invalidate(&mut self, _: u32, _: u32) -> bool {
+        false
+    }
+    fn fast_reg(&mut self, _: &FastReg, _: u32) -> bool {
+        false
+    }
+}
+
 #[cfg(test)]
 #[allow(
     clippy::unwrap_used,

@@ -7,6 +7,7 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use rdma_transport::net::{Encap, IpInfo, RoceVersion};
@@ -114,6 +115,30 @@ struct World {
     now: u64,
     /// How the frames that crossed were framed.
     seen: Vec<Encap>,
+    /// A link of bounded capacity instead of instant delivery: each
+    /// direction queues at most `cap` frames (the rest are dropped at the
+    /// tail, as a TAP's queue drops) and delivers `rate` per round.
+    link: Option<Link>,
+}
+
+/// A bridge and TAP between the two engines, per direction.
+struct Link {
+    cap: usize,
+    rate: usize,
+    queues: [VecDeque<Vec<u8>>; 2],
+    /// Frames dropped at the tail of a full queue.
+    dropped: u64,
+}
+
+impl Link {
+    fn new(cap: usize, rate: usize) -> Self {
+        Link {
+            cap,
+            rate,
+            queues: [VecDeque::new(), VecDeque::new()],
+            dropped: 0,
+        }
+    }
 }
 
 impl World {
@@ -137,6 +162,7 @@ impl World {
             drop_pct: 0,
             now: 0,
             seen: Vec::new(),
+            link: None,
         }
     }
     /// [`World::new`] with both QPs framing their packets with `encap`.
@@ -173,6 +199,17 @@ impl World {
             }
             for i in 0..2 {
                 let mut frames = std::mem::take(&mut self.n[i].out.0);
+                if let Some(l) = self.link.as_mut() {
+                    for f in frames {
+                        if l.queues[i].len() < l.cap {
+                            l.queues[i].push_back(f);
+                        } else {
+                            l.dropped += 1;
+                        }
+                    }
+                    let n = l.rate.min(l.queues[i].len());
+                    frames = l.queues[i].drain(..n).collect();
+                }
                 if frames.len() > 1 && self.rand() < self.drop_pct {
                     frames.swap(0, 1);
                 }
@@ -200,7 +237,14 @@ impl World {
                 }
             }
             self.now += 1_000_000;
-            if moved == 0 && self.n.iter().all(|n| n.out.0.is_empty()) && self.now > 50_000_000_000
+            let queued = self
+                .link
+                .as_ref()
+                .map_or(0, |l| l.queues[0].len() + l.queues[1].len());
+            if moved == 0
+                && queued == 0
+                && self.n.iter().all(|n| n.out.0.is_empty())
+                && self.now > 50_000_000_000
             {
                 break;
             }
@@ -716,4 +760,83 @@ fn hostile_frames_do_not_panic() {
     // Most mutations hit the headers and payload, not the Ethernet/IP/UDP
     // layers: thousands of forged frames must have reached each role.
     assert!(reached.iter().all(|&r| r > 2000), "{reached:?}");
+}
+
+/// What nvme-rdma and nvmet-rdma run over one QP, on links of bounded
+/// capacity as a bridge and TAP give: the target (A) RDMA READs (a host
+/// write) or RDMA WRITEs (a host read) 4-128 KiB per command and answers
+/// with a SEND, while the initiator (B) sends its command capsules. The
+/// READ responses and WRITE data come in bursts a short queue cannot
+/// hold, so frames are lost at its tail (and, on the last link, also at
+/// random, some reordered); every operation must complete with the right
+/// bytes, none exceeding its retries.
+///
+/// Before the fixes this test came with, the deep queue failed the QP with
+/// RETRY_EXC_ERR (ACKs that overtook READ responses, then one retry per
+/// response behind the gap), and the short one made 4 of 96 commands in
+/// a minute (each retry re-read a 128 KiB READ from its start, and a link
+/// that drops part of every burst never let one through whole).
+#[test]
+fn nvme_mix_over_bounded_links() {
+    for (cap, rate, drop_pct) in [(128, 20, 0), (32, 16, 0), (64, 32, 2)] {
+        nvme_mix(cap, rate, drop_pct);
+    }
+}
+
+fn nvme_mix(cap: usize, rate: usize, drop_pct: u64) {
+    const HALF: usize = 512 << 10;
+    const RECV: u64 = 1 << 20;
+    const CMDS: u64 = 96;
+    let link = format!("queue {cap}, {rate} frames a round, {drop_pct}% lost");
+    let mut w = World::new(0xff_ff00, false);
+    for (i, n) in w.n.iter_mut().enumerate() {
+        n.mem.buf = vec![0; (1 << 20) + (64 << 10)];
+        let mut a = *n.qp.attrs();
+        a.mtu = 1024;
+        a.timeout = 14;
+        n.qp = Qp::new(a);
+        for (k, b) in n.mem.buf[..HALF].iter_mut().enumerate() {
+            *b = (k * 7 + 3 * i + k / 4096) as u8;
+        }
+    }
+    w.link = Some(Link::new(cap, rate));
+    w.drop_pct = drop_pct;
+    let mut ios = Vec::new();
+    for k in 0..CMDS {
+        let len = 4096u32 << (k % 6);
+        let off = (k * 7 * 4096) % (HALF as u64 - (128 << 10));
+        w.recv(0, RECV + k * 64, 64);
+        w.recv(1, RECV + k * 64, 64);
+        w.post(1, WrOpcode::Send, 64, off, Remote::default());
+        if k % 2 == 0 {
+            w.post(0, WrOpcode::RdmaRead, len, HALF as u64 + off, remote(off));
+        } else {
+            w.post(0, WrOpcode::RdmaWrite, len, off, remote(HALF as u64 + off));
+        }
+        w.post(0, WrOpcode::Send, 16, off, Remote::default());
+        ios.push((off as usize, len as usize));
+    }
+    w.run(60_000);
+    let counters = format!(
+        "{link}: {} frames dropped at the tail; A {:?}; B {:?}",
+        w.link.as_ref().unwrap().dropped,
+        w.n[0].qp.metrics.moved(),
+        w.n[1].qp.metrics.moved()
+    );
+    if cap < 64 {
+        assert!(w.link.as_ref().unwrap().dropped > 0, "{counters}");
+    }
+    for (i, want) in [(0, 2 * CMDS as usize), (1, CMDS as usize)] {
+        let wcs = w.wcs(i, true);
+        let ok = wcs.iter().filter(|c| c.0 == WcStatus::Success).count();
+        assert_eq!((ok, wcs.len()), (want, want), "node {i}; {counters}");
+    }
+    let (a, b) = (&w.n[0].mem.buf, &w.n[1].mem.buf);
+    for (k, &(off, len)) in ios.iter().enumerate() {
+        let (dst, src) = if k % 2 == 0 { (a, b) } else { (b, a) };
+        assert!(
+            dst[HALF + off..HALF + off + len] == src[off..off + len],
+            "{link}: command {k}'s data"
+        );
+    }
 }

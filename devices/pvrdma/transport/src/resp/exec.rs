@@ -4,9 +4,11 @@
 //! once a request passed the checks of the parent module.
 //!
 //! Every placement is bounded by the packet (at most one MTU) and by keys
-//! checked in the responder's own tables; READ responses are produced one
-//! packet per call of [`next_read_response`], so the driver bounds the
-//! work per turn. READ/atomic results are kept in a small replay cache
+//! checked in the responder's own tables; READ responses and atomic ACKs
+//! are produced one packet per call of [`next_response`], so the driver
+//! bounds the work per turn, and an ACK or NAK for a later request waits
+//! behind them ([`RespState::held`]): the requester sees every response
+//! in PSN order. READ/atomic results are kept in a small replay cache
 //! ([`MAX_RES`]) so a duplicate request is answered, never re-executed.
 #![deny(
     clippy::unwrap_used,
@@ -14,6 +16,8 @@
     clippy::indexing_slicing,
     clippy::arithmetic_side_effects
 )]
+
+use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +30,7 @@ use crate::metrics::{inc, Metrics};
 use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::{Headers, Packet};
-use crate::psn::Psn;
+use crate::psn::{psn_compare, Psn};
 use crate::req::read_psns;
 use crate::sgl::{scatter, SglError};
 use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
@@ -193,12 +197,20 @@ impl RespState {
         self.write = None;
     }
 
+    /// Queues the response to a new READ or atomic. A held ACK or NAK is
+    /// dropped: this request's response acknowledges every earlier PSN.
     fn push_res(&mut self, r: Res) {
         if self.res.len() >= MAX_RES {
             let done = self.res.iter().position(|x| x.next.is_none());
             let _ = self.res.remove(done.unwrap_or(0));
         }
         self.res.push_back(r);
+        self.held = None;
+    }
+
+    /// Whether READ responses or atomic ACKs are still to be sent.
+    fn owes_responses(&self) -> bool {
+        self.res.iter().any(|r| r.next.is_some())
     }
 
     fn ack_or_defer(&mut self, a: &RespAttrs, m: &mut Metrics, pkt: &Packet<'_>) -> RespOut {
@@ -213,8 +225,31 @@ impl RespState {
     }
 }
 
-/// Handles one RC request packet (or, for UD, one datagram).
+/// Handles one RC request packet (or, for UD, one datagram). An ACK or
+/// NAK that would overtake responses still owed is held back for
+/// [`next_response`]: the one of the highest PSN, the later on a tie, says
+/// all the others said (a duplicate's re-ACK of the PSN before a held
+/// sequence NAK must not replace the NAK, or the requester would wait
+/// for its timer).
 pub fn respond(
+    st: &mut RespState,
+    a: &RespAttrs,
+    cx: &mut RespCtx<'_>,
+    pkt: &Packet<'_>,
+) -> RespOut {
+    match handle_request(st, a, cx, pkt) {
+        RespOut::Reply(h) if st.owes_responses() => {
+            let newer = |(held, _): (Psn, Aeth)| psn_compare(h.bth.psn, held) != Ordering::Less;
+            if st.held.is_none_or(newer) {
+                st.held = h.aeth.map(|aeth| (h.bth.psn, aeth));
+            }
+            RespOut::Nothing
+        }
+        out => out,
+    }
+}
+
+fn handle_request(
     st: &mut RespState,
     a: &RespAttrs,
     cx: &mut RespCtx<'_>,
@@ -433,13 +468,13 @@ fn atomic(st: &mut RespState, a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<
     st.push_res(Res {
         psn,
         kind: ResKind::Atomic { orig },
-        next: None,
+        next: Some(psn),
     });
     st.psn = psn.add(1);
     st.msn = st.msn.wrapping_add(1) & QPN_MASK;
     st.unacked = 0;
     st.end_message();
-    RespOut::Reply(atomic_ack(a, psn, st.msn, orig))
+    RespOut::Nothing
 }
 
 fn atomic_ack(a: &RespAttrs, psn: Psn, msn: u32, orig: u64) -> Headers {
@@ -458,43 +493,38 @@ fn duplicate(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
         ResKind::Read { len, .. } => psn.distance_from(r.psn) < read_psns(len, mtu),
         ResKind::Atomic { .. } => r.psn == psn,
     });
-    match (
-        pkt.opcode.is(OpClass::READ),
-        pkt.opcode.is(OpClass::ATOMIC),
-        hit,
-    ) {
-        (true, _, Some(r)) if matches!(r.kind, ResKind::Read { .. }) => {
-            r.next = Some(psn);
-            RespOut::Nothing
-        }
-        (
-            _,
-            true,
-            Some(&mut Res {
-                kind: ResKind::Atomic { orig },
-                ..
-            }),
-        ) => RespOut::Reply(atomic_ack(a, psn, st.msn, orig)),
-        (false, false, _) => RespOut::Reply(ack_hdrs(a, st.psn.sub(1), ACK, st.msn)),
-        _ => RespOut::Nothing,
+    let (read, atomic) = (pkt.opcode.is(OpClass::READ), pkt.opcode.is(OpClass::ATOMIC));
+    match hit {
+        Some(r) if read && matches!(r.kind, ResKind::Read { .. }) => r.next = Some(psn),
+        Some(r) if atomic && matches!(r.kind, ResKind::Atomic { .. }) => r.next = Some(psn),
+        _ if !read && !atomic => return RespOut::Reply(ack_hdrs(a, st.psn.sub(1), ACK, st.msn)),
+        _ => {}
     }
+    RespOut::Nothing
 }
 
-/// rxe `read_reply`: the next READ response packet owed to the peer, if
-/// any (one MTU of data at most), or a remote access NAK when the MR went
-/// away meanwhile.
-pub fn next_read_response(
+/// rxe `read_reply` / `atomic_reply`: the next response owed to the peer,
+/// in PSN order: a READ response (one MTU of data at most), or a remote
+/// access NAK when the MR went away meanwhile; an atomic ACK; then the
+/// ACK or NAK held behind them. `None` when nothing is owed.
+pub fn next_response(
     st: &mut RespState,
     a: &RespAttrs,
     mr: &dyn MrTable,
 ) -> Option<(Headers, Vec<u8>)> {
     let msn = st.msn;
     let mtu = a.mtu.max(1);
-    let r = st.res.iter_mut().find(|r| r.next.is_some())?;
+    let Some(r) = st.res.iter_mut().find(|r| r.next.is_some()) else {
+        let (psn, aeth) = st.held.take()?;
+        return Some((ack_hdrs(a, psn, aeth.syndrome, aeth.msn), Vec::new()));
+    };
     let psn = r.next?;
-    let ResKind::Read { va, rkey, len } = r.kind else {
-        r.next = None;
-        return None;
+    let (va, rkey, len) = match r.kind {
+        ResKind::Read { va, rkey, len } => (va, rkey, len),
+        ResKind::Atomic { orig } => {
+            r.next = None;
+            return Some((atomic_ack(a, psn, msn, orig), Vec::new()));
+        }
     };
     let npsn = read_psns(len, mtu);
     let idx = psn.distance_from(r.psn);
@@ -559,4 +589,156 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
     wc.imm_or_inv = pkt.hdrs.imm.map(|i| ImmOrInv::Imm(i.imm));
     wc.solicited = pkt.hdrs.bth.se;
     cx.cq.complete(wc, false);
+}
+
+#[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
+mod tests {
+    use super::*;
+    use crate::hdr::{AtomicEth, Reth};
+    use crate::packet::test_packet;
+    use crate::verbs::TestMr;
+
+    const A: RespAttrs = RespAttrs {
+        qpn: 2,
+        dest_qpn: 1,
+        pd: 0,
+        access: Access::all(),
+        mtu: 256,
+        min_rnr_timer: 1,
+        qkey: 0,
+        ud: false,
+    };
+
+    struct Rq;
+    impl RecvQueue for Rq {
+        fn take(&mut self) -> Option<RecvWqe> {
+            None
+        }
+    }
+    struct Cq;
+    impl CompletionSink for Cq {
+        fn complete(&mut self, _: WorkCompletion, _: bool) {}
+    }
+
+    fn request(op: Opcode, psn: u32, payload: &[u8]) -> Packet<'_> {
+        let mut hdrs = Headers {
+            bth: Bth {
+                opcode: op as u8,
+                psn: Psn::new(psn),
+                ack_req: true,
+                ..Bth::default()
+            },
+            ..Headers::default()
+        };
+        if op.has(crate::opcode::Hdrs::RETH) {
+            let len = if op == Opcode::RcRdmaReadRequest {
+                600
+            } else {
+                8
+            };
+            hdrs.reth = Some(Reth {
+                va: 0,
+                rkey: 1,
+                len,
+            });
+        }
+        hdrs.atomic = Some(AtomicEth {
+            va: 64,
+            rkey: 1,
+            swap_add: 1,
+            compare: 0,
+        });
+        test_packet(op, hdrs, payload)
+    }
+
+    /// IBA 9.7.5.1: the responder answers in PSN order. The ACK of a
+    /// WRITE executed while a READ's responses are still owed waits
+    /// behind them (it would otherwise tell the requester that they were
+    /// lost), and so does an atomic's ACK; a later ACK or NAK replaces a
+    /// held one, and a new READ drops it (its responses acknowledge it).
+    #[test]
+    fn responses_go_out_in_psn_order() {
+        let mut st = RespState {
+            psn: Psn::new(10),
+            ..RespState::default()
+        };
+        let mut mem = TestMr(vec![0; 4096]);
+        let (mut rq, mut cq, mut m) = (Rq, Cq, Metrics::default());
+        let mut cx = RespCtx {
+            mr: &mut mem,
+            rq: &mut rq,
+            cq: &mut cq,
+            m: &mut m,
+        };
+        let sent = |st: &mut RespState, pkt: &Packet<'_>, cx: &mut RespCtx<'_>| {
+            let out = respond(st, &A, cx, pkt);
+            assert!(matches!(out, RespOut::Nothing), "{out:?}");
+        };
+        // READ of 600 bytes: PSNs 10-12; WRITE 13; atomic 14; WRITE 15.
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaReadRequest, 10, &[]),
+            &mut cx,
+        );
+        let data = [1u8; 8];
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 13, &data),
+            &mut cx,
+        );
+        assert_eq!(st.held.map(|h| h.0.get()), Some(13));
+        sent(&mut st, &request(Opcode::RcFetchAdd, 14, &[]), &mut cx);
+        assert_eq!(st.held, None, "the atomic's ACK acknowledges 13");
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 15, &data),
+            &mut cx,
+        );
+        // A duplicate WRITE is re-acknowledged, behind the rest as well.
+        sent(
+            &mut st,
+            &request(Opcode::RcRdmaWriteOnly, 13, &data),
+            &mut cx,
+        );
+        let mut order = vec![];
+        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+            let op = Opcode::try_from(h.bth.opcode).unwrap();
+            order.push((op, h.bth.psn.get()));
+        }
+        use Opcode::*;
+        assert_eq!(
+            order,
+            [
+                (RcRdmaReadResponseFirst, 10),
+                (RcRdmaReadResponseMiddle, 11),
+                (RcRdmaReadResponseLast, 12),
+                (RcAtomicAcknowledge, 14),
+                (RcAcknowledge, 15),
+            ]
+        );
+        // Nothing owed: the next ACK goes out at once.
+        let out = respond(&mut st, &A, &mut cx, &request(RcRdmaWriteOnly, 16, &data));
+        assert!(matches!(out, RespOut::Reply(h) if h.bth.psn.get() == 16));
+        // A duplicate atomic replays its result, in order too.
+        sent(&mut st, &request(RcFetchAdd, 14, &[]), &mut cx);
+        let (h, _) = next_response(&mut st, &A, cx.mr).unwrap();
+        assert_eq!(h.atomic_ack.map(|a| a.orig), Some(0));
+        assert!(next_response(&mut st, &A, cx.mr).is_none());
+        // READ 17-19 owed; 21 comes before 20 (the NAK of 20 is held), then
+        // a duplicate of 16, whose re-ACK of 19 must not replace the NAK.
+        sent(&mut st, &request(RcRdmaReadRequest, 17, &[]), &mut cx);
+        sent(&mut st, &request(RcRdmaWriteOnly, 21, &data), &mut cx);
+        sent(&mut st, &request(RcRdmaWriteOnly, 16, &data), &mut cx);
+        let mut last = None;
+        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+            last = Some((h.bth.psn.get(), h.aeth.unwrap().syndrome));
+        }
+        assert_eq!(last, Some((20, Syndrome::Nak(NakCode::PsnSeqError))));
+    }
 }
