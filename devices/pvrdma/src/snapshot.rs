@@ -26,8 +26,10 @@ use crate::state::{Session, Shared};
 
 /// The component name in a VM snapshot.
 pub(crate) const ID: &str = "pvrdma";
-/// Layout of [`Saved`]; bump on any change.
-pub(crate) const VERSION: u32 = 3;
+/// Layout of [`Saved`]; bump on any change (postcard is positional: a field
+/// added anywhere inside, even `#[serde(default)]`, shifts everything after
+/// it). 4: the completer's `retrying` and the responder's held ACK/NAK.
+pub(crate) const VERSION: u32 = 4;
 
 /// What is saved; `D` and `O` are references when saving, owned when
 /// restoring.

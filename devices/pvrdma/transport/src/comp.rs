@@ -60,7 +60,6 @@ pub struct CompState {
     /// were in flight behind a gap still arrive, each past `psn`, and
     /// must not start another retry each, spending the whole retry
     /// budget on one loss. Only progress or a timeout ends it.
-    #[serde(default)]
     pub retrying: bool,
 }
 

@@ -59,7 +59,6 @@ pub struct RespState {
     /// owed for earlier requests are sent: IBA 9.7.5.1 has the responder
     /// answer in PSN order, and an ACK past a READ that overtook its
     /// responses would tell the requester they were lost.
-    #[serde(default)]
     pub held: Option<(Psn, Aeth)>,
 }
 
