@@ -5,6 +5,26 @@
 //! exit non-zero.
 
 use std::path::Path;
+use std::process::ExitCode;
+
+/// A benchmark's exit: 0 when `result` is Ok, else its error on stderr under the bench's `name`.
+pub fn exit(name: &str, result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A count of one or more, for the benchmarks' numeric arguments.
+pub fn positive(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{s}: expected a positive number")),
+    }
+}
 
 /// Median of a sorted, non-empty slice.
 pub fn median(sorted: &[f64]) -> f64 {

@@ -46,6 +46,14 @@ impl KeyValues {
         self.values.get(key).map(String::as_str)
     }
 
+    /// The file's name, for messages (`rdma.env`).
+    pub fn name(&self) -> String {
+        self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+
     /// The value of `key` as an integer, or an error naming the file and the key.
     pub fn int(&self, key: &str) -> Result<i64> {
         let raw = self.get(key).ok_or_else(|| {

@@ -72,6 +72,35 @@ pub fn rping_data(n: usize, size: usize) -> String {
     s
 }
 
+/// What is wrong with an `rping -v -V -C count -S size` run, if anything, and on which side: the
+/// client verifies every echo (-V) and prints it (-v), the server prints what it read; both must
+/// be exactly the pings rping's client generates.
+pub fn rping_problem<'a>(
+    server: &'a StepRun,
+    client: &'a StepRun,
+    count: usize,
+    size: usize,
+) -> Option<(&'a StepRun, String)> {
+    let want: Vec<String> = (0..count).map(|n| rping_data(n, size)).collect();
+    for (run, prefix) in [(client, "ping data: "), (server, "server ping data: ")] {
+        let got: Vec<&str> = run
+            .text
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .collect();
+        if got != want {
+            return Some((
+                run,
+                format!("its '{prefix}' lines should be the {count} pings rping sent: {want:#?}"),
+            ));
+        }
+    }
+    client
+        .text
+        .contains("data mismatch")
+        .then(|| (client, "the client's verification (-V) failed".to_string()))
+}
+
 /// The counters of the last `pvrdma: counters: name=value ...` line of a VMM's log (a PVRDMA
 /// device logs those that moved when it goes away); `None` without one.
 pub fn device_counters(vmm_log: &str) -> Option<BTreeMap<String, u64>> {
@@ -105,6 +134,38 @@ mod tests {
         // Ping 57 starts at 'z' and wraps to 'A'.
         assert!(rping_data(57, RPING_SIZE).starts_with("rdma-ping-57: zABC"));
         assert!(rping_data(58, RPING_SIZE).starts_with("rdma-ping-58: ABC"));
+    }
+
+    fn run(text: String) -> StepRun {
+        StepRun {
+            what: "test".into(),
+            rc: Some(0),
+            raw_rc: "0".into(),
+            why: String::new(),
+            secs: "1".into(),
+            attempts: "1".into(),
+            text,
+        }
+    }
+
+    #[test]
+    fn rping_problem_needs_every_ping_on_both_sides() {
+        let pings = |prefix: &str, n: usize| -> String {
+            (0..n)
+                .map(|i| format!("{prefix}{}\n", rping_data(i, RPING_SIZE)))
+                .collect()
+        };
+        let server = run(pings("server ping data: ", 3));
+        let client = run(pings("ping data: ", 3));
+        assert!(rping_problem(&server, &client, 3, RPING_SIZE).is_none());
+        // A ping short on the server's side, one more than asked, a failed -V check.
+        let short = run(pings("server ping data: ", 2));
+        let (side, _) = rping_problem(&short, &client, 3, RPING_SIZE).unwrap();
+        assert!(std::ptr::eq(side, &short));
+        assert!(rping_problem(&server, &client, 2, RPING_SIZE).is_some());
+        let bad = run(pings("ping data: ", 3) + "data mismatch!\n");
+        let (side, why) = rping_problem(&server, &bad, 3, RPING_SIZE).unwrap();
+        assert!(std::ptr::eq(side, &bad) && why.contains("-V"));
     }
 
     #[test]

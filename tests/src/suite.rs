@@ -108,6 +108,31 @@ pub fn expect_clean_guest_kernels(outcome: &Outcome, except: &[&str]) {
 }
 
 /// The `key=value` file `name` the scenario wrote to `$OUT`.
+/// The checks every suite's tests are written with. A suite says how it fails (its scripts'
+/// own failure lines, the tails of its logs) and where its scenario's `key=value` record is;
+/// asserting and looking a value up are then the same everywhere.
+pub trait Checks {
+    /// Fails the test with `what` and the suite's context.
+    fn fail(&self, what: &str) -> !;
+
+    /// The scenario's `key=value` record (`<suite>.env`).
+    fn record(&self) -> &KeyValues;
+
+    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(&what());
+        }
+    }
+
+    /// The value of `key` in the record; fails the test if the scenario never wrote it.
+    fn env(&self, key: &str) -> &str {
+        let record = self.record();
+        record
+            .get(key)
+            .unwrap_or_else(|| self.fail(&format!("{} has no {key}", record.name())))
+    }
+}
+
 pub fn key_values(outcome: &Outcome, name: &str) -> Result<KeyValues, SetupError> {
     KeyValues::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
 }
@@ -124,6 +149,18 @@ pub struct RemoteSuite {
     outcome: Outcome,
     env: KeyValues,
     logs: &'static [&'static str],
+}
+
+impl Checks for RemoteSuite {
+    /// Fails the test with `what` and the end of every log of the suite.
+    fn fail(&self, what: &str) -> ! {
+        let logs: Vec<String> = self.logs.iter().map(|s| (*s).to_string()).collect();
+        panic!("{}", self.outcome.failure(what, &logs, 30));
+    }
+
+    fn record(&self) -> &KeyValues {
+        &self.env
+    }
 }
 
 impl RemoteSuite {
@@ -158,12 +195,6 @@ impl RemoteSuite {
     /// See [`expect_clean_guest_kernels`].
     pub fn expect_clean_guest_kernels(&self) {
         expect_clean_guest_kernels(&self.outcome, &[]);
-    }
-
-    /// Fails the test with `what` and the end of every log of the suite.
-    pub fn fail(&self, what: &str) -> ! {
-        let logs: Vec<String> = self.logs.iter().map(|s| (*s).to_string()).collect();
-        panic!("{}", self.outcome.failure(what, &logs, 30));
     }
 
     /// A recorded result.

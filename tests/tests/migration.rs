@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use api::{DeviceCountersInfo, MigrationDirection, MigrationStatus, VmCounters};
-use e2e::suite::{self, RemoteSuite, SetupError};
+use e2e::suite::{self, Checks, RemoteSuite, SetupError};
 use e2e::testhost::Hosts;
 
 fn suite() -> &'static RemoteSuite {

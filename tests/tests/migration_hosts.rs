@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::field;
-use e2e::suite::{self, RemoteSuite, SetupError};
+use e2e::suite::{self, Checks, RemoteSuite, SetupError};
 use e2e::testhost::Hosts;
 
 fn suite() -> &'static RemoteSuite {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::suite::{self, SetupError};
+use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const NEW_MAC_B: &str = "52:54:00:0b:00:99";
@@ -43,14 +43,7 @@ fn suite() -> &'static Suite {
     })
 }
 
-impl Suite {
-    fn guest(&self, name: &str) -> &SerialLog {
-        match name {
-            "a" => &self.a,
-            _ => &self.b,
-        }
-    }
-
+impl Checks for Suite {
     /// Fails the test with `what`, the guests' first failure and both guests' logs.
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
@@ -66,6 +59,19 @@ impl Suite {
         panic!("{}", self.outcome.failure(&msg, &logs, 30))
     }
 
+    fn record(&self) -> &KeyValues {
+        &self.env
+    }
+}
+
+impl Suite {
+    fn guest(&self, name: &str) -> &SerialLog {
+        match name {
+            "a" => &self.a,
+            _ => &self.b,
+        }
+    }
+
     /// The rest of guest `g`'s first `marker` line, or the test fails.
     fn marker(&self, g: &str, marker: &str) -> &str {
         self.guest(g)
@@ -79,18 +85,6 @@ impl Suite {
                 "guest {g}: {marker:?} line without {key}=: {line:?}"
             ))
         })
-    }
-
-    fn env(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| self.fail(&format!("net.env has no {key}")))
-    }
-
-    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&what());
-        }
     }
 }
 

@@ -56,7 +56,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::suite::{self, SetupError};
+use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const HOST_IP: &str = "10.20.0.254";
@@ -218,7 +218,7 @@ fn suite() -> &'static Suite {
     })
 }
 
-impl Suite {
+impl Checks for Suite {
     /// Fails the test with `what`, the guest's set-up failure if any, the end of its console and
     /// of its VMM's log.
     fn fail(&self, what: &str) -> ! {
@@ -246,18 +246,12 @@ impl Suite {
         panic!("{}", self.outcome.failure(&msg, &logs, 25))
     }
 
-    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&what());
-        }
+    fn record(&self) -> &KeyValues {
+        &self.env
     }
+}
 
-    fn env(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| self.fail(&format!("nvmeof.env has no {key}")))
-    }
-
+impl Suite {
     fn vmm_log(&self, g: &str) -> PathBuf {
         self.outcome.file(&format!("nvmeof-{g}-vmm.log"))
     }

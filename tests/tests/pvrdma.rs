@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{vmm_log_problems, KeyValues, Section, SerialLog};
-use e2e::suite::{self, SetupError};
+use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const IPV4: &str = "10.11.0.1";
@@ -127,7 +127,7 @@ fn suite() -> &'static Suite {
     })
 }
 
-impl Suite {
+impl Checks for Suite {
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
         if let Some(why) = self.serial.marker("RDMA-FAIL ") {
@@ -140,12 +140,12 @@ impl Suite {
         panic!("{}", self.outcome.failure(&msg, &logs, 40))
     }
 
-    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&what());
-        }
+    fn record(&self) -> &KeyValues {
+        &self.env
     }
+}
 
+impl Suite {
     /// Section `name` of the guest's output; it must have ended with status 0.
     fn section(&self, name: &str) -> Section {
         let section = self

@@ -27,8 +27,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::steps::{device_counters, rping_data, StepRun};
-use e2e::suite::{self, SetupError};
+use e2e::steps::{device_counters, rping_problem, StepRun};
+use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const PP_ITERS: u64 = 50;
@@ -121,11 +121,7 @@ fn suite() -> &'static Suite {
     })
 }
 
-impl Suite {
-    fn guest(&self, g: Guest) -> &SerialLog {
-        &self.logs[GUESTS.iter().position(|&x| x == g).unwrap_or(0)]
-    }
-
+impl Checks for Suite {
     /// Fails the test with `what`, the guests' set-up failures and the end of the VMM logs.
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
@@ -141,16 +137,14 @@ impl Suite {
         panic!("{}", self.outcome.failure(&msg, &logs, 12))
     }
 
-    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&what());
-        }
+    fn record(&self) -> &KeyValues {
+        &self.env
     }
+}
 
-    fn env(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| self.fail(&format!("roce.env has no {key}")))
+impl Suite {
+    fn guest(&self, g: Guest) -> &SerialLog {
+        &self.logs[GUESTS.iter().position(|&x| x == g).unwrap_or(0)]
     }
 
     /// Capture count `key` (roce.env's `cap.KEY`).
@@ -284,20 +278,9 @@ impl Suite {
     fn rping(&self, step: &str, server: Guest, client: Guest) {
         let [server, client] = self.both_succeed(step, server, client);
         let count = usize::try_from(PING_COUNT).unwrap_or(usize::MAX);
-        let want: Vec<String> = (0..count).map(|n| rping_data(n, RPING_SIZE)).collect();
-        for (run, prefix) in [(&client, "ping data: "), (&server, "server ping data: ")] {
-            let got: Vec<&str> = run
-                .text
-                .lines()
-                .filter_map(|l| l.strip_prefix(prefix))
-                .collect();
-            self.expect_in(run, got == want, || {
-                format!("its '{prefix}' lines should be the {count} pings rping sent: {want:#?}")
-            });
+        if let Some((run, why)) = rping_problem(&server, &client, count, RPING_SIZE) {
+            self.expect_in(run, false, || why);
         }
-        self.expect_in(&client, !client.text.contains("data mismatch"), || {
-            "the client's verification (-V) failed".to_string()
-        });
     }
 }
 

@@ -36,7 +36,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::suite::{self, SetupError};
+use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const DEVICE: &str = "vmw_pvrdma0:1";
@@ -126,7 +126,7 @@ fn suite() -> &'static Suite {
     })
 }
 
-impl Suite {
+impl Checks for Suite {
     /// Fails the test with `what`, the guests' set-up failures and the end of the logs.
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
@@ -147,18 +147,12 @@ impl Suite {
         panic!("{}", self.outcome.failure(&msg, &logs, 20))
     }
 
-    fn expect(&self, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&what());
-        }
+    fn record(&self) -> &KeyValues {
+        &self.env
     }
+}
 
-    fn env(&self, key: &str) -> &str {
-        self.env
-            .get(key)
-            .unwrap_or_else(|| self.fail(&format!("ucx.env has no {key}")))
-    }
-
+impl Suite {
     fn vmm_logs(&self) -> Vec<PathBuf> {
         let mut logs = vec![
             self.outcome.file("ucx-a-vmm.log"),

@@ -11,7 +11,8 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use e2e::bench::median;
+use clap::Parser;
+use e2e::bench::{self, median};
 use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, binaries};
 
@@ -19,30 +20,19 @@ const QEMU: &str = "qemu-microvm";
 const OURS: &str = "pvrdma-vmm";
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-boot: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit("bench-boot", run(Args::parse()))
 }
 
-fn parse_runs() -> Result<u32, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [] => Ok(5),
-        [flag, n] if flag == "--runs" => n
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("--runs {n}: expected a positive number")),
-        _ => Err("usage: bench-boot [--runs N]".to_string()),
-    }
+/// Time to the guest's first `/init` line: our VMM against QEMU's microvm.
+#[derive(Parser, Debug)]
+#[command(name = "bench-boot")]
+struct Args {
+    /// Measured boots per VMM, after one warm-up.
+    #[arg(long, default_value_t = 5, value_parser = bench::positive)]
+    runs: u32,
 }
 
-fn run() -> Result<(), String> {
-    let runs = parse_runs()?;
+fn run(Args { runs }: Args) -> Result<(), String> {
     let assets = assets::get().map_err(|e| e.to_string())?;
     let mut vmms = vec![QEMU];
     let mut env = Vec::new();

@@ -14,7 +14,8 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use e2e::bench::median;
+use clap::Parser;
+use e2e::bench::{self, median};
 use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, binaries};
 
@@ -22,46 +23,30 @@ const QEMU: &str = "qemu";
 const OURS: &str = "pvrdma-vmm";
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-net: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit("bench-net", run(Args::parse()))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// TCP throughput between two guests: our vmxnet3 against QEMU's, medians and their ratio.
+#[derive(Parser, Debug, Clone, Copy, PartialEq, Eq)]
+#[command(name = "bench-net")]
 struct Args {
+    /// MiB of random data per transfer.
+    #[arg(long, default_value_t = 16, value_parser = bench::positive)]
     mb: u32,
+    /// Transfers per VMM.
+    #[arg(long, default_value_t = 3, value_parser = bench::positive)]
     rounds: u32,
+    /// The guests' MTU.
+    #[arg(long, default_value_t = 1500, value_parser = mtu)]
     mtu: u32,
 }
 
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let usage = "usage: bench-net [--mb N] [--rounds N] [--mtu 1500|9000]";
-    let mut parsed = Args {
-        mb: 16,
-        rounds: 3,
-        mtu: 1500,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(usage)?;
-        let n: u32 = value
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("{flag} {value}: expected a positive number"))?;
-        match flag.as_str() {
-            "--mb" => parsed.mb = n,
-            "--rounds" => parsed.rounds = n,
-            "--mtu" if n == 1500 || n == 9000 => parsed.mtu = n,
-            "--mtu" => return Err(format!("--mtu {n}: 1500 or 9000")),
-            _ => return Err(usage.to_string()),
-        }
+fn mtu(s: &str) -> Result<u32, String> {
+    match s {
+        "1500" => Ok(1500),
+        "9000" => Ok(9000),
+        _ => Err(format!("{s}: 1500 or 9000")),
     }
-    Ok(parsed)
 }
 
 /// One round as the scenario recorded it.
@@ -74,8 +59,7 @@ struct Round {
     csum_errors: Option<u64>,
 }
 
-fn run() -> Result<(), String> {
-    let args = parse_args(&std::env::args().skip(1).collect::<Vec<_>>())?;
+fn run(args: Args) -> Result<(), String> {
     let assets = assets::get().map_err(|e| e.to_string())?;
     let vmm = binaries::vmm().map_err(|e| e.to_string())?;
     let vmms = [OURS, QEMU];
@@ -184,32 +168,32 @@ fn parse_tsv(tsv: &str) -> BTreeMap<String, Vec<Round>> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn parse_args(s: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("bench-net").chain(s.split_whitespace()))
     }
 
     #[test]
     fn arguments_have_defaults_and_are_checked() {
         assert_eq!(
-            parse_args(&[]),
-            Ok(Args {
+            parse_args("").ok(),
+            Some(Args {
                 mb: 16,
                 rounds: 3,
                 mtu: 1500
             })
         );
         assert_eq!(
-            parse_args(&args("--mtu 9000 --mb 64")),
-            Ok(Args {
+            parse_args("--mtu 9000 --mb 64").ok(),
+            Some(Args {
                 mb: 64,
                 rounds: 3,
                 mtu: 9000
             })
         );
-        assert!(parse_args(&args("--mtu 4000")).is_err());
-        assert!(parse_args(&args("--rounds 0")).is_err());
-        assert!(parse_args(&args("--rounds")).is_err());
-        assert!(parse_args(&args("--what 3")).is_err());
+        assert!(parse_args("--mtu 4000").is_err());
+        assert!(parse_args("--rounds 0").is_err());
+        assert!(parse_args("--rounds").is_err());
+        assert!(parse_args("--what 3").is_err());
     }
 
     #[test]

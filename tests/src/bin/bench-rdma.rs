@@ -17,6 +17,7 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use e2e::bench::{loadavg, median, pair_failures};
 use e2e::results::KeyValues;
 use e2e::testhost::{self, Hosts, Scenario};
@@ -31,51 +32,28 @@ const CONFIGS: [(&str, &str); 3] = [
 const BASELINE: &str = "rxe";
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-rdma: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit("bench-rdma", run(Args::parse()))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// RDMA between two guests: our device (same-host channel and `local=off`) against Soft-RoCE.
+#[derive(Parser, Debug, Clone, Copy, PartialEq, Eq)]
+#[command(name = "bench-rdma")]
 struct Args {
+    /// Rounds; each runs each program once per configuration.
+    #[arg(long, default_value_t = 5, value_parser = bench::positive)]
     rounds: u32,
+    /// ibv_rc_pingpong iterations (-n).
+    #[arg(long, default_value_t = 200, value_parser = bench::positive)]
     pp_iters: u32,
+    /// ibv_rc_pingpong message size in bytes (-s).
+    #[arg(long, default_value_t = 4096, value_parser = bench::positive)]
     pp_size: u32,
+    /// ib_write_bw iterations (-n).
+    #[arg(long, default_value_t = 200, value_parser = bench::positive)]
     bw_iters: u32,
+    /// ib_write_bw message size in bytes (-s).
+    #[arg(long, default_value_t = 65536, value_parser = bench::positive)]
     bw_size: u32,
-}
-
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let usage = "usage: bench-rdma [--rounds N] [--pp-iters N] [--pp-size BYTES] [--bw-iters N] [--bw-size BYTES]";
-    let mut parsed = Args {
-        rounds: 5,
-        pp_iters: 200,
-        pp_size: 4096,
-        bw_iters: 200,
-        bw_size: 65536,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(usage)?;
-        let n: u32 = value
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("{flag} {value}: expected a positive number"))?;
-        match flag.as_str() {
-            "--rounds" => parsed.rounds = n,
-            "--pp-iters" => parsed.pp_iters = n,
-            "--pp-size" => parsed.pp_size = n,
-            "--bw-iters" => parsed.bw_iters = n,
-            "--bw-size" => parsed.bw_size = n,
-            _ => return Err(usage.to_string()),
-        }
-    }
-    Ok(parsed)
 }
 
 /// The two programs: (name in bench.tsv, what is reported, whether higher is better).
@@ -179,8 +157,7 @@ fn summarize(rounds: &[Round], wanted: u32) -> Summary {
     }
 }
 
-fn run() -> Result<(), String> {
-    let args = parse_args(&std::env::args().skip(1).collect::<Vec<_>>())?;
+fn run(args: Args) -> Result<(), String> {
     let assets = assets::get().map_err(|e| e.to_string())?;
     let vmm = binaries::vmm().map_err(|e| e.to_string())?;
     let configs: Vec<&str> = CONFIGS.iter().map(|c| c.0).collect();
@@ -327,19 +304,19 @@ fn run() -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn parse_args(s: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("bench-rdma").chain(s.split_whitespace()))
     }
 
     #[test]
     fn arguments_have_defaults_and_are_checked() {
-        let d = parse_args(&[]).unwrap();
+        let d = parse_args("").unwrap();
         assert_eq!((d.rounds, d.pp_iters, d.bw_size), (5, 200, 65536));
-        let a = parse_args(&args("--rounds 5 --bw-iters 50")).unwrap();
+        let a = parse_args("--rounds 5 --bw-iters 50").unwrap();
         assert_eq!((a.rounds, a.bw_iters), (5, 50));
-        assert!(parse_args(&args("--rounds 0")).is_err());
-        assert!(parse_args(&args("--rounds")).is_err());
-        assert!(parse_args(&args("--what 3")).is_err());
+        assert!(parse_args("--rounds 0").is_err());
+        assert!(parse_args("--rounds").is_err());
+        assert!(parse_args("--what 3").is_err());
     }
 
     #[test]
