@@ -669,9 +669,13 @@ impl SimDriver {
     }
 
     /// Polls `cond` until it holds or [`WAIT`] passes; false on timeout.
+    /// Workers that run inline (`device_worker::inline`) are run meanwhile.
     pub fn wait_until(&self, mut cond: impl FnMut(&Self) -> bool) -> bool {
         let deadline = Instant::now() + WAIT;
         while !cond(self) {
+            if device_worker::inline::run_pending() > 0 {
+                continue;
+            }
             if Instant::now() > deadline {
                 return false;
             }
