@@ -75,6 +75,22 @@ pub(crate) struct Loop {
     _turn: Arc<Mutex<dyn Turn>>,
 }
 
+impl Drop for Loop {
+    /// Takes the loop off its thread's list at once, so that nothing of
+    /// the worker outlives its handle (a fuzzer's leak check counts that).
+    fn drop(&mut self) {
+        // Dropped on another thread, or while this one's list is gone:
+        // the list then never held it, or is gone too.
+        let _ = LOOPS.try_with(|l| {
+            if let Ok(mut l) = l.try_borrow_mut() {
+                l.retain(|w| {
+                    w.strong_count() > 0 && !std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(&self._turn))
+                });
+            }
+        });
+    }
+}
+
 impl std::fmt::Debug for Loop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("inline worker loop")
@@ -96,6 +112,12 @@ impl Loop {
         LOOPS.with(|l| l.borrow_mut().push(Arc::downgrade(&turn)));
         Loop { _turn: turn }
     }
+}
+
+/// How many inline workers this thread keeps.
+#[cfg(test)]
+pub(crate) fn count() -> usize {
+    LOOPS.with(|l| l.borrow().len())
 }
 
 /// Runs this thread's inline workers until none has an event ready (or

@@ -259,5 +259,6 @@ mod tests {
         assert_eq!(Arc::strong_count(&done), 1);
         work.write(1).unwrap();
         assert_eq!(inline::run_pending(), 0);
+        assert_eq!(inline::count(), 0, "its thread forgot it");
     }
 }
