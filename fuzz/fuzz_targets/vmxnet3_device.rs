@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! vmxnet3 as a hostile guest driver sees it, through the device's own simulated driver
-//! (`vmxnet3::harness`: the real function and its worker thread on a PCI bus over real guest
+//! (`vmxnet3::harness`: the real function and its worker on a PCI bus over real guest
 //! memory, a mock backend). The input first chooses the DriverShared area and queue
 //! descriptors of an activation (queue counts, ring sizes, MTU, interrupt plan, magic, where
 //! the queue table and TX rings are), then up to 48 operations: TX chains of up to four

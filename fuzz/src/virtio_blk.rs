@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A virtio-blk function (`virtio_devices::Block`, the real device and its worker thread) on
+//! A virtio-blk function (`virtio_devices::Block`, the real device and its worker) on
 //! a real PCI bus, over its own guest memory and a fresh image file, with the mock hypervisor
 //! hooks of `pci::test_utils`; and the register-level driver the targets play: VIRTIO 1.2
 //! §4.1 offsets, in Linux's bring-up order. Nothing here asserts that an access decodes: a

@@ -280,3 +280,48 @@ fn hostile_snapshots_are_refused_or_harmless() {
     assert!(refused > 0, "some mutations must be refused");
     assert!(restored > 0, "some mutations stay valid and are restored");
 }
+
+/// A device snapshot whose length prefix claims more elements than the
+/// snapshot holds (here its MSI-X vectors; the decoder treats every list of
+/// the state alike) is refused for that claim, before room is reserved for
+/// it, and the device still works.
+#[test]
+fn a_snapshot_claiming_more_than_it_holds_is_refused() {
+    use vm_migration::bounded::DecodeError;
+    use vm_migration::test_utils::{read_varint, varint};
+    use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
+
+    let (a, _b) = rc_pair();
+    a.sim.device().pause().expect("pause");
+    let snap = a.sim.device().snapshot().expect("snapshot");
+    // The state's layout (snapshot.rs `Saved`): err, dsr_low (varints),
+    // active (a byte), imr, icr (varints), then the MSI-X state: enabled
+    // and function_masked (bytes), and the vectors' count.
+    let d = &snap.data;
+    let mut at = 0;
+    for width in [None, None, Some(1), None, None, Some(2)] {
+        at += width.unwrap_or_else(|| read_varint(&d[at..]).1);
+    }
+    let (count, len) = read_varint(&d[at..]);
+    assert!((1..=2048).contains(&count), "found the vectors: {count}");
+    for claim in [d.len() as u64, 1 << 40, u64::MAX >> 1] {
+        let mut data = d.clone();
+        data.splice(at..at + len, varint(claim));
+        let hostile = Snapshot {
+            data,
+            ..snap.clone()
+        };
+        let mut t = SimDriver::new();
+        match t.device().restore(&hostile) {
+            Err(MigratableError::Restore(_, e)) => assert!(
+                matches!(
+                    e.downcast_ref::<DecodeError>(),
+                    Some(DecodeError::BeyondInput)
+                ),
+                "claim {claim}: {e}"
+            ),
+            other => panic!("claim {claim}: {other:?}"),
+        }
+        t.probe().expect("probe after the refusal");
+    }
+}
