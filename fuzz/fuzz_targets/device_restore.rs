@@ -4,20 +4,19 @@
 //! MSI-X table included) of a vmxnet3 NIC, a virtio-blk disk or a PVRDMA function. Each
 //! comes from a real device that a simulated driver set to work (queues active, frames and
 //! requests done, for PVRDMA an RC QP pair mid-transfer), taken once per process. The fuzzer
-//! mutates the device's own state inside the bus snapshot (the binary encoding has no field
-//! names, so it edits what the fields are made of, and the enclosing lengths are encoded
-//! again so that mutations reach the fields and not the framing): up to 16 changes, each a
-//! number at some position (any, small, a boundary, or near the old value), a bit flipped, a
-//! range of bytes removed, duplicated or copied from elsewhere; sometimes the bytes are cut
-//! short. The result goes through `Snapshot::from_bytes` and is restored onto a fresh device
+//! mutates the device's own state inside the bus snapshot (`vm_migration::test_utils::mutate`,
+//! and the enclosing lengths are encoded again so that mutations reach the fields and not the
+//! framing): up to 16 changes, each a number at some position (any, small, a boundary, or
+//! near the old value), a bit flipped, a range of bytes removed, duplicated or copied from
+//! elsewhere; sometimes the bytes are cut short. The result goes through `Snapshot::from_bytes` and is restored onto a fresh device
 //! of the same kind over a copy of the source's guest memory.
-//! Invariants: no panic on any thread, no hang (devices are dropped, workers joined, after
-//! each input), no allocation over `-malloc_limit_mb`; a state that restores saves again,
+//! The devices' workers run on the fuzzer's thread (`pvrdma_vmm_fuzz::settle`).
+//! Invariants: no panic, no hang (`-timeout` catches a worker that never finishes its turn),
+//! no allocation over `-malloc_limit_mb`; a state that restores saves again,
 //! and that snapshot restores onto another fresh device.
 #![no_main]
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use pci::PciBus;
@@ -25,8 +24,9 @@ use pvrdma::sim_driver::endpoint::rc_pair;
 use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::SimDriver;
 use pvrdma_vmm_fuzz::virtio_blk::{self as blk, VirtioBlk};
-use pvrdma_vmm_fuzz::Input;
+use pvrdma_vmm_fuzz::{inline_workers, settle, Input};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_migration::test_utils::{mutate, read_varint, varint};
 use vm_migration::Snapshot;
 use vmxnet3::harness::{Harness, Sop};
 use vmxnet3::test_utils::{frame, tcp4_frame};
@@ -118,32 +118,6 @@ impl Reference {
     }
 }
 
-/// `v` as a varint (LEB128), as the encoding writes lengths and numbers.
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-/// The varint at the start of `bytes` and its length (at most 10 bytes).
-fn read_varint(bytes: &[u8]) -> (u64, usize) {
-    let mut v = 0u64;
-    for (i, b) in bytes.iter().take(10).enumerate() {
-        v |= u64::from(b & 0x7f) << (7 * i as u32).min(63);
-        if b & 0x80 == 0 {
-            return (v, i + 1);
-        }
-    }
-    (v, bytes.len().min(10))
-}
-
 /// Splits the bus state `data` around the state of its nested snapshot of `id` (encoded as
 /// the id's length and bytes, the version, the state's length, the state): the bytes before
 /// the state's length, the state, the bytes after it.
@@ -211,9 +185,8 @@ fn disk() -> Reference {
         v.publish(head);
     }
     v.notify(0);
-    while v.used_idx() != 2 {
-        std::thread::yield_now();
-    }
+    v.settle();
+    assert_eq!(v.used_idx(), 2, "both requests served");
     Reference::new(&v.bus, "virtio-blk", pages(&*v.mem, blk::MEM_SIZE))
 }
 
@@ -237,64 +210,8 @@ fn references() -> &'static [Reference; 3] {
     REFS.get_or_init(|| [nic(), disk(), rdma()])
 }
 
-/// One change to `state` at byte `at`.
-fn mutate(state: &mut Vec<u8>, at: usize, input: &mut Input<'_>) {
-    let Some(at) = at.checked_rem(state.len()) else {
-        return;
-    };
-    let (old, len) = read_varint(&state[at..]);
-    let number = match input.u8() % 8 {
-        0 => Some(input.u64()),
-        1 => Some(input.u8().into()),
-        2 => {
-            const BOUNDARIES: [u64; 12] = [
-                0,
-                1,
-                0xff,
-                0x100,
-                0xffff,
-                0x1_0000,
-                0xffff_ffff,
-                0x1_0000_0000,
-                4095,
-                4096,
-                i64::MAX as u64,
-                u64::MAX,
-            ];
-            Some(BOUNDARIES[usize::from(input.u8()) % BOUNDARIES.len()])
-        }
-        // Near the old value: off by a little either way.
-        3 => Some(old.wrapping_add_signed(i64::from(input.u8() as i8))),
-        4 => {
-            state[at] ^= 1 << (input.u8() % 8);
-            None
-        }
-        5 => {
-            let end = (at + usize::from(input.u8() % 16) + 1).min(state.len());
-            state.drain(at..end);
-            None
-        }
-        6 => {
-            let end = (at + usize::from(input.u8() % 16) + 1).min(state.len());
-            let copy = state[at..end].to_vec();
-            state.splice(at..at, copy);
-            None
-        }
-        _ => {
-            let from = usize::from(input.u16()) % state.len();
-            let end = (from + usize::from(input.u8() % 16) + 1).min(state.len());
-            let copy = state[from..end].to_vec();
-            let to = (at + copy.len()).min(state.len());
-            state.splice(at..to, copy);
-            None
-        }
-    };
-    if let Some(n) = number {
-        state.splice(at..at + len, varint(n));
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
+    inline_workers();
     let mut input = Input(data);
     let kind = usize::from(input.u8() % 3);
     let reference = &references()[kind];
@@ -322,9 +239,9 @@ fuzz_target!(|data: &[u8]| {
         if let Err(e) = next.bus().restore(&again) {
             panic!("a restored state does not restore again: {e:?}");
         }
-        // Let the workers run on what they took in before they are joined.
+        // The workers run on what they took in.
         dest.bus().resume().expect("resume");
         next.bus().resume().expect("resume");
-        std::thread::sleep(Duration::from_millis(1));
+        settle();
     }
 });

@@ -5,12 +5,11 @@
 //! of writes into the DSR, command and response slots, page directories, rings, ring
 //! indices, WQEs and MR pages; raw commands; send and receive WQEs with doorbells; raw
 //! doorbells, register and config-space accesses; crafted RoCE frames from the peer.
-//! Invariants: no panic on any thread (libFuzzer aborts on one), no hang (dropping the
-//! devices joins their workers; `-timeout` catches a worker that never returns), no large
-//! allocation (`-malloc_limit_mb`).
+//! The devices' workers run on the fuzzer's thread after every step
+//! (`pvrdma_vmm_fuzz::settle`), as they would on their own threads, only without waiting.
+//! Invariants: no panic (libFuzzer aborts on one), no hang (`-timeout` catches a worker that
+//! never finishes its turn), no large allocation (`-malloc_limit_mb`).
 #![no_main]
-
-use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use pvrdma::sim_driver::endpoint::{rc_pair, Endpoint, GID_A, GID_B, MAC_A, MAC_B};
@@ -19,47 +18,12 @@ use pvrdma_abi::dsr::Dsr;
 use pvrdma_abi::regs::{uar, BAR_REG, BAR_UAR};
 use pvrdma_abi::wqe::{Sge, SqWqeHdr};
 use pvrdma_abi::PAGE_SIZE;
-use pvrdma_vmm_fuzz::{frame, Input};
+use pvrdma_vmm_fuzz::{frame, inline_workers, settle, Input};
 use rdma_transport::net::{ip_from_gid, Encap, IpInfo};
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 /// Ops per input; each is bounded, so an input is.
 const MAX_OPS: usize = 48;
-/// How long to wait for the worker to take a doorbell or a frame.
-const SETTLE: Duration = Duration::from_millis(20);
-/// Counters that move when the worker has done something.
-const ACTIVITY: [&str; 12] = [
-    "doorbell_unmatched",
-    "doorbell_qp",
-    "doorbell_srq",
-    "doorbell_cq_arm",
-    "doorbell_cq_poll",
-    "ring_invalid",
-    "wqe_invalid",
-    "wqe_flushed",
-    "cqe_posted",
-    "roce_rx",
-    "roce_rx_bad",
-    "roce_rx_no_qp",
-];
-
-fn activity(sim: &SimDriver) -> u64 {
-    let metrics = sim.device().metrics();
-    metrics
-        .iter()
-        .filter(|(n, _)| ACTIVITY.contains(n))
-        .map(|(_, v)| v)
-        .sum()
-}
-
-/// Waits (bounded) until the worker moved past `before`.
-fn settle(sim: &SimDriver, before: u64) {
-    let deadline = Instant::now() + SETTLE;
-    while activity(sim) == before && Instant::now() < deadline {
-        std::thread::yield_now();
-    }
-}
-
 /// Guest addresses worth corrupting: the DSR, the slots, every ring's index page, data
 /// pages and directory, the QP ring header, the MR pages.
 fn targets(e: &Endpoint) -> Vec<u64> {
@@ -132,6 +96,7 @@ fn peer_frame(transport: &[u8]) -> Option<Vec<u8>> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    inline_workers();
     let (a, b) = rc_pair();
     let mut ends = [a, b];
     let mut input = Input(data);
@@ -143,7 +108,6 @@ fuzz_target!(|data: &[u8]| {
         let op = input.u8();
         let i = usize::from(op >> 7);
         let e = &mut ends[i];
-        let before = activity(&e.sim);
         match op % 10 {
             0 => {
                 // Guest memory: near a structure the device reads, or anywhere in RAM.
@@ -175,12 +139,10 @@ fuzz_target!(|data: &[u8]| {
                 let sges: Vec<Sge> = (0..input.u8() % 3).map(|_| sge(&mut input, e)).collect();
                 // post_send_wqe sets num_sge from the list; a lying count comes from op 0.
                 e.sim.post_send_wqe(&e.qp, hdr, &sges);
-                settle(&e.sim, before);
             }
             3 => {
                 let sges: Vec<Sge> = (0..input.u8() % 3).map(|_| sge(&mut input, e)).collect();
                 e.sim.post_recv_sges(&e.qp, input.u64(), &sges);
-                settle(&e.sim, before);
             }
             4 => {
                 // A raw doorbell on a UAR page.
@@ -202,7 +164,6 @@ fuzz_target!(|data: &[u8]| {
                     input.u32()
                 };
                 doorbell(&e.sim, page, offset, value);
-                settle(&e.sim, before);
             }
             5 => {
                 // A register write (CTL, REQUEST, DSR halves, IMR, ...) or read.
@@ -222,7 +183,6 @@ fuzz_target!(|data: &[u8]| {
                     mmio_read(&e.sim, addr);
                 } else {
                     mmio_write(&e.sim, addr, input.u32());
-                    settle(&e.sim, before);
                 }
             }
             7 => {
@@ -230,9 +190,7 @@ fuzz_target!(|data: &[u8]| {
                 let transport = input.chunk(1100);
                 if let Some(f) = peer_frame(transport) {
                     let b = &ends[1];
-                    let before = activity(&b.sim);
                     b.sim.port.steer_to_rdma(&f);
-                    settle(&b.sim, before);
                 }
             }
             8 => {
@@ -252,10 +210,10 @@ fuzz_target!(|data: &[u8]| {
                     let _ = e.sim.mem.write_obj(prod, GuestAddress(idx + 4));
                 }
                 e.sim.arm_cq(&e.cq, input.bool());
-                settle(&e.sim, before);
             }
         }
+        // Both devices' workers serve whatever this step signalled.
+        settle();
     }
-    // Dropping the endpoints joins both workers: a wedged worker hangs here.
     drop(ends);
 });

@@ -1,23 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
 //! virtio-blk as a hostile guest driver sees it: the real function (`virtio_devices::Block`,
-//! its transport and its worker thread) on a PCI bus over real guest memory and an image
+//! its transport and its worker) on a PCI bus over real guest memory and an image
 //! file. After a bring-up with fuzzer-chosen features and queue size, up to 48 operations:
 //! raw descriptors (any address, length, flags, next) in the ring and in indirect tables,
 //! request headers of any type and sector, well-formed chains, available ring entries and
 //! indices, notifications, common-configuration register writes (status and reset, queue
 //! geometry and addresses), device-config, ISR and MSI-X accesses, config-space writes,
 //! pause and resume.
-//! Invariants: no panic on any thread, no hang (dropping the function joins its worker;
-//! `-timeout` catches one that never returns), no allocation over `-malloc_limit_mb`;
-//! ioeventfds registered and unregistered in pairs (the strict mock asserts it); and a
-//! driver that starts over afterwards gets a read served with the image's bytes.
+//! The worker runs on the fuzzer's thread after each signal (`VirtioBlk::settle`), as it
+//! would on its own thread, only without waiting for one.
+//! Invariants: no panic, no hang (`-timeout` catches a worker that never finishes its
+//! turn), no allocation over `-malloc_limit_mb`; ioeventfds registered and unregistered in
+//! pairs (the strict mock asserts it); and a driver that starts over afterwards gets a read
+//! served with the image's bytes.
 #![no_main]
-
-use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use pvrdma_vmm_fuzz::virtio_blk::*;
-use pvrdma_vmm_fuzz::Input;
+use pvrdma_vmm_fuzz::{inline_workers, Input};
 use vm_memory::{Bytes, GuestAddress};
 
 const MAX_OPS: usize = 48;
@@ -116,11 +116,8 @@ fn assert_healthy(v: &mut VirtioBlk) {
     v.write_descriptor(2, descriptor(STATUS, 1, WRITE, 0));
     v.publish(0);
     v.notify(0);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while v.used_idx() != 1 {
-        assert!(Instant::now() < deadline, "the read was not served");
-        std::thread::yield_now();
-    }
+    v.settle();
+    assert_eq!(v.used_idx(), 1, "the read was served");
     assert_eq!(v.used(0), (0, SECTOR as u32 + 1));
     assert_eq!(v.mem.read_obj::<u8>(GuestAddress(STATUS)).ok(), Some(S_OK));
     let mut data = vec![0u8; SECTOR as usize];
@@ -131,6 +128,7 @@ fn assert_healthy(v: &mut VirtioBlk) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    inline_workers();
     let mut input = Input(data);
     let setup = input.u8();
     let mut v = VirtioBlk::new(setup & 1 == 1);
@@ -304,7 +302,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
+    v.settle();
     assert_healthy(&mut v);
-    // Dropping the function joins its worker: a wedged worker hangs here.
     drop(v);
 });

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! vmxnet3 as a hostile guest driver sees it, through the device's own simulated driver
-//! (`vmxnet3::harness`: the real function and its worker thread on a PCI bus over real guest
+//! (`vmxnet3::harness`: the real function and its worker on a PCI bus over real guest
 //! memory, a mock backend). The input first chooses the DriverShared area and queue
 //! descriptors of an activation (queue counts, ring sizes, MTU, interrupt plan, magic, where
 //! the queue table and TX rings are), then up to 48 operations: TX chains of up to four
@@ -10,22 +10,21 @@
 //! descriptors, the rings and the buffers; commands and register accesses of any width;
 //! MSI-X and config-space writes; carrier changes; backend send failures; and a live
 //! migration of the device onto a fresh one.
-//! Invariants: no panic on any thread, no hang (the device's worker is joined when it is
-//! dropped), no allocation over `-malloc_limit_mb`; ioeventfds registered and unregistered in
+//! The device's worker runs on the fuzzer's thread whenever the driver has signalled it
+//! (`pvrdma_vmm_fuzz::settle`), as it would on its own thread, only without waiting for one.
+//! Invariants: no panic, no hang (a worker that never finishes its turn hangs the input),
+//! no allocation over `-malloc_limit_mb`; ioeventfds registered and unregistered in
 //! pairs (the strict mock asserts it); a snapshot of the device restores onto a fresh one;
 //! and afterwards a driver that resets and activates the device gets a frame sent and one
 //! received.
 #![no_main]
 
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
-use std::time::Instant;
 
 use libfuzzer_sys::fuzz_target;
 use net_port::{VnetHdr, MAX_FRAME_LEN};
-use pvrdma_vmm_fuzz::{readable, Input, SETTLE};
+use pvrdma_vmm_fuzz::{inline_workers, settle, Input};
 use vm_memory::{Bytes, GuestAddress};
-use vm_migration::Pausable;
 use vmxnet3::harness::*;
 use vmxnet3::test_utils::{frame, tcp4_frame, tcp6_frame, DriverLayout, SHARED};
 
@@ -40,21 +39,6 @@ const MSIX_BAR: usize = 2;
 const BAR_SIZES: [u64; 3] = [0x1000, 0x1000, 0x2000];
 const TXPROD: u64 = 0x600;
 const RXPROD: u64 = 0x800;
-
-/// Waits (bounded) until the worker took every doorbell and backend frame, then until its
-/// batch is over (pausing returns between two batches).
-fn settle(h: &Harness) {
-    let deadline = Instant::now() + SETTLE;
-    let doorbells = h.ioevents.doorbells();
-    while (h.backend.queued() > 0 || doorbells.iter().any(|(_, fd)| readable(fd)))
-        && Instant::now() < deadline
-    {
-        std::thread::yield_now();
-    }
-    let mut nic = h.nic.lock().unwrap_or_else(PoisonError::into_inner);
-    let _ = nic.pause();
-    let _ = nic.resume();
-}
 
 /// A TX doorbell as KVM delivers it: to the registered ioeventfd, else as MMIO.
 fn doorbell(h: &Harness, queue: u64, value: u32) {
@@ -179,7 +163,7 @@ fn transmit(h: &mut Harness, input: &mut Input<'_>, q: usize) {
     let eop = input.u8() & 7 != 0;
     h.post_tx(q, &bufs, sop, eop);
     doorbell(h, q as u64, h.tx[q].fill);
-    settle(h);
+    settle();
 }
 
 /// Up to 16 RX buffers in ring `ring` of RX queue `q`.
@@ -217,7 +201,7 @@ fn receive(h: &Harness, input: &mut Input<'_>) {
     let mut f = frame_bytes(input);
     f.truncate(MAX_FRAME_LEN);
     h.backend.inject_with(hdr, f);
-    settle(h);
+    settle();
 }
 
 /// A command (mostly one of revision 1's) written to CMD, then CMD read back.
@@ -229,7 +213,7 @@ fn command(h: &Harness, input: &mut Input<'_>) {
         _ => input.u32(),
     };
     h.cmd(cmd);
-    settle(h);
+    settle();
 }
 
 /// A driver that resets and activates the device gets a frame sent and one received.
@@ -244,7 +228,7 @@ fn assert_healthy(h: &mut Harness) {
         0,
         "activation after the input"
     );
-    settle(h);
+    settle();
     h.backend.take_sent();
     let f = frame(100, 7);
     h.send_one(0, &f, Sop::default());
@@ -260,6 +244,7 @@ fn assert_healthy(h: &mut Harness) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    inline_workers();
     let mut input = Input(data);
     let mut h = Harness::new();
     let l = layout(&mut input);
@@ -307,7 +292,7 @@ fuzz_target!(|data: &[u8]| {
             6 => {
                 // A doorbell of any TX queue, any value.
                 doorbell(&h, u64::from(input.u8() % 8), input.u32());
-                settle(&h);
+                settle();
             }
             7 => {
                 // Any register access, any width (BAR 2: the MSI-X table and PBA).
@@ -318,7 +303,7 @@ fuzz_target!(|data: &[u8]| {
                 if input.bool() {
                     let value = input.u64().to_le_bytes();
                     h.bus.mmio_write(addr, &value[..len]);
-                    settle(&h);
+                    settle();
                 } else {
                     h.bus.mmio_read(addr, &mut [0u8; 8][..len]);
                 }
@@ -352,7 +337,7 @@ fuzz_target!(|data: &[u8]| {
                     ),
                     _ => h.write(PT_BAR, 8 * u64::from(input.u8() % 25), input.u32()),
                 }
-                settle(&h);
+                settle();
             }
             10 if migrations < MAX_MIGRATIONS => {
                 // A live migration: the source pauses, its snapshot restores onto a fresh
@@ -363,7 +348,7 @@ fuzz_target!(|data: &[u8]| {
                 drop(h);
                 h = dest;
                 h.bus.resume().expect("resume");
-                settle(&h);
+                settle();
             }
             11 => {
                 // MSI-X table entries as the driver programs them, or not.
@@ -376,11 +361,11 @@ fuzz_target!(|data: &[u8]| {
                 h.cmd(0xcafe_0002);
                 let l = layout(&mut input);
                 posting = h.activate_with(l) == 0;
-                settle(&h);
+                settle();
             }
         }
     }
+    settle();
     assert_healthy(&mut h);
-    // Dropping the harness joins the worker: a wedged worker hangs here.
     drop(h);
 });

@@ -1,30 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Helpers shared by the fuzz targets: a reader that turns the fuzzer's bytes into
-//! operations, a framer that wraps fuzzer-chosen transport bytes in valid Ethernet, IP
+//! operations, the device workers run on the fuzzer's thread ([`inline_workers`],
+//! [`settle`]), a framer that wraps fuzzer-chosen transport bytes in valid Ethernet, IP
 //! and UDP headers with a correct ICRC, so that mutations reach the transport code instead
 //! of dying at the checksum, and a virtio-blk function with its driver ([`virtio_blk`]).
 
 pub mod virtio_blk;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
-use std::time::Duration;
 
 use rdma_transport::net::{self, Encap, IpInfo, RoceVersion};
-use vmm_sys_util::eventfd::EventFd;
 
-/// How long a target waits for a device worker to take a notification.
-pub const SETTLE: Duration = Duration::from_millis(20);
+/// From now on the device workers this thread builds have no thread of their own: they run
+/// on the fuzzer's thread, in [`settle`]. Nothing waits for a thread to wake, and a run is
+/// the same for the same input. Call at the start of every input (it is idempotent).
+pub fn inline_workers() {
+    device_worker::inline::enable();
+}
 
-/// Whether `fd` has a count to read: a worker has not taken the notification yet.
-pub fn readable(fd: &EventFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd that lives across the call; a zero timeout.
-    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+/// Lets the device workers handle everything the input signalled so far (doorbells,
+/// frames, timers that expired), until none has work left. Only while the devices run: a
+/// paused vmxnet3 worker waits for its resume.
+pub fn settle() {
+    device_worker::inline::run_pending();
 }
 
 /// Reads fixed-size values off the fuzzer's input; past the end everything reads as 0.
@@ -73,6 +71,21 @@ impl<'a> Input<'a> {
     pub fn chunk(&mut self, max: usize) -> &'a [u8] {
         let n = usize::from(self.u16()) % (max + 1);
         self.bytes(n)
+    }
+}
+
+/// A hostile edit's choices ([`vm_migration::test_utils::mutate`]) from the input.
+impl vm_migration::test_utils::Choices for Input<'_> {
+    fn u8(&mut self) -> u8 {
+        Input::u8(self)
+    }
+
+    fn u16(&mut self) -> u16 {
+        Input::u16(self)
+    }
+
+    fn u64(&mut self) -> u64 {
+        Input::u64(self)
     }
 }
 

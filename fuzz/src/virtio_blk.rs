@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A virtio-blk function (`virtio_devices::Block`, the real device and its worker thread) on
+//! A virtio-blk function (`virtio_devices::Block`, the real device and its worker) on
 //! a real PCI bus, over its own guest memory and a fresh image file, with the mock hypervisor
 //! hooks of `pci::test_utils`; and the register-level driver the targets play: VIRTIO 1.2
 //! §4.1 offsets, in Linux's bring-up order. Nothing here asserts that an access decodes: a
@@ -7,18 +7,14 @@
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
 
 use pci::test_utils::{MockIoEvents, MockMsi};
 use pci::{DeviceHooks, PciBus};
 use virtio_devices::{Block, BlockConfig};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vm_migration::Pausable;
 use vmm_sys_util::tempfile::TempFile;
-
-use crate::{readable, SETTLE};
 
 /// Guest memory as the VMM passes it.
 pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
@@ -282,18 +278,9 @@ impl VirtioBlk {
         }
     }
 
-    /// Waits (bounded) until the worker took the last notification, then until its batch is
-    /// over: pausing waits for it (and flushes the image).
+    /// The worker (inline, see [`crate::inline_workers`]) serves what the driver signalled.
     pub fn settle(&self) {
-        let deadline = Instant::now() + SETTLE;
-        if let Some((_, fd)) = self.ioevents.doorbells().pop() {
-            while readable(&fd) && Instant::now() < deadline {
-                std::thread::yield_now();
-            }
-        }
-        let mut dev = self.dev.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = dev.pause();
-        let _ = dev.resume();
+        crate::settle();
     }
 
     pub fn used_idx(&self) -> u16 {

@@ -11,14 +11,18 @@
 //! support, so we keep serde and version each component's layout
 //! explicitly instead (a mismatch is refused, never misread). The encoding
 //! is postcard: compact (varints, no field names), with a documented,
-//! stable wire format, and no allocation beyond what the input's bytes
-//! hold; it replaced JSON, whose text made a 4096-QP device's state 7 MB
-//! and its decoding most of a migration's restore time.
+//! stable wire format; it replaced JSON, whose text made a 4096-QP
+//! device's state 7 MB and its decoding most of a migration's restore
+//! time. Decoding goes through [`bounded`], so that the length prefixes of
+//! a hostile snapshot cannot make it allocate more than
+//! [`MAX_DECODED_BYTES`], nor reserve room for more elements than the
+//! input holds.
 
 // Guest input is hostile: no unwrap/expect outside tests (clippy.toml
 // allows them in #[cfg(test)] code).
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod bounded;
 pub mod protocol;
 #[cfg(any(test, feature = "test-pki"))]
 pub mod test_pki;
@@ -95,13 +99,15 @@ mod bytes {
     }
 }
 
+/// Memory a decoded snapshot or state may take: as much as the largest
+/// state the migration protocol carries ([`protocol::MAX_STATE_BYTES`]),
+/// however its length prefixes multiply that (see [`bounded`]).
+pub const MAX_DECODED_BYTES: usize = protocol::MAX_STATE_BYTES as usize;
+
 /// `T` from all of `bytes` (trailing bytes are refused, as a sign of a
-/// layout this VMM does not know).
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
-    match postcard::take_from_bytes(bytes)? {
-        (value, []) => Ok(value),
-        _ => Err(postcard::Error::DeserializeBadEncoding),
-    }
+/// layout this VMM does not know), within [`MAX_DECODED_BYTES`].
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, bounded::DecodeError> {
+    bounded::decode(bytes, MAX_DECODED_BYTES)
 }
 
 impl Snapshot {
@@ -276,8 +282,26 @@ mod tests {
             data: huge.to_vec(),
             ..s.clone()
         };
-        assert!(claim.state::<Vec<u64>>("dev", 3).is_err());
-        assert!(claim.state::<Vec<Vec<u8>>>("dev", 3).is_err());
+        // Refused for the claim itself, before anything is reserved for it.
+        fn beyond<T>(r: Result<T, MigratableError>) -> bool {
+            match r {
+                Err(MigratableError::Restore(_, e)) => matches!(
+                    e.downcast_ref::<bounded::DecodeError>(),
+                    Some(bounded::DecodeError::BeyondInput)
+                ),
+                _ => false,
+            }
+        }
+        assert!(beyond(claim.state::<Vec<u64>>("dev", 3)));
+        assert!(beyond(claim.state::<Vec<Vec<u8>>>("dev", 3)));
+        // A claim just past what is left, inside a valid outer vector.
+        let mut inner = vec![2, 0, 5];
+        inner.extend_from_slice(&[0; 4]);
+        let nested = Snapshot {
+            data: inner,
+            ..s.clone()
+        };
+        assert!(beyond(nested.state::<Vec<Vec<u64>>>("dev", 3)));
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&ENCODING.to_le_bytes());
         bytes.extend_from_slice(&[3, b'd', b'e', b'v', 3]);

@@ -24,8 +24,10 @@ use pvrdma_abi::ring::{RingGeometry, RX_OFFSET, TX_OFFSET};
 use pvrdma_abi::verbs::{qp_attr_mask as m, qp_state, qp_type, AhAttr, QpAttr, AH_FLAG_GRH};
 use pvrdma_abi::wqe::{rq_stride, sq_stride, Cqe, Cqne, Eqe, RqWqeHdr, Sge, SqWqeHdr};
 use pvrdma_abi::{PAGE_SIZE, PDIR_ENTRIES_PER_PAGE};
-use vm_memory::bitmap::AtomicBitmap;
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::bitmap::{AtomicBitmap, Bitmap};
+use vm_memory::{
+    ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod endpoint;
@@ -504,9 +506,18 @@ impl SimDriver {
             self.next_page <= self.mem_size,
             "sim guest memory exhausted"
         );
-        self.mem
-            .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
-            .expect("zero page");
+        // A page never written is zero already (the dirty bitmap knows
+        // which were): writing it would only fault it in, for every page
+        // of every device a fuzz input builds.
+        let region = self.mem.find_region(GuestAddress(page)).expect("RAM");
+        if region
+            .bitmap()
+            .dirty_at((page - region.start_addr().0) as usize)
+        {
+            self.mem
+                .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
+                .expect("zero page");
+        }
         page
     }
 
@@ -669,9 +680,13 @@ impl SimDriver {
     }
 
     /// Polls `cond` until it holds or [`WAIT`] passes; false on timeout.
+    /// Workers that run inline (`device_worker::inline`) are run meanwhile.
     pub fn wait_until(&self, mut cond: impl FnMut(&Self) -> bool) -> bool {
         let deadline = Instant::now() + WAIT;
         while !cond(self) {
+            if device_worker::inline::run_pending() > 0 {
+                continue;
+            }
             if Instant::now() > deadline {
                 return false;
             }

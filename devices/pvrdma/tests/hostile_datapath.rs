@@ -9,6 +9,7 @@ use pvrdma::sim_driver::endpoint::{connect, rc_pair, Endpoint as Side, GID_A, GI
 use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::{QpSpec, SimDriver};
 use pvrdma_abi::wqe::{send_flags, wc_status, Sge, SqWqeHdr};
+use vm_migration::test_utils::{mutate, Choices};
 
 /// xorshift64*: reproducible noise without a dependency.
 struct Rng(u64);
@@ -31,6 +32,21 @@ impl Rng {
             2 => u64::MAX - self.next() % 16,
             _ => self.next() % 0x1_0000,
         }
+    }
+}
+
+/// The choices of a hostile snapshot edit.
+impl Choices for Rng {
+    fn u8(&mut self) -> u8 {
+        self.next() as u8
+    }
+
+    fn u16(&mut self) -> u16 {
+        self.next() as u16
+    }
+
+    fn u64(&mut self) -> u64 {
+        self.value()
     }
 }
 
@@ -187,24 +203,11 @@ fn mutated_frames_from_a_peer_never_panic() {
     );
 }
 
-/// `v` as a varint (LEB128), as the state encodes its numbers.
-fn varint(mut v: u64) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            return out;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
 /// A device snapshot is input from another host: mutated snapshots of a
-/// device with live QPs (numbers anywhere in the state, so handles,
-/// indices, lengths, page addresses and engine state, replaced; bytes
-/// flipped; the state cut short) are refused or restored without a panic,
+/// device with live QPs (`vm_migration::test_utils::mutate`: numbers
+/// anywhere in the state, so handles, indices, lengths, page addresses and
+/// engine state, replaced; bits flipped; ranges removed, duplicated or
+/// copied; the state cut short) are refused or restored without a panic,
 /// and the device then still works.
 #[test]
 fn hostile_snapshots_are_refused_or_harmless() {
@@ -240,15 +243,8 @@ fn hostile_snapshots_are_refused_or_harmless() {
     for i in 0..150u64 {
         let mut data = snap.data.clone();
         for _ in 0..1 + rng.next() % 3 {
-            let at = (rng.next() % data.len() as u64) as usize;
-            match rng.next() % 3 {
-                0 => {
-                    let n = varint(rng.value());
-                    data.splice(at..at + 1, n);
-                }
-                1 => data[at] ^= 1 << (rng.next() % 8),
-                _ => data[at] = rng.next() as u8,
-            }
+            let at = rng.next() as usize;
+            mutate(&mut data, at, &mut rng);
         }
         if rng.next() & 7 == 0 {
             data.truncate((rng.next() % data.len() as u64) as usize);
@@ -283,4 +279,49 @@ fn hostile_snapshots_are_refused_or_harmless() {
     );
     assert!(refused > 0, "some mutations must be refused");
     assert!(restored > 0, "some mutations stay valid and are restored");
+}
+
+/// A device snapshot whose length prefix claims more elements than the
+/// snapshot holds (here its MSI-X vectors; the decoder treats every list of
+/// the state alike) is refused for that claim, before room is reserved for
+/// it, and the device still works.
+#[test]
+fn a_snapshot_claiming_more_than_it_holds_is_refused() {
+    use vm_migration::bounded::DecodeError;
+    use vm_migration::test_utils::{read_varint, varint};
+    use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
+
+    let (a, _b) = rc_pair();
+    a.sim.device().pause().expect("pause");
+    let snap = a.sim.device().snapshot().expect("snapshot");
+    // The state's layout (snapshot.rs `Saved`): err, dsr_low (varints),
+    // active (a byte), imr, icr (varints), then the MSI-X state: enabled
+    // and function_masked (bytes), and the vectors' count.
+    let d = &snap.data;
+    let mut at = 0;
+    for width in [None, None, Some(1), None, None, Some(2)] {
+        at += width.unwrap_or_else(|| read_varint(&d[at..]).1);
+    }
+    let (count, len) = read_varint(&d[at..]);
+    assert!((1..=2048).contains(&count), "found the vectors: {count}");
+    for claim in [d.len() as u64, 1 << 40, u64::MAX >> 1] {
+        let mut data = d.clone();
+        data.splice(at..at + len, varint(claim));
+        let hostile = Snapshot {
+            data,
+            ..snap.clone()
+        };
+        let mut t = SimDriver::new();
+        match t.device().restore(&hostile) {
+            Err(MigratableError::Restore(_, e)) => assert!(
+                matches!(
+                    e.downcast_ref::<DecodeError>(),
+                    Some(DecodeError::BeyondInput)
+                ),
+                "claim {claim}: {e}"
+            ),
+            other => panic!("claim {claim}: {other:?}"),
+        }
+        t.probe().expect("probe after the refusal");
+    }
 }

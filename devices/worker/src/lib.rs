@@ -7,12 +7,20 @@
 //! duplicate of that eventfd and, when dropped, signals it and joins the
 //! thread. What the worker watches besides, and what it does, is the
 //! device's business.
+//!
+//! Tests and fuzz targets may instead run the workers a thread spawns on
+//! that thread itself (feature `test-utils`, [`inline`]): the same loop,
+//! stepped when the caller asks, so that a harness need not wake a thread
+//! and wait for it.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::indexing_slicing,
     clippy::arithmetic_side_effects
 )]
+
+#[cfg(feature = "test-utils")]
+pub mod inline;
 
 use std::sync::OnceLock;
 use std::thread::{self, JoinHandle};
@@ -58,6 +66,10 @@ pub struct WorkerHandle {
     name: &'static str,
     kill: EventFd,
     thread: Option<JoinHandle<()>>,
+    /// The loop when it runs on its spawner's thread (see [`inline`]);
+    /// dropping it drops the worker.
+    #[cfg(feature = "test-utils")]
+    _inline: Option<inline::Loop>,
 }
 
 impl WorkerHandle {
@@ -70,6 +82,15 @@ impl WorkerHandle {
         let kill = worker.kill_evt().try_clone().map_err(SpawnError::EventFd)?;
         let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
         let id = manager.add_subscriber(worker);
+        #[cfg(feature = "test-utils")]
+        if inline::enabled() {
+            return Ok(Self {
+                name,
+                kill,
+                thread: None,
+                _inline: Some(inline::Loop::register(name, manager, id)),
+            });
+        }
         let thread = thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || run(name, manager, id))
@@ -78,6 +99,8 @@ impl WorkerHandle {
             name,
             kill,
             thread: Some(thread),
+            #[cfg(feature = "test-utils")]
+            _inline: None,
         })
     }
 }
@@ -102,15 +125,37 @@ fn run<W: Stoppable>(name: &str, mut manager: EventManager<W>, id: SubscriberId)
     if let Some(start) = THREAD_START.get() {
         start();
     }
-    loop {
-        if let Err(e) = manager.run() {
+    while let Step::Ran(_) = step(name, &mut manager, id, -1) {}
+}
+
+/// What one turn of a worker's loop did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// It handled this many events and goes on.
+    Ran(usize),
+    /// The worker stopped, or its loop failed: no more turns.
+    Ended,
+}
+
+/// One turn of the loop: waits up to `timeout_ms` (-1: for ever) for
+/// events and hands them to the worker.
+fn step<W: Stoppable>(
+    name: &str,
+    manager: &mut EventManager<W>,
+    id: SubscriberId,
+    timeout_ms: i32,
+) -> Step {
+    let handled = match manager.run_with_timeout(timeout_ms) {
+        Ok(n) => n,
+        Err(e) => {
             error!("{name}: worker event loop failed: {e}");
-            return;
+            return Step::Ended;
         }
-        if manager.subscriber_mut(id).map_or(true, |w| w.stopped()) {
-            return;
-        }
+    };
+    if manager.subscriber_mut(id).map_or(true, |w| w.stopped()) {
+        return Step::Ended;
     }
+    Step::Ran(handled)
 }
 
 #[cfg(test)]
@@ -188,5 +233,32 @@ mod tests {
         // it the last clone of `done` but ours) is gone afterwards.
         drop(handle);
         assert_eq!(Arc::strong_count(&done), 1);
+    }
+
+    #[cfg(feature = "test-utils")]
+    #[test]
+    fn inline_workers_run_when_their_spawner_asks() {
+        let work = EventFd::new(EFD_NONBLOCK).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let worker = Counter {
+            kill: EventFd::new(EFD_NONBLOCK).unwrap(),
+            work: work.try_clone().unwrap(),
+            done: done.clone(),
+            stopped: false,
+        };
+        inline::enable();
+        let handle = WorkerHandle::spawn("test-worker", worker).unwrap();
+        assert!(handle.thread.is_none(), "no thread of its own");
+        assert_eq!(inline::run_pending(), 0, "nothing to do yet");
+        work.write(1).unwrap();
+        assert_eq!(done.load(Ordering::SeqCst), 0, "nobody ran it yet");
+        assert_eq!(inline::run_pending(), 1);
+        assert_eq!(done.load(Ordering::SeqCst), 1, "served by run_pending");
+        // Dropping the handle drops the worker; nothing is left to run.
+        drop(handle);
+        assert_eq!(Arc::strong_count(&done), 1);
+        assert_eq!(inline::count(), 0, "its thread forgot it at once");
+        work.write(1).unwrap();
+        assert_eq!(inline::run_pending(), 0);
     }
 }
