@@ -8,6 +8,7 @@ pub mod config;
 mod console;
 pub mod device_manager;
 pub mod incoming;
+pub mod ioevents;
 pub mod kvm;
 pub mod machine;
 pub mod memory;

@@ -201,6 +201,7 @@ impl Machine {
                 .resume()
                 .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
         }
+        vm.flush_ioevents().map_err(VmmError::EventLoop)?;
         Ok(Guest {
             config,
             mem,
@@ -245,6 +246,8 @@ impl migration::Target for Machine {
         arch::state::restore_vm(self.vm.fd(), &state.vm).map_err(|e| err(&e))?;
         let t2 = Instant::now();
         self.devices.pause().map_err(|e| err(&e))?;
+        // Doorbells are registered once the VM runs (see `DeferredIoEvents`).
+        self.vm.defer_ioevents();
         self.devices.restore(&state.devices).map_err(|e| err(&e))?;
         // A restore sits inside a migration's blackout: say what it cost.
         log::info!(
