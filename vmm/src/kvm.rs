@@ -278,6 +278,18 @@ impl MsiRouter for GsiRoutes {
         Ok(())
     }
 
+    fn set_routes(&self, routes: &[(u32, MsiMessage)]) -> io::Result<()> {
+        let mut state = self.lock();
+        let mut changed = false;
+        for &(gsi, msg) in routes {
+            changed |= state.msi.insert(gsi, msg) != Some(msg);
+        }
+        if changed {
+            self.commit_locked(&state)?;
+        }
+        Ok(())
+    }
+
     fn release(&self, vector: &MsiVector) -> io::Result<()> {
         let mut state = self.lock();
         let result = self
