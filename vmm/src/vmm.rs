@@ -143,6 +143,7 @@ impl Vmm {
 
     /// Answers every queued API request. Returns true after `vm.shutdown`.
     fn handle_api(&mut self) -> bool {
+        // Taken out while the dispatch borrows the VMM as its actions.
         let Some(api) = self.api.take() else {
             return false;
         };
