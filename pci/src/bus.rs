@@ -294,9 +294,15 @@ impl PciBus {
     }
 
     pub fn resume(&self) -> Result<(), MigratableError> {
-        self.functions
-            .values()
-            .try_for_each(|func| lock(&func.dev).resume())
+        // Each function's share, which a migrated guest waits for after the hand-over.
+        let mut took = Vec::with_capacity(self.functions.len());
+        for (&devfn, func) in &self.functions {
+            let start = std::time::Instant::now();
+            lock(&func.dev).resume()?;
+            took.push(took_ms(devfn, start));
+        }
+        log::info!("PCI functions resumed: {}", took.join(", "));
+        Ok(())
     }
 
     /// Every function's configuration space and device state (the bus
