@@ -44,6 +44,14 @@ pub trait MsiRouter: Send + Sync {
     fn allocate(&self) -> io::Result<MsiVector>;
     /// Installs (`Some`) or removes (`None`) the MSI route of `gsi`.
     fn set_route(&self, gsi: u32, msg: Option<MsiMessage>) -> io::Result<()>;
+    /// Installs several routes at once, as a restore does: KVM replaces its
+    /// whole table on each update and waits for a grace period, so one
+    /// update for all is cheaper than one per vector.
+    fn set_routes(&self, routes: &[(u32, MsiMessage)]) -> io::Result<()> {
+        routes
+            .iter()
+            .try_for_each(|&(gsi, msg)| self.set_route(gsi, Some(msg)))
+    }
     /// Drops the irqfd registration and frees the GSI.
     fn release(&self, vector: &MsiVector) -> io::Result<()>;
 }

@@ -98,6 +98,14 @@ impl MsiRouter for MockMsi {
         Ok(())
     }
 
+    /// One update, as KVM's: counted as one route call.
+    fn set_routes(&self, routes: &[(u32, MsiMessage)]) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        state.route_calls += 1;
+        state.routes.extend(routes.iter().copied());
+        Ok(())
+    }
+
     fn release(&self, vector: &MsiVector) -> io::Result<()> {
         let mut state = lock(&self.state);
         state.live.remove(&vector.gsi);

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 pub mod assets;
 pub mod bench;
 pub mod binaries;
+pub mod blackout;
 pub mod host;
 pub mod results;
 pub mod steps;

@@ -18,6 +18,7 @@ use vm_memory::{Address, GuestMemoryBackend as _, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::layout;
+use crate::ioevents::DeferredIoEvents;
 use crate::memory::GuestMemory;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,7 @@ pub struct Vm {
     msr_list: Vec<u32>,
     max_vcpus: usize,
     routes: Arc<GsiRoutes>,
+    ioevents: Arc<DeferredIoEvents>,
 }
 
 impl std::fmt::Debug for Vm {
@@ -90,12 +92,14 @@ impl Vm {
                 kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
             )
         })?;
+        let ioevents = Arc::new(DeferredIoEvents::new(Arc::new(IoEvents(fd.clone()))));
         Ok(Self {
             fd,
             supported_cpuid,
             msr_list,
             max_vcpus: kvm.get_max_vcpus(),
             routes,
+            ioevents,
         })
     }
 
@@ -150,7 +154,18 @@ impl Vm {
     }
 
     pub fn ioevent_registrar(&self) -> Arc<dyn IoEventRegistrar> {
-        Arc::new(IoEvents(self.fd.clone()))
+        self.ioevents.clone()
+    }
+
+    /// Records the devices' doorbell registrations instead of making them
+    /// (a restore: see [`DeferredIoEvents`]) until [`Self::flush_ioevents`].
+    pub fn defer_ioevents(&self) {
+        self.ioevents.defer();
+    }
+
+    /// Makes the deferred doorbell registrations from a thread of their own.
+    pub fn flush_ioevents(&self) -> io::Result<()> {
+        self.ioevents.flush().map(drop)
     }
 }
 
@@ -257,6 +272,18 @@ impl MsiRouter for GsiRoutes {
             Some(m) => state.msi.insert(gsi, m) != Some(m),
             None => state.msi.remove(&gsi).is_some(),
         };
+        if changed {
+            self.commit_locked(&state)?;
+        }
+        Ok(())
+    }
+
+    fn set_routes(&self, routes: &[(u32, MsiMessage)]) -> io::Result<()> {
+        let mut state = self.lock();
+        let mut changed = false;
+        for &(gsi, msg) in routes {
+            changed |= state.msi.insert(gsi, msg) != Some(msg);
+        }
         if changed {
             self.commit_locked(&state)?;
         }

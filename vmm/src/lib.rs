@@ -5,11 +5,16 @@
 pub mod arch;
 pub mod cli;
 pub mod config;
+mod console;
 pub mod device_manager;
 pub mod incoming;
+pub mod ioevents;
 pub mod kvm;
+pub mod machine;
 pub mod memory;
 pub mod migration;
+pub mod outcome;
+mod requests;
 pub mod sandbox;
 pub mod vcpu;
 pub mod vmm;

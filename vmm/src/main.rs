@@ -5,7 +5,8 @@
 
 use clap::Parser;
 use vmm::cli::{Cli, Mode};
-use vmm::vmm::{Vmm, EXIT_ERROR, EXIT_OK, EXIT_USAGE};
+use vmm::outcome::{EXIT_ERROR, EXIT_OK, EXIT_USAGE};
+use vmm::vmm::Vmm;
 
 fn main() {
     let cli = Cli::parse();

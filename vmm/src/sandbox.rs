@@ -166,7 +166,7 @@ thread_local! {
 pub fn enter(kind: Kind) {
     if let Err(e) = apply(kind) {
         log::error!("{e}");
-        std::process::exit(crate::vmm::EXIT_ERROR);
+        std::process::exit(crate::outcome::EXIT_ERROR);
     }
 }
 
@@ -441,7 +441,7 @@ extern "C" fn on_sigsys(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     // `len` initialised bytes.
     unsafe {
         libc::write(2, msg.as_ptr().cast(), len);
-        libc::_exit(crate::vmm::EXIT_ERROR);
+        libc::_exit(crate::outcome::EXIT_ERROR);
     }
 }
 
@@ -530,7 +530,7 @@ mod tests {
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(crate::vmm::EXIT_ERROR));
+        assert_eq!(out.status.code(), Some(crate::outcome::EXIT_ERROR));
         assert!(stdout.contains("threads started"), "{stdout}");
         assert!(stdout.contains("filtered"), "{stdout}");
         assert!(stdout.contains("open: Err(PermissionDenied)"), "{stdout}");

@@ -7,7 +7,10 @@
 //! source (B -> B2 -> B3 ...). The figures are what `pvrdma-remote send-migration` prints; the
 //! ratios are against the 0-QP migration of the same memory size in the same run. Figures, not a
 //! test; but a migration that failed, traffic that did not survive it (its exit status) or
-//! traffic that ended before the switch-over makes the bench exit non-zero.
+//! traffic that ended before the switch-over makes the bench exit non-zero. Each migration's
+//! blackout is also split into its stages from the two VMMs' logs (`e2e::blackout`), and the
+//! blackout the guest saw (the destination's start after the hand-over added) is printed beside
+//! the source's.
 //!
 //! Usage: `cargo run --release -p e2e --bin bench-migration -- [--rounds N] [--memory MIB,...]
 //! [--qps N,...] [--size BYTES] [--tx-depth N] [--qp-timeout N] [--downtime-ms N]` (defaults: 1
@@ -24,6 +27,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use e2e::bench::{loadavg, median, pair_failures};
+use e2e::blackout::{vmm_logs, Stages};
 use e2e::results::KeyValues;
 use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
@@ -171,6 +175,8 @@ struct Migration {
     bw: String,
     /// The source VMM's exit status after the switch-over, or "kept" (the migration failed).
     source_exit: String,
+    /// Where the blackout went, from the VMMs' logs (filled in after parsing the TSV).
+    stages: Option<Stages>,
 }
 
 impl Migration {
@@ -237,6 +243,7 @@ fn parse_tsv(tsv: &str) -> Vec<Migration> {
                 server_rc: (*server_rc).to_string(),
                 bw: (*bw).to_string(),
                 source_exit: (*source_exit).to_string(),
+                stages: None,
             })
         })
         .collect()
@@ -251,11 +258,44 @@ struct Row {
     with_figures: usize,
     ran: usize,
     blackout_ms: Option<f64>,
+    /// The blackout the guest saw (the destination's start added), and the stages' medians.
+    guest_ms: Option<f64>,
+    stages: [Option<f64>; STAGES],
     total_s: Option<f64>,
     sent_mib: Option<f64>,
     received_mib: Option<f64>,
     /// The client's exit status per round ("-" for the baseline).
     traffic_rc: Vec<String>,
+}
+
+/// The stages printed, in order (see `e2e::blackout::Stages`).
+const STAGES: usize = 6;
+const STAGE_NAMES: [&str; STAGES] = [
+    "pause+save",
+    "last memory",
+    "state",
+    "(devices)",
+    "handover",
+    "dest start",
+];
+
+fn stage_values(s: &Stages) -> [Option<f64>; STAGES] {
+    let ms = |v: u64| Some(v as f64);
+    [
+        ms(s.pause_save_ms),
+        ms(s.last_memory_ms),
+        ms(s.state_ms),
+        s.devices_ms.map(|v| v as f64),
+        ms(s.handover_ms),
+        s.start_ms.map(|v| v as f64),
+    ]
+}
+
+/// The median of the values present, if any.
+fn median_of(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let mut v: Vec<f64> = values.flatten().collect();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| median(&v))
 }
 
 fn summarize(migrations: &[Migration], memory: u32, qps: u32) -> Row {
@@ -282,6 +322,18 @@ fn summarize(migrations: &[Migration], memory: u32, qps: u32) -> Row {
         with_figures: figures.len(),
         ran: cell.len(),
         blackout_ms: med(&|c| c.blackout_ms as f64),
+        guest_ms: median_of(
+            cell.iter()
+                .filter(|m| m.figures().is_some())
+                .map(|m| m.stages.map(|s| s.guest_ms() as f64)),
+        ),
+        stages: std::array::from_fn(|i| {
+            median_of(
+                cell.iter()
+                    .filter(|m| m.figures().is_some())
+                    .map(|m| m.stages.and_then(|s| stage_values(&s)[i])),
+            )
+        }),
         total_s: med(&|c| c.total_s),
         sent_mib: med(&|c| c.sent_mib),
         received_mib: (!received.is_empty()).then(|| median(&received)),
@@ -353,7 +405,21 @@ fn run() -> Result<(), String> {
         let path = outcome.file(name);
         fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
     };
-    let migrations = parse_tsv(&read("bench.tsv").unwrap_or_default());
+    let mut migrations = parse_tsv(&read("bench.tsv").unwrap_or_default());
+    for memory in &args.memory {
+        let prefix = format!("bench-mig-{memory}-");
+        let logs = vmm_logs(&outcome.out, &prefix);
+        for m in migrations.iter_mut().filter(|m| m.memory == *memory) {
+            // The receiver's URL, as the send-migration command named it.
+            let url = read(&format!("{prefix}cell{}-send-remote.log", m.cell))
+                .ok()
+                .and_then(|log| {
+                    let rest = log.split("send-migration ").nth(1)?;
+                    rest.split_whitespace().next().map(str::to_string)
+                });
+            m.stages = url.and_then(|url| Stages::read(&logs, &url));
+        }
+    }
     let env = KeyValues::read(&outcome.file("bench.env")).map_err(|e| e.to_string())?;
 
     println!(
@@ -407,6 +473,22 @@ fn run() -> Result<(), String> {
              {} passes, send rc {}, source exit {}); {traffic}",
             m.memory, m.round, m.cell, m.qps, m.passes, m.send_rc, m.source_exit
         );
+        if let Some(s) = &m.stages {
+            let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            println!(
+                "      stages: pause+save {} ms, last memory {} ms ({:.1} MiB), state {} ms \
+                 (devices restored in {} ms), handover {} ms; destination start {} ms: the guest \
+                 saw {} ms",
+                s.pause_save_ms,
+                s.last_memory_ms,
+                s.last_memory_bytes as f64 / f64::from(1u32 << 20),
+                s.state_ms,
+                or_dash(s.devices_ms),
+                s.handover_ms,
+                or_dash(s.start_ms),
+                s.guest_ms()
+            );
+        }
         for p in m.problems() {
             failures.push(format!(
                 "{} MiB, cell {} ({} QPs): {p}",
@@ -418,15 +500,17 @@ fn run() -> Result<(), String> {
         "Medians over the rounds with figures; ratios against the {BASELINE_QPS}-QP migration of the same memory size:"
     );
     println!(
-        "  {:>6}  {:>4}  {:>11}  {:>7}  {:>8}  {:>12}  {:>10}  {:>13}  {:>11}",
+        "  {:>6}  {:>4}  {:>11}  {:>8}  {:>7}  {:>8}  {:>12}  {:>10}  {:>13}  {:>10}  {:>11}",
         "memory",
         "QPs",
         "blackout ms",
+        "guest ms",
         "total s",
         "MiB sent",
         "MiB received",
         "traffic rc",
         "blackout / 0",
+        "guest / 0",
         "total / 0"
     );
     for &memory in &args.memory {
@@ -446,15 +530,17 @@ fn run() -> Result<(), String> {
                 ));
             }
             println!(
-                "  {:>6}  {:>4}  {:>11}  {:>7}  {:>8}  {:>12}  {:>10}  {:>13}  {:>11}{}",
+                "  {:>6}  {:>4}  {:>11}  {:>8}  {:>7}  {:>8}  {:>12}  {:>10}  {:>13}  {:>10}  {:>11}{}",
                 format!("{memory} MiB"),
                 qps,
                 opt(row.blackout_ms, 0),
+                opt(row.guest_ms, 0),
                 opt(row.total_s, 1),
                 opt(row.sent_mib, 1),
                 opt(row.received_mib, 1),
                 if rcs.is_empty() { "none" } else { &rcs },
                 ratio(row.blackout_ms, base.blackout_ms),
+                ratio(row.guest_ms, base.guest_ms),
                 ratio(row.total_s, base.total_s),
                 if row.with_figures < row.ran {
                     format!("  ({} of {} with figures)", row.with_figures, row.ran)
@@ -465,8 +551,33 @@ fn run() -> Result<(), String> {
         }
     }
     println!(
-        "  (MiB sent: the source's count, vCPU and device state included, printed with one decimal \
-         of GiB above 1 GiB; MiB received: guest memory the destination received, exact)"
+        "  (blackout: the source's, until the destination answered Complete; guest: that plus the \
+         destination starting the VM after it, from the VMMs' logs. MiB sent: the source's count, \
+         vCPU and device state included, printed with one decimal of GiB above 1 GiB; MiB \
+         received: guest memory the destination received, exact)"
+    );
+    println!("The blackout's stages (VMM logs), medians in ms:");
+    println!(
+        "  {:>6}  {:>4}{}",
+        "memory",
+        "QPs",
+        STAGE_NAMES.map(|n| format!("  {n:>11}")).concat()
+    );
+    for &memory in &args.memory {
+        for &qps in &args.qps {
+            let row = summarize(&migrations, memory, qps);
+            println!(
+                "  {:>6}  {:>4}{}",
+                format!("{memory} MiB"),
+                qps,
+                row.stages.map(|v| format!("  {:>11}", opt(v, 0))).concat()
+            );
+        }
+    }
+    println!(
+        "  (state: sent, restored by the destination and acknowledged; devices: the destination's \
+         share of it restoring devices; dest start: after the hand-over, vCPU threads started and \
+         devices resumed)"
     );
     bench::report_failures(
         &failures,

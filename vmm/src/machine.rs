@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The VM itself: a [`Machine`] is built (guest memory, KVM, devices,
+//! vCPUs) by booting, by an incoming migration or from a snapshot; once
+//! its vCPU threads start it is a [`Guest`], which the control loop and
+//! the migration source pause, resume and save.
+
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kvm_ioctls::VcpuFd;
+use legacy_devices::ExitSignal;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::arch::{self, acpi, boot, cpu, layout};
+use crate::config::VmConfig;
+use crate::device_manager::{DeviceError, DeviceManager};
+use crate::kvm::{KvmError, Vm};
+use crate::memory::{self, GuestMemory, MemoryError};
+use crate::migration::{self, VmSnapshot};
+use crate::sandbox;
+use crate::vcpu::{self, ExitReporter, VcpuError, VcpuHandle};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("Failed to create guest memory")]
+    Memory(#[source] MemoryError),
+    #[error(transparent)]
+    Kvm(#[from] KvmError),
+    #[error("Failed to open {0}")]
+    Open(String, #[source] std::io::Error),
+    #[error("Failed to load the kernel")]
+    Boot(#[source] boot::BootError),
+    #[error("Failed to write ACPI tables")]
+    Acpi(#[source] acpi::AcpiError),
+    #[error("Failed to set up vCPU {0}")]
+    Cpu(u8, #[source] cpu::CpuError),
+    #[error("Failed to create vCPU {0}")]
+    CreateVcpu(u8, #[source] kvm_ioctls::Error),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error("Failed to create devices")]
+    Devices(#[source] DeviceError),
+    #[error("Failed to set up the control loop")]
+    EventLoop(#[source] std::io::Error),
+    #[error("Failed to start the API server")]
+    Api(#[source] api::ApiError),
+    #[error("Failed to restore the VM: {0}")]
+    Restore(String),
+    #[error("Sandbox: {0}")]
+    Sandbox(String),
+}
+
+/// A VM built but not running: what booting and an incoming migration or
+/// snapshot restore share. Its vCPUs exist; their threads start with
+/// [`Machine::start`].
+pub struct Machine {
+    pub(crate) config: VmConfig,
+    // KVM memory slots point into it: it lives as long as the VM.
+    pub(crate) mem: Arc<GuestMemory>,
+    vm: Arc<Vm>,
+    devices: DeviceManager,
+    vcpu_fds: Vec<VcpuFd>,
+    poweroff: EventFd,
+    reset: EventFd,
+}
+
+/// A VM whose vCPU threads run (or are parked: paused).
+pub struct Guest {
+    pub(crate) config: VmConfig,
+    pub(crate) mem: Arc<GuestMemory>,
+    pub(crate) vm: Arc<Vm>,
+    pub(crate) devices: DeviceManager,
+    pub(crate) vcpus: Vec<VcpuHandle>,
+    pub(crate) poweroff: EventFd,
+    pub(crate) reset: EventFd,
+    pub(crate) vcpu_exits: Arc<ExitReporter>,
+    pub(crate) booted_at: Instant,
+    pub(crate) paused: bool,
+}
+
+/// How [`Machine::start`] starts a built machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAs {
+    /// Booted: devices run, vCPUs start.
+    Running,
+    /// Received by migration: the devices, restored paused, go on now.
+    Resumed,
+    /// Restored from a snapshot: vCPUs and devices stay paused until
+    /// vm.resume, so that several VMs (say, two RDMA peers) can be
+    /// restored first and resumed together.
+    Paused,
+}
+
+pub(crate) fn open(path: &std::path::Path) -> Result<File, VmmError> {
+    File::open(path).map_err(|e| VmmError::Open(path.display().to_string(), e))
+}
+
+pub(crate) fn eventfd() -> Result<EventFd, VmmError> {
+    EventFd::new(EFD_NONBLOCK).map_err(VmmError::EventLoop)
+}
+
+impl Machine {
+    /// Creates guest memory, the KVM VM, its devices and vCPUs (CPUID and
+    /// LAPIC set up, nothing loaded). `incoming`: the devices take over
+    /// host resources a migration source may still hold.
+    pub(crate) fn build(config: VmConfig, incoming: bool) -> Result<Self, VmmError> {
+        let mem = Arc::new(memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?);
+        let vm = Vm::new(&mem)?;
+        vm.check_vcpu_count(config.cpus)?;
+        let poweroff = eventfd()?;
+        let reset = eventfd()?;
+        let exit = Arc::new(ExitSignal::new(
+            poweroff.try_clone().map_err(VmmError::EventLoop)?,
+            reset.try_clone().map_err(VmmError::EventLoop)?,
+        ));
+        let devices =
+            DeviceManager::new(&config, &mem, &vm, exit, incoming).map_err(VmmError::Devices)?;
+        let mut vcpu_fds = Vec::with_capacity(usize::from(config.cpus));
+        for id in 0..config.cpus {
+            let fd = vm
+                .fd()
+                .create_vcpu(u64::from(id))
+                .map_err(|e| VmmError::CreateVcpu(id, e))?;
+            cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)
+                .and_then(|()| cpu::set_lint(&fd))
+                .map_err(|e| VmmError::Cpu(id, e))?;
+            vcpu_fds.push(fd);
+        }
+        Ok(Self {
+            config,
+            mem,
+            vm: Arc::new(vm),
+            devices,
+            vcpu_fds,
+            poweroff,
+            reset,
+        })
+    }
+
+    /// Loads the kernel, ACPI and boot tables, and sets the boot vCPU up.
+    pub(crate) fn load_boot(&self) -> Result<(), VmmError> {
+        let config = &self.config;
+        let mut kernel = open(&config.kernel)?;
+        let mut initramfs = config.initramfs.as_deref().map(open).transpose()?;
+        let entry = boot::load_kernel(&self.mem, &mut kernel, initramfs.as_mut(), &config.cmdline)
+            .map_err(VmmError::Boot)?;
+        acpi::create_acpi_tables(&self.mem, config.cpus, layout::mmio64_window(config.memory))
+            .map_err(VmmError::Acpi)?;
+        cpu::write_boot_tables(&self.mem).map_err(|e| VmmError::Cpu(0, e))?;
+        for (id, fd) in (0u8..).zip(&self.vcpu_fds) {
+            let setup = || -> Result<(), cpu::CpuError> {
+                cpu::set_boot_msrs(fd)?;
+                // Every vCPU alike (INIT keeps XCR0): state saved on one must restore on another.
+                cpu::set_boot_xcr0(fd, self.vm.supported_cpuid())?;
+                if id == 0 {
+                    // Application processors start from INIT/SIPI sent by the guest.
+                    cpu::set_boot_regs(fd, entry.entry)?;
+                    cpu::set_boot_sregs(fd)?;
+                    cpu::set_boot_fpu(fd)?;
+                }
+                Ok(())
+            };
+            setup().map_err(|e| VmmError::Cpu(id, e))?;
+        }
+        Ok(())
+    }
+
+    /// Starts the vCPU threads of a built (booted or restored) machine.
+    pub(crate) fn start(self, how: StartAs) -> Result<Guest, VmmError> {
+        let Machine {
+            config,
+            mem,
+            vm,
+            devices,
+            vcpu_fds,
+            poweroff,
+            reset,
+        } = self;
+        // The TAPs are open: no capability is needed from here on.
+        sandbox::drop_capabilities().map_err(|e| VmmError::Sandbox(e.to_string()))?;
+        vcpu::register_kick_signal()?;
+        let vcpu_exits = Arc::new(ExitReporter {
+            evt: eventfd()?,
+            reason: Mutex::new(None),
+        });
+        let msrs: Arc<[u32]> = vm.msr_list().into();
+        let t0 = Instant::now();
+        let mut vcpus = Vec::with_capacity(vcpu_fds.len());
+        for (id, fd) in (0u8..).zip(vcpu_fds) {
+            vcpus.push(VcpuHandle::spawn(
+                id,
+                fd,
+                devices.bus(),
+                vcpu_exits.clone(),
+                msrs.clone(),
+                how == StartAs::Paused,
+            )?);
+        }
+        let t1 = Instant::now();
+        if how == StartAs::Resumed {
+            devices
+                .resume()
+                .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
+        }
+        let t2 = Instant::now();
+        vm.flush_ioevents().map_err(VmmError::EventLoop)?;
+        // After a migration's hand-over the guest waits for this.
+        log::info!(
+            "Started: vCPU threads in {} ms, devices resumed in {} ms",
+            t1.duration_since(t0).as_millis(),
+            t2.duration_since(t1).as_millis()
+        );
+        Ok(Guest {
+            config,
+            mem,
+            vm,
+            devices,
+            vcpus,
+            poweroff,
+            reset,
+            vcpu_exits,
+            booted_at: Instant::now(),
+            paused: how == StartAs::Paused,
+        })
+    }
+}
+
+impl migration::Target for Machine {
+    fn build(config: VmConfig) -> Result<Self, String> {
+        Machine::build(config, true).map_err(|e| crate::error_chain(&e))
+    }
+
+    fn memory(&self) -> &GuestMemory {
+        &self.mem
+    }
+
+    /// Puts KVM's and the devices' state back. Devices are paused first and
+    /// stay so until [`Vmm::start`]: nothing may reach the network or guest
+    /// memory before the source has handed the VM over.
+    fn restore(&mut self, state: &VmSnapshot) -> Result<(), String> {
+        if state.vcpus.len() != self.vcpu_fds.len() {
+            return Err(format!(
+                "{} vCPU states for {} vCPUs",
+                state.vcpus.len(),
+                self.vcpu_fds.len()
+            ));
+        }
+        let err = |e: &dyn std::error::Error| crate::error_chain(e);
+        let t0 = Instant::now();
+        for (fd, s) in self.vcpu_fds.iter().zip(&state.vcpus) {
+            arch::state::restore(fd, s).map_err(|e| err(&e))?;
+        }
+        let t1 = Instant::now();
+        arch::state::restore_vm(self.vm.fd(), &state.vm).map_err(|e| err(&e))?;
+        let t2 = Instant::now();
+        self.devices.pause().map_err(|e| err(&e))?;
+        // Doorbells are registered once the VM runs (see `DeferredIoEvents`).
+        self.vm.defer_ioevents();
+        self.devices.restore(&state.devices).map_err(|e| err(&e))?;
+        // A restore sits inside a migration's blackout: say what it cost.
+        log::info!(
+            "Restored vCPUs in {} ms, the VM's irqchip and clocks in {} ms, devices in {} ms",
+            t1.duration_since(t0).as_millis(),
+            t2.duration_since(t1).as_millis(),
+            t2.elapsed().as_millis()
+        );
+        Ok(())
+    }
+}
+
+impl Guest {
+    /// Pauses vCPUs, then devices (they stop writing guest memory and the
+    /// network); leaves everything running if either fails.
+    pub(crate) fn pause_vm(&mut self) -> Result<(), String> {
+        if let Err(e) = self.vcpus.iter().try_for_each(VcpuHandle::pause) {
+            self.vcpus.iter().for_each(VcpuHandle::resume);
+            return Err(crate::error_chain(&e));
+        }
+        if let Err(e) = self.devices.pause() {
+            self.vcpus.iter().for_each(VcpuHandle::resume);
+            return Err(crate::error_chain(&e));
+        }
+        self.paused = true;
+        Ok(())
+    }
+
+    pub(crate) fn resume_vm(&mut self) -> Result<(), String> {
+        self.devices.resume().map_err(|e| crate::error_chain(&e))?;
+        self.vcpus.iter().for_each(VcpuHandle::resume);
+        self.paused = false;
+        Ok(())
+    }
+
+    /// The state of every vCPU, KVM's VM-wide devices and every device
+    /// (all paused), as the bytes of a [`VmSnapshot`].
+    pub(crate) fn save_state(&self) -> Result<Vec<u8>, String> {
+        let t0 = Instant::now();
+        let vcpus = self
+            .vcpus
+            .iter()
+            .map(VcpuHandle::save)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| crate::error_chain(&e))?;
+        let t1 = Instant::now();
+        let vm = arch::state::save_vm(self.vm.fd()).map_err(|e| crate::error_chain(&e))?;
+        let t2 = Instant::now();
+        let devices = self
+            .devices
+            .snapshot()
+            .map_err(|e| crate::error_chain(&e))?;
+        let t3 = Instant::now();
+        let bytes = VmSnapshot { vcpus, vm, devices }
+            .to_bytes()
+            .map_err(|e| crate::error_chain(&e))?;
+        // A save sits inside a migration's blackout: say what it cost.
+        log::info!(
+            "Saved vCPUs in {} ms, the VM's irqchip and clocks in {} ms, devices in {} ms, \
+             encoded {} bytes in {} ms",
+            t1.duration_since(t0).as_millis(),
+            t2.duration_since(t1).as_millis(),
+            t3.duration_since(t2).as_millis(),
+            bytes.len(),
+            t3.elapsed().as_millis()
+        );
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,458 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The destination of a live migration: accept a source, build the VM
+//! from its configuration (under this host's settings), take its memory
+//! and state, and hand the VM to the control loop once the source hands
+//! it over.
+
+use std::os::fd::AsRawFd;
+use std::str::FromStr;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use api::{ActionError, ApiResponse, MigrationDirection, MigrationStatus, ResponseBody};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _};
+use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
+use vm_migration::transport::{AcceptError, Listener, MigrationUrl, Stream};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    copy_range, start_info, tls_files, update, MigrationError, Progress, Target, VmSnapshot,
+    CHUNK_BYTES,
+};
+use crate::config::{SerialConfig, VmConfig};
+use crate::incoming::HostSettings;
+use crate::machine::{eventfd, Machine, VmmError};
+use crate::memory::GuestMemory;
+use crate::requests::{dispatch_waiting, Api};
+use crate::sandbox;
+
+/// Reads one `Memory` payload into guest RAM; every range must lie inside it.
+fn receive_memory(
+    stream: &mut dyn Stream,
+    mem: &GuestMemory,
+    length: u64,
+) -> Result<u64, MigrationError> {
+    let table = MemoryRangeTable::read(stream, length)?;
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    for &(gpa, len) in table.ranges() {
+        let fits = usize::try_from(len).is_ok_and(|n| mem.check_range(GuestAddress(gpa), n));
+        if !fits {
+            return Err(MigrationError::Range(gpa, len));
+        }
+        copy_range(gpa, len, &mut buf, |chunk, addr| {
+            stream.read_exact(chunk).map_err(ProtocolError::from)?;
+            mem.write_slice(chunk, addr).map_err(MigrationError::Memory)
+        })?;
+    }
+    Ok(table.bytes())
+}
+
+/// How long a peer has, once connected, to send a valid `Start`: a
+/// connection that does not is no source and must not hold the listener.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the destination waits for the source's next request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Receives one migration on `listener`: returns the built and restored VM
+/// once the source handed it over. Peers that fail the TLS handshake or
+/// do not start with a valid `Start` are dropped and the listener goes on,
+/// so a stray or hostile connection cannot spoil a legitimate migration;
+/// a source that started and then fails ends the receive.
+pub fn receive<T: Target>(
+    listener: &Listener,
+    host: &HostSettings,
+    progress: &Progress,
+) -> Result<(T, VmConfig), MigrationError> {
+    loop {
+        let mut stream = match listener.accept() {
+            Ok(stream) => stream,
+            Err(e @ AcceptError::Peer(..)) => {
+                log::warn!("{}", crate::error_chain(&e));
+                continue;
+            }
+            Err(AcceptError::Socket(e)) => {
+                return Err(MigrationError::Listen("the receiver socket".into(), e))
+            }
+        };
+        match read_start(&mut *stream) {
+            Ok(()) => return receive_from(&mut *stream, host, progress),
+            Err(e) => log::warn!(
+                "Dropped a connection that is no migration source: {}",
+                crate::error_chain(&e)
+            ),
+        }
+    }
+}
+
+/// The first request of a source, answered.
+fn read_start(stream: &mut dyn Stream) -> Result<(), ProtocolError> {
+    stream
+        .set_read_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(START_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    let header = protocol::read_request_header(stream, 0)?;
+    header.expect(Command::Start)?;
+    let result = header
+        .payload(stream)
+        .and_then(|p| protocol::check_start(&p));
+    if let Err(e) = &result {
+        let _ = protocol::send_response(stream, Err(&e.to_string()));
+    }
+    result?;
+    protocol::send_response(stream, Ok(())).map_err(ProtocolError::Io)?;
+    stream
+        .set_read_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)?;
+    stream
+        .set_write_timeout(Some(REQUEST_TIMEOUT))
+        .map_err(ProtocolError::Io)
+}
+
+/// The rest of a migration, after its `Start`.
+fn receive_from<T: Target>(
+    stream: &mut dyn Stream,
+    host: &HostSettings,
+    progress: &Progress,
+) -> Result<(T, VmConfig), MigrationError> {
+    update(progress, |i| i.status = MigrationStatus::Active);
+    let started = Instant::now();
+    let mut target: Option<(T, VmConfig)> = None;
+    loop {
+        let guest_bytes = target.as_ref().map_or(0, |(_, c)| c.memory);
+        let header = protocol::read_request_header(&mut *stream, guest_bytes)?;
+        let result = match header.command {
+            Command::Start => header
+                .payload(&mut *stream)
+                .and_then(|p| protocol::check_start(&p))
+                .map_err(MigrationError::from),
+            Command::Config if target.is_none() => {
+                let payload = header.payload(&mut *stream)?;
+                build_target(&payload, host).map(|t| {
+                    update(progress, |i| i.memory_bytes = t.1.memory);
+                    target = Some(t);
+                })
+            }
+            Command::Memory => match &target {
+                Some((t, _)) => receive_memory(&mut *stream, t.memory(), header.length).map(|n| {
+                    update(progress, |i| {
+                        i.bytes_transferred += n;
+                        i.pass += 1;
+                    })
+                }),
+                None => Err(MigrationError::Config(
+                    "memory before the configuration".into(),
+                )),
+            },
+            Command::State => {
+                let payload = header.payload(&mut *stream)?;
+                let t0 = Instant::now();
+                match target.as_mut() {
+                    Some((t, _)) => VmSnapshot::from_bytes(&payload)
+                        .map_err(|e| MigrationError::Restore(crate::error_chain(&e)))
+                        .and_then(|s| t.restore(&s).map_err(MigrationError::Restore))
+                        .map(|()| {
+                            log::info!(
+                                "Restored {} bytes of VM state in {} ms",
+                                payload.len(),
+                                t0.elapsed().as_millis()
+                            )
+                        }),
+                    None => Err(MigrationError::Config(
+                        "state before the configuration".into(),
+                    )),
+                }
+            }
+            Command::Complete => {
+                if let Some(t) = target.take() {
+                    protocol::send_response(&mut *stream, Ok(())).map_err(ProtocolError::from)?;
+                    update(progress, |i| {
+                        i.status = MigrationStatus::Completed;
+                        i.total_ms = started.elapsed().as_millis() as u64;
+                    });
+                    return Ok(t);
+                }
+                Err(MigrationError::Config(
+                    "complete before the configuration".into(),
+                ))
+            }
+            Command::Abandon => return Err(MigrationError::Abandoned),
+            Command::Config => Err(MigrationError::Config("configuration sent twice".into())),
+        };
+        if let Err(e) = result {
+            let msg = crate::error_chain(&e);
+            let _ = protocol::send_response(&mut *stream, Err(&msg));
+            return Err(e);
+        }
+        protocol::send_response(&mut *stream, Ok(())).map_err(ProtocolError::from)?;
+    }
+}
+
+fn build_target<T: Target>(
+    payload: &[u8],
+    host: &HostSettings,
+) -> Result<(T, VmConfig), MigrationError> {
+    let mut config: VmConfig =
+        serde_json::from_slice(payload).map_err(|e| MigrationError::Config(e.to_string()))?;
+    host.apply(&mut config).map_err(MigrationError::Config)?;
+    let target = T::build(config.clone()).map_err(MigrationError::Build)?;
+    Ok((target, config))
+}
+
+/// Serves the API of a VMM started with only `--api-socket` until
+/// `vm.receive-migration` brings a VM: returns it, built and restored,
+/// with the API and the migration's report; `None` when `vm.shutdown`
+/// came first. `serial` is this host's console setting.
+pub(crate) fn wait_for_vm(
+    api: Api,
+    serial: &SerialConfig,
+) -> Result<Option<(Machine, Api, Progress)>, VmmError> {
+    let progress: Progress = Arc::new(Mutex::new(None));
+    let handover_evt = eventfd()?;
+    let (handover_tx, handover) = mpsc::channel();
+    let mut receiving = false;
+    const API: u64 = 0;
+    const HANDOVER: u64 = 1;
+    let epoll = Epoll::new().map_err(VmmError::EventLoop)?;
+    for (fd, token) in [
+        (api.evt.as_raw_fd(), API),
+        (handover_evt.as_raw_fd(), HANDOVER),
+    ] {
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN, token),
+            )
+            .map_err(VmmError::EventLoop)?;
+    }
+    let mut events = vec![EpollEvent::default(); 4];
+    loop {
+        let n = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(VmmError::EventLoop(e)),
+        };
+        for event in events.iter().take(n) {
+            if event.data() == HANDOVER {
+                let _ = handover_evt.read();
+                for result in handover.try_iter() {
+                    receiving = false;
+                    match result {
+                        Ok(machine) => return Ok(Some((machine, api, progress))),
+                        Err(e) => log::error!("Incoming migration failed: {e}"),
+                    }
+                }
+                continue;
+            }
+            let shutdown = dispatch_waiting(&api, &progress, &mut receiving, |p| {
+                start_receiver(p, serial, &progress, handover_tx.clone(), &handover_evt)
+            });
+            if shutdown {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Starts a receiver thread for `params`: the listening socket is bound
+/// here, so a bad URL or a taken address is the API call's error.
+fn start_receiver(
+    params: &api::ReceiveMigrationParams,
+    serial: &SerialConfig,
+    progress: &Progress,
+    handover: Sender<Result<Machine, String>>,
+    wake: &EventFd,
+) -> ApiResponse {
+    let url: MigrationUrl = params
+        .receiver_url
+        .parse()
+        .map_err(|e: vm_migration::transport::UrlError| ActionError::BadRequest(e.to_string()))?;
+    for (mac, tap) in &params.taps {
+        let ok = mac.parse::<crate::config::MacAddr>().is_ok()
+            && crate::config::NetConfig::from_str(&format!("tap={tap},mac={mac}")).is_ok();
+        if !ok {
+            return Err(ActionError::BadRequest(format!(
+                "taps: '{mac}' -> '{tap}' is not a MAC address and a TAP name"
+            )));
+        }
+    }
+    let tls = params
+        .tls
+        .as_ref()
+        .map(|t| tls_files(t).server())
+        .transpose()
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    url.check_plaintext(tls.is_some(), params.allow_plaintext)
+        .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+    let host = HostSettings::new(params, serial).map_err(ActionError::BadRequest)?;
+    let listener = url
+        .listen(tls)
+        .map_err(|e| ActionError::Failed(format!("cannot listen on {url}: {e}")))?;
+    *crate::lock(progress) = Some(start_info(
+        MigrationDirection::Receive,
+        &url.to_string(),
+        MigrationStatus::Listening,
+    ));
+    let progress = progress.clone();
+    let wake = wake
+        .try_clone()
+        .map_err(|e| ActionError::Failed(e.to_string()))?;
+    std::thread::Builder::new()
+        .name("migration".into())
+        .spawn(move || {
+            sandbox::enter(sandbox::Kind::Vmm);
+            let result = receive::<Machine>(&listener, &host, &progress)
+                .map(|(machine, _)| machine)
+                .map_err(|e| crate::error_chain(&e));
+            if let Err(e) = &result {
+                if let Some(info) = crate::lock(&progress).as_mut() {
+                    info.status = MigrationStatus::Failed;
+                    info.error = Some(e.clone());
+                }
+            }
+            let _ = handover.send(result);
+            let _ = wake.write(1);
+        })
+        .map_err(|e| ActionError::Failed(format!("cannot start the receiver thread: {e}")))?;
+    log::info!("Listening for a migration on {url}");
+    Ok(ResponseBody::Empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io::Write as _;
+    use std::net::TcpStream;
+    use std::sync::{Arc, Mutex};
+
+    use api::MigrationDirection;
+    use vm_memory::GuestAddress;
+    use vm_migration::test_pki;
+    use vm_migration::transport::MigrationUrl;
+
+    use super::super::test_target::{config, Memory, MAC};
+    use super::super::{start_info, PAGE_SIZE};
+    use super::*;
+    use crate::config::SerialConfig;
+
+    /// A source's whole conversation: its configuration, one page of
+    /// `0xab` at 1 MiB, the hand-over. The destination's refusal, if
+    /// any, is the error.
+    fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
+        protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
+        protocol::read_response(stream)?;
+        protocol::send_request(
+            stream,
+            Command::Config,
+            &serde_json::to_vec(config).unwrap(),
+        )?;
+        protocol::read_response(stream)?;
+        let mut table = MemoryRangeTable::default();
+        table.push(1 << 20, PAGE_SIZE);
+        protocol::send_request_header(stream, Command::Memory, table.encoded_len() + PAGE_SIZE)?;
+        stream.write_all(&table.encode())?;
+        stream.write_all(&[0xab; PAGE_SIZE as usize])?;
+        stream.flush()?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Complete, &[])?;
+        protocol::read_response(stream)
+    }
+
+    fn host() -> HostSettings {
+        HostSettings {
+            taps: [(MAC.to_owned(), "tap-dst".to_owned())].into(),
+            disks: BTreeMap::new(),
+            disk_dirs: Vec::new(),
+            max_memory: 256 << 20,
+            serial: SerialConfig::Off,
+        }
+    }
+
+    fn progress() -> Progress {
+        Arc::new(Mutex::new(Some(start_info(
+            MigrationDirection::Receive,
+            "tcp:",
+            MigrationStatus::Listening,
+        ))))
+    }
+
+    /// Peers without the right certificate, with the wrong CA, in plain
+    /// TCP or sending garbage are each dropped; the legitimate source
+    /// that comes after them migrates its VM.
+    #[test]
+    fn refused_peers_leave_a_later_migration_unaffected() {
+        let dir = std::env::temp_dir().join(format!("mig-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = test_pki::make(&dir, "good");
+        let other = test_pki::make(&dir, "other");
+        let listener = MigrationUrl::Tcp("127.0.0.1:0".into())
+            .listen(Some(good.destination.server().unwrap()))
+            .unwrap();
+        let Listener::Tcp(tcp, _) = &listener else {
+            unreachable!()
+        };
+        let addr = tcp.local_addr().unwrap();
+        let url = MigrationUrl::Tcp(addr.to_string());
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            // A certificate of another CA: the handshake fails.
+            let stranger = vm_migration::tls::TlsFiles {
+                ca: good.source.ca.clone(),
+                ..other.source.clone()
+            };
+            if let Ok(mut s) = url.connect(Some(&stranger.client().unwrap())) {
+                assert!(migrate(&mut *s, &config(128 << 20)).is_err());
+            }
+            // A source that trusts another CA refuses the destination.
+            let wrong_ca = vm_migration::tls::TlsFiles {
+                ca: other.source.ca.clone(),
+                ..good.source.clone()
+            };
+            assert!(url.connect(Some(&wrong_ca.client().unwrap())).is_err());
+            // Plain TCP against the TLS listener.
+            let mut plain = url.connect(None).unwrap();
+            assert!(migrate(&mut *plain, &config(128 << 20)).is_err());
+            // Garbage.
+            let mut garbage = TcpStream::connect(addr).unwrap();
+            let _ = garbage.write_all(&[0xff; 1 << 16]);
+            drop(garbage);
+
+            let source = good.source.client().unwrap();
+            let mut s = url.connect(Some(&source)).unwrap();
+            migrate(&mut *s, &config(128 << 20)).unwrap();
+            let (vm, config) = receiver.join().unwrap().unwrap();
+            assert_eq!(config.nets[0].tap, "tap-dst");
+            let mut page = [0u8; PAGE_SIZE as usize];
+            vm.memory()
+                .read_slice(&mut page, GuestAddress(1 << 20))
+                .unwrap();
+            assert_eq!(page, [0xab; PAGE_SIZE as usize]);
+        });
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A VM over the destination's memory limit is refused at its
+    /// configuration: the source is told why (and keeps its VM).
+    #[test]
+    fn policy_refusal_reaches_the_source() {
+        let path = std::env::temp_dir().join(format!("mig-policy-{}.sock", std::process::id()));
+        let url = MigrationUrl::Unix(path);
+        let listener = url.listen(None).unwrap();
+        let progress = progress();
+        std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&listener, &host(), &progress));
+            let mut s = url.connect(None).unwrap();
+            let e = migrate(&mut *s, &config(512 << 20))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("over this host's limit of 256 MiB"), "{e}");
+            let e = receiver.join().unwrap().err().unwrap().to_string();
+            assert!(e.contains("Invalid configuration from the source"), "{e}");
+        });
+    }
+}

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Live migration and snapshots of a VM: the source's pre-copy loop, the
+//! destination's receiver and the files of a snapshot. The wire format is
+//! `vm_migration::protocol`; what travels is guest RAM, the VM
+//! configuration and a [`VmSnapshot`].
+//!
+//! Source: connect, send the configuration (the destination builds the VM
+//! and opens its devices, or refuses), turn on KVM dirty logging, send all
+//! RAM, then pass after pass what was written meanwhile — by vCPUs (KVM's
+//! log) or by devices (the VMM's own bitmap: the RDMA engine, NIC receive
+//! and disk reads all write guest memory behind KVM's back) — until the
+//! expected blackout fits the asked downtime. Then the control loop pauses
+//! the VM and saves its state, the last dirty pages and the state go
+//! across, and `Complete` hands the VM over. Any failure before that
+//! answer resumes the VM on the source.
+//!
+//! The roles have a module each: [`source`] (pre-copy and the switch-over),
+//! [`destination`] (receive, build, restore) and [`snapshot`] (the files of
+//! a snapshot); this one holds what they share: the state, the errors, the
+//! progress report and guest-RAM copying.
+
+use std::sync::{Arc, Mutex};
+
+use api::{MigrationDirection, MigrationInfo, MigrationStatus};
+use serde::{Deserialize, Serialize};
+use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryRegion};
+use vm_migration::protocol::{MemoryRangeTable, ProtocolError};
+use vm_migration::tls::TlsFiles;
+use vm_migration::{MigratableError, Snapshot};
+
+use crate::arch::state::{VcpuState, VmState};
+use crate::config::VmConfig;
+use crate::device_manager::DevicesSnapshot;
+use crate::memory::GuestMemory;
+
+pub mod destination;
+pub mod snapshot;
+pub mod source;
+
+/// The VM in a snapshot or migration: KVM's part and every device.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmSnapshot {
+    pub vcpus: Vec<VcpuState>,
+    pub vm: VmState,
+    pub devices: DevicesSnapshot,
+}
+
+const VM_ID: &str = "vm";
+const VM_VERSION: u32 = 2;
+
+impl VmSnapshot {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
+        Ok(Snapshot::new(VM_ID, VM_VERSION, self)?.to_bytes())
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, MigratableError> {
+        Snapshot::from_bytes(bytes)?.state(VM_ID, VM_VERSION)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error("Cannot connect to {0}")]
+    Connect(String, #[source] std::io::Error),
+    #[error("Cannot listen on {0}")]
+    Listen(String, #[source] std::io::Error),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("Failed to track dirty pages")]
+    DirtyLog(#[source] crate::kvm::KvmError),
+    #[error("Guest memory range {0:#x}+{1:#x} is outside guest RAM")]
+    Range(u64, u64),
+    #[error("Guest memory access failed")]
+    Memory(#[source] vm_memory::GuestMemoryError),
+    #[error("Timed out after {0} s; the VM keeps running here")]
+    Timeout(u64),
+    #[error("Cancelled through the API; the VM keeps running here")]
+    Cancelled,
+    #[error("The VM could not be paused for the switch-over: {0}")]
+    Switchover(String),
+    #[error("Invalid configuration from the source: {0}")]
+    Config(String),
+    #[error("Failed to build the VM: {0}")]
+    Build(String),
+    #[error("Failed to restore the VM's state: {0}")]
+    Restore(String),
+    #[error("The source abandoned the migration")]
+    Abandoned,
+    #[error("Snapshot I/O on {0} failed")]
+    File(String, #[source] std::io::Error),
+}
+
+/// Progress shared with the control loop, which reports it in `vm.info`.
+pub type Progress = Arc<Mutex<Option<MigrationInfo>>>;
+
+pub(crate) fn update(progress: &Progress, f: impl FnOnce(&mut MigrationInfo)) {
+    if let Some(info) = crate::lock(progress).as_mut() {
+        f(info);
+    }
+}
+
+/// A fresh report for a migration starting now.
+pub fn start_info(
+    direction: MigrationDirection,
+    url: &str,
+    status: MigrationStatus,
+) -> MigrationInfo {
+    MigrationInfo {
+        direction,
+        status,
+        url: url.to_string(),
+        pass: 0,
+        memory_bytes: 0,
+        bytes_transferred: 0,
+        dirty_bytes: 0,
+        dirty_rate_bytes_per_s: 0,
+        bandwidth_bytes_per_s: 0,
+        expected_downtime_ms: 0,
+        downtime_ms: None,
+        blackout: None,
+        total_ms: 0,
+        error: None,
+    }
+}
+
+/// Copy granularity between guest RAM and the stream.
+const CHUNK_BYTES: usize = 1 << 20;
+const PAGE_SIZE: u64 = 4096;
+
+/// Every byte of guest RAM, region by region.
+fn all_ranges(mem: &GuestMemory) -> MemoryRangeTable {
+    let mut table = MemoryRangeTable::default();
+    for region in mem.iter() {
+        table.push(region.start_addr().0, region.len());
+    }
+    table
+}
+
+/// Runs `f` over `gpa..gpa+len` in chunks of `buf`'s size.
+fn copy_range(
+    gpa: u64,
+    len: u64,
+    buf: &mut [u8],
+    mut f: impl FnMut(&mut [u8], GuestAddress) -> Result<(), MigrationError>,
+) -> Result<(), MigrationError> {
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        let chunk = buf.get_mut(..n).ok_or(MigrationError::Range(gpa, len))?;
+        f(chunk, GuestAddress(gpa + done))?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// The PEM files of an API request's `tls`.
+pub fn tls_files(params: &api::TlsParams) -> TlsFiles {
+    TlsFiles {
+        cert: params.cert.clone(),
+        key: params.key.clone(),
+        ca: params.ca.clone(),
+    }
+}
+
+/// What an incoming migration needs from the VMM: building a VM from a
+/// configuration and restoring a state into it.
+pub trait Target: Sized {
+    /// Builds the VM (memory, KVM, devices) without running it.
+    fn build(config: VmConfig) -> Result<Self, String>;
+    fn memory(&self) -> &GuestMemory;
+    /// Restores a [`VmSnapshot`]; the VM stays stopped.
+    fn restore(&mut self, state: &VmSnapshot) -> Result<(), String>;
+}
+
+/// A VM that is only its memory, and a configuration for it: what the
+/// destination and snapshot tests build.
+#[cfg(test)]
+pub(crate) mod test_target {
+    use std::str::FromStr;
+
+    use super::{Target, VmSnapshot};
+    use crate::config::{NetConfig, SerialConfig, VmConfig};
+    use crate::memory::GuestMemory;
+
+    pub(crate) struct Memory(GuestMemory);
+
+    impl Target for Memory {
+        fn build(config: VmConfig) -> Result<Self, String> {
+            crate::memory::create_guest_memory(config.memory)
+                .map(Memory)
+                .map_err(|e| e.to_string())
+        }
+        fn memory(&self) -> &GuestMemory {
+            &self.0
+        }
+        fn restore(&mut self, _: &VmSnapshot) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    pub(crate) const MAC: &str = "52:54:00:00:00:01";
+
+    pub(crate) fn config(memory: u64) -> VmConfig {
+        VmConfig {
+            kernel: "/boot/vmlinux".into(),
+            initramfs: None,
+            cmdline: String::new(),
+            cpus: 1,
+            memory,
+            disks: Vec::new(),
+            nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
+            pvrdma: None,
+            serial: SerialConfig::Tty,
+        }
+    }
+}

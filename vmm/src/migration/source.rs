@@ -1,0 +1,434 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The source of a live migration: the sending thread's pre-copy loop and
+//! switch-over.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api::{
+    ActionError, ApiResponse, BlackoutStages, MigrationDirection, MigrationStatus, ResponseBody,
+};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestMemoryBackend as _, GuestMemoryRegion};
+use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
+use vm_migration::tls::TlsClient;
+use vm_migration::transport::{MigrationUrl, Stream};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    all_ranges, copy_range, start_info, tls_files, update, MigrationError, Progress, CHUNK_BYTES,
+    PAGE_SIZE,
+};
+use crate::kvm::Vm;
+use crate::machine::{eventfd, Guest};
+use crate::memory::GuestMemory;
+
+/// Bytes of one `Memory` batch: a batch is answered before the next, so
+/// a destination error stops the source within one batch.
+const BATCH_BYTES: u64 = 64 << 20;
+/// Pre-copy passes after which the VM is stopped whatever the estimate.
+const MAX_PASSES: u32 = 30;
+/// How long the source waits for any one answer of the destination.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Pages written since the last call: KVM's log for vCPU writes OR-ed with
+/// the bitmap every device write marks. Reading clears both.
+pub fn dirty_ranges(vm: &Vm, mem: &GuestMemory) -> Result<MemoryRangeTable, MigrationError> {
+    let kvm = vm.dirty_log(mem).map_err(MigrationError::DirtyLog)?;
+    let mut table = MemoryRangeTable::default();
+    for (region, mut bitmap) in mem.iter().zip(kvm) {
+        let devices = device_bitmap(region).get_and_reset();
+        for (word, dev) in bitmap.iter_mut().zip(devices) {
+            *word |= dev;
+        }
+        table.extend(MemoryRangeTable::from_bitmap(
+            &bitmap,
+            region.start_addr().0,
+            PAGE_SIZE,
+        ));
+    }
+    Ok(table)
+}
+
+/// Clears every device bitmap: pages written before this are sent anyway.
+fn reset_device_bitmaps(mem: &GuestMemory) {
+    for region in mem.iter() {
+        device_bitmap(region).reset();
+    }
+}
+
+/// The bitmap vm-memory marks on every VMM-side write into `region`.
+fn device_bitmap(region: &vm_memory::GuestRegionMmap<AtomicBitmap>) -> &AtomicBitmap {
+    // The region derefs to its mapping, which owns the whole bitmap.
+    vm_memory::MmapRegion::bitmap(region)
+}
+
+/// Streams `table`'s pages in batches, each answered by the destination;
+/// returns the bytes sent. `go_on` is asked before each batch whether to
+/// stop (cancel, timeout): a first pass takes long.
+fn send_memory(
+    stream: &mut dyn Stream,
+    mem: &GuestMemory,
+    table: &MemoryRangeTable,
+    progress: &Progress,
+    go_on: &dyn Fn() -> Result<(), MigrationError>,
+) -> Result<u64, MigrationError> {
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut sent = 0u64;
+    for batch in table.split(BATCH_BYTES) {
+        go_on()?;
+        protocol::send_request_header(stream, Command::Memory, batch.encoded_len() + batch.bytes())
+            .map_err(ProtocolError::from)?;
+        stream
+            .write_all(&batch.encode())
+            .map_err(ProtocolError::from)?;
+        for &(gpa, len) in batch.ranges() {
+            copy_range(gpa, len, &mut buf, |chunk, addr| {
+                mem.read_slice(chunk, addr)
+                    .map_err(MigrationError::Memory)?;
+                stream
+                    .write_all(chunk)
+                    .map_err(|e| ProtocolError::from(e).into())
+            })?;
+        }
+        stream.flush().map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        sent += batch.bytes();
+        update(progress, |i| i.bytes_transferred += batch.bytes());
+    }
+    Ok(sent)
+}
+
+/// What the sending thread asks of the control loop, which owns the vCPUs.
+#[derive(Debug)]
+pub enum SourceRequest {
+    /// Pause the VM (vCPUs, then devices) and answer with its state.
+    Switchover(Sender<Result<Vec<u8>, String>>),
+    /// The migration ended: `Ok` = the destination runs the VM now.
+    Finished(Result<(), String>),
+}
+
+/// The sending thread's end of the control loop.
+pub struct ControlLink {
+    pub requests: Sender<SourceRequest>,
+    pub wake: EventFd,
+}
+
+impl ControlLink {
+    fn send(&self, request: SourceRequest) {
+        if self.requests.send(request).is_ok() {
+            let _ = self.wake.write(1);
+        }
+    }
+}
+
+/// Everything the sending thread needs, none of it the control loop's to
+/// give up.
+pub struct Source {
+    pub url: MigrationUrl,
+    pub tls: Option<TlsClient>,
+    pub downtime: Duration,
+    pub timeout: Duration,
+    pub config: Vec<u8>,
+    pub mem: Arc<GuestMemory>,
+    pub vm: Arc<Vm>,
+    pub progress: Progress,
+    pub control: ControlLink,
+    /// Set by `vm.cancel-migration`; honoured until the switch-over.
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Source {
+    /// Whether pre-copy may go on: not cancelled, not past the timeout.
+    fn go_on(&self, started: Instant) -> Result<(), MigrationError> {
+        if self.cancel.load(Ordering::Acquire) {
+            return Err(MigrationError::Cancelled);
+        }
+        if started.elapsed() > self.timeout {
+            return Err(MigrationError::Timeout(self.timeout.as_secs()));
+        }
+        Ok(())
+    }
+
+    /// Runs the whole migration; the result goes to the control loop.
+    pub fn run(self) {
+        let started = Instant::now();
+        let result = self.migrate(started);
+        if let Err(e) = self.vm.set_dirty_logging(&self.mem, false) {
+            log::warn!("Failed to turn dirty logging off: {e}");
+        }
+        let total_ms = started.elapsed().as_millis() as u64;
+        update(&self.progress, |i| {
+            i.total_ms = total_ms;
+            match &result {
+                Ok(()) => i.status = MigrationStatus::Completed,
+                Err(e) => {
+                    i.status = MigrationStatus::Failed;
+                    i.error = Some(e.clone());
+                }
+            }
+        });
+        match &result {
+            Ok(()) => log::info!("Migration to {} completed in {total_ms} ms", self.url),
+            Err(e) => log::error!("Migration to {} failed: {e}", self.url),
+        }
+        self.control.send(SourceRequest::Finished(result));
+    }
+
+    fn migrate(&self, started: Instant) -> Result<(), String> {
+        let mut stream = self
+            .url
+            .connect(self.tls.as_ref())
+            .map_err(|e| MigrationError::Connect(self.url.to_string(), e))
+            .map_err(|e| crate::error_chain(&e))?;
+        let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
+        let result = self.precopy_and_switch(&mut *stream, started);
+        if let Err(e) = &result {
+            // Best effort: the destination drops what it built.
+            let _ = protocol::send_request(&mut *stream, Command::Abandon, &[]);
+            let _ = stream.shutdown();
+            return Err(crate::error_chain(e));
+        }
+        Ok(())
+    }
+
+    fn precopy_and_switch(
+        &self,
+        stream: &mut dyn Stream,
+        started: Instant,
+    ) -> Result<(), MigrationError> {
+        protocol::send_request(stream, Command::Start, &protocol::start_payload())
+            .map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Config, &self.config)
+            .map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+
+        let mem = &*self.mem;
+        self.vm
+            .set_dirty_logging(mem, true)
+            .map_err(MigrationError::DirtyLog)?;
+        reset_device_bitmaps(mem);
+        let mut table = all_ranges(mem);
+        update(&self.progress, |i| i.memory_bytes = table.bytes());
+        let mut pass = 0u32;
+        loop {
+            pass += 1;
+            let pass_start = Instant::now();
+            let sent = send_memory(stream, mem, &table, &self.progress, &|| self.go_on(started))?;
+            let elapsed = pass_start.elapsed().as_secs_f64().max(1e-3);
+            let bandwidth = (sent as f64 / elapsed).max(1.0);
+            table = dirty_ranges(&self.vm, mem)?;
+            let dirty = table.bytes();
+            let expected = Duration::from_secs_f64(dirty as f64 / bandwidth);
+            update(&self.progress, |i| {
+                i.pass = pass;
+                i.dirty_bytes = dirty;
+                i.dirty_rate_bytes_per_s = (dirty as f64 / elapsed) as u64;
+                i.bandwidth_bytes_per_s = bandwidth as u64;
+                i.expected_downtime_ms = expected.as_millis() as u64;
+                i.total_ms = started.elapsed().as_millis() as u64;
+            });
+            log::info!(
+                "Migration pass {pass}: {sent} bytes in {elapsed:.2} s, {dirty} bytes dirty, expected downtime {} ms",
+                expected.as_millis()
+            );
+            self.go_on(started)?;
+            if expected <= self.downtime || pass >= MAX_PASSES {
+                break;
+            }
+        }
+
+        // Stop-and-copy: the control loop pauses the VM and saves it (and
+        // refuses cancels from now on).
+        let blackout = Instant::now();
+        let (reply, answer) = mpsc::channel();
+        self.control.send(SourceRequest::Switchover(reply));
+        let state = answer
+            .recv()
+            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
+            .map_err(MigrationError::Switchover)?;
+        let saved = blackout.elapsed();
+        // What the last pass left dirty, and what was written since.
+        table.extend(dirty_ranges(&self.vm, mem)?);
+        let last = send_memory(stream, mem, &table, &self.progress, &|| Ok(()))?;
+        let copied = blackout.elapsed();
+        protocol::send_request(stream, Command::State, &state).map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        let restored = blackout.elapsed();
+        protocol::send_request(stream, Command::Complete, &[]).map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        let done = blackout.elapsed();
+        let downtime = done.as_millis() as u64;
+        // Where the blackout went, to tell what to make faster: logged,
+        // and kept for vm.info and vm.counters.
+        let stages = BlackoutStages {
+            pause_save_ms: saved.as_millis() as u64,
+            last_memory_ms: copied.saturating_sub(saved).as_millis() as u64,
+            last_memory_bytes: last,
+            state_ms: restored.saturating_sub(copied).as_millis() as u64,
+            state_bytes: state.len() as u64,
+            handover_ms: done.saturating_sub(restored).as_millis() as u64,
+        };
+        log::info!(
+            "Migration switch-over: paused and saved in {} ms, last {last} bytes of memory in {} ms, \
+             {} bytes of state restored in {} ms, handed over in {} ms, blackout {downtime} ms",
+            stages.pause_save_ms,
+            stages.last_memory_ms,
+            stages.state_bytes,
+            stages.state_ms,
+            stages.handover_ms,
+        );
+        update(&self.progress, |i| {
+            i.downtime_ms = Some(downtime);
+            i.blackout = Some(stages);
+            i.bytes_transferred += state.len() as u64;
+        });
+        Ok(())
+    }
+}
+
+/// A migration being sent, as the control loop holds it: the sending
+/// thread and its requests to the loop.
+pub(crate) struct Outgoing {
+    requests: Receiver<SourceRequest>,
+    pub(crate) evt: EventFd,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The switch-over paused the VM (undone if the migration fails).
+    pub(crate) paused_vm: bool,
+    /// Shared with the sending thread: `vm.cancel-migration` sets it.
+    cancel: Arc<AtomicBool>,
+    /// The switch-over began: too late to cancel.
+    switching: bool,
+}
+
+impl Outgoing {
+    /// Starts sending `guest` as `params` ask, reporting to `progress`.
+    pub(crate) fn start(
+        params: &api::SendMigrationParams,
+        guest: &Guest,
+        progress: &Progress,
+    ) -> Result<Self, ActionError> {
+        let url: MigrationUrl =
+            params
+                .destination_url
+                .parse()
+                .map_err(|e: vm_migration::transport::UrlError| {
+                    ActionError::BadRequest(e.to_string())
+                })?;
+        let tls = params
+            .tls
+            .as_ref()
+            .map(|t| tls_files(t).client())
+            .transpose()
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+        url.check_plaintext(tls.is_some(), params.allow_plaintext)
+            .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
+        let config = serde_json::to_vec(&guest.config)
+            .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
+        let (requests_tx, requests) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let evt = eventfd().map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
+        let wake = evt
+            .try_clone()
+            .map_err(|e| ActionError::Failed(e.to_string()))?;
+        let mut info = start_info(
+            MigrationDirection::Send,
+            &url.to_string(),
+            MigrationStatus::Active,
+        );
+        info.memory_bytes = guest.config.memory;
+        *crate::lock(progress) = Some(info);
+        let source = Source {
+            url,
+            tls,
+            downtime: Duration::from_millis(params.downtime_ms),
+            timeout: Duration::from_secs(params.timeout_s),
+            config,
+            mem: guest.mem.clone(),
+            vm: guest.vm.clone(),
+            progress: progress.clone(),
+            control: ControlLink {
+                requests: requests_tx,
+                wake,
+            },
+            cancel: cancel.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("migration".into())
+            .spawn(move || source.run())
+            .map_err(|e| ActionError::Failed(format!("cannot start the migration thread: {e}")))?;
+        log::info!("Migration to {} started", params.destination_url);
+        Ok(Self {
+            requests,
+            evt,
+            thread: Some(thread),
+            paused_vm: false,
+            cancel,
+            switching: false,
+        })
+    }
+
+    /// Answers the sending thread: pauses and saves `guest` for the
+    /// switch-over, or ends the migration (the VM resumes here if it
+    /// failed after the pause). Returns the migration's result once it
+    /// ended: `Ok` = the destination runs the VM now.
+    pub(crate) fn handle(&mut self, guest: &mut Guest) -> Option<Result<(), String>> {
+        let _ = self.evt.read();
+        let requests: Vec<SourceRequest> = self.requests.try_iter().collect();
+        for request in requests {
+            match request {
+                SourceRequest::Switchover(reply) => {
+                    self.switching = true;
+                    // A cancel the sender had not seen yet.
+                    if self.cancel.load(Ordering::Acquire) {
+                        let _ = reply.send(Err("cancelled through the API".into()));
+                        continue;
+                    }
+                    let was_paused = guest.paused;
+                    let t0 = Instant::now();
+                    let result = if was_paused { Ok(()) } else { guest.pause_vm() };
+                    let t1 = Instant::now();
+                    let result = result.and_then(|()| guest.save_state());
+                    log::info!(
+                        "Switch-over: VM paused in {} ms, state saved in {} ms",
+                        t1.duration_since(t0).as_millis(),
+                        t1.elapsed().as_millis()
+                    );
+                    self.paused_vm = !was_paused && guest.paused;
+                    let _ = reply.send(result);
+                }
+                SourceRequest::Finished(result) => {
+                    if let Some(t) = self.thread.take() {
+                        let _ = t.join();
+                    }
+                    if result.is_err() && self.paused_vm {
+                        if let Err(e) = guest.resume_vm() {
+                            log::error!("Failed to resume the VM after the failed migration: {e}");
+                        } else {
+                            log::info!("VM resumed after the failed migration");
+                        }
+                    }
+                    return Some(result);
+                }
+            }
+        }
+        None
+    }
+
+    /// Stops the migration before its switch-over; the VM goes on here.
+    /// After the switch-over began it completes or fails on its own.
+    pub(crate) fn cancel(&self) -> ApiResponse {
+        if self.switching {
+            return Err(ActionError::InvalidState(
+                "too late to cancel: the switch-over has begun".into(),
+            ));
+        }
+        self.cancel.store(true, Ordering::Release);
+        log::info!("Migration cancel requested");
+        Ok(ResponseBody::Empty)
+    }
+}
