@@ -90,6 +90,8 @@ pub(crate) enum KickWatch {
 /// worker reuses from batch to batch: no allocation per frame.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
+    /// Holds the frames from its start; its length is the most a batch
+    /// used, not this one's (no pass over the bytes to empty it).
     data: Vec<u8>,
     /// Where each frame ends in `data`.
     ends: Vec<usize>,
@@ -107,10 +109,18 @@ impl Batch {
     pub(crate) fn len(&self) -> usize {
         self.ends.len()
     }
+
+    /// Bytes of frames in the batch.
+    fn bytes(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
 }
 
 /// Bytes a [`Batch`] keeps between batches.
 const BATCH_KEEP: usize = 1 << 20;
+/// Bytes of frames after which a batch ends: its frames are placed while
+/// their copy is still in the CPU's cache.
+const BATCH_BYTES: usize = 256 << 10;
 
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
@@ -135,10 +145,27 @@ const ANSWER_WAIT: Duration = Duration::from_millis(10);
 /// ride along as SCM_RIGHTS); BYE (a VMM leaving, e.g. after migrating its
 /// VM away) has the same layout without them. A PROBE only asks whether
 /// the socket's owner is there.
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING3";
+///
+/// SETUP's tag is the channel's version: what the rings carry. Version 4
+/// carries segments (several MTUs of a message in one frame), which a
+/// VMM of version 3 would refuse as malformed packets, failing the QP; so
+/// the consumer answers ACCEPT (with the ring sender's instance) once it
+/// maps a ring, or REFUSE for a SETUP of another version (logged on both
+/// sides), and the sender sends segments only into an accepted ring and
+/// takes the wire for a peer that refused its ring or never read it (an
+/// older VMM ignores both the SETUP and the answer).
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING4";
+/// What every version's SETUP tag starts with.
+const SETUP_ANY: &[u8; 15] = b"PVRDMA-SHM-RING";
+const ACCEPT: &[u8; 16] = b"PVRDMA-SHM-TAKEN";
+const REFUSE: &[u8; 16] = b"PVRDMA-SHM-REFUS";
 const PROBE: &[u8; 16] = b"PVRDMA-SHM-PROBE";
 const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-2";
 const MSG_LEN: usize = 16 + 4 + 6 + 8;
+/// Longest a ring may go neither accepted nor read before its sender
+/// takes the peer for one that does not speak our version (generous: a
+/// worker of a nested test host can be descheduled for a while).
+const ACCEPT_WAIT: Duration = Duration::from_secs(2);
 
 /// A SETUP or BYE message.
 fn control(tag: &[u8; 16], size: u32, mac: [u8; 6], instance: u64) -> [u8; MSG_LEN] {
@@ -237,6 +264,9 @@ struct Peer {
     /// When we kicked a consumer that has not read since, and where its
     /// tail was then.
     unanswered: Option<(Instant, u64)>,
+    /// When we handed the ring over, until the consumer accepts it (an
+    /// ACCEPT, or it reads from it): until then no segments go in.
+    offered: Option<Instant>,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
     /// Frames the full ring refused, oldest first.
@@ -265,6 +295,14 @@ impl Peer {
         if self.unanswered.is_none() {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
+    }
+
+    /// Whether the consumer took the ring: it said so, or it reads it.
+    fn accepted(&mut self) -> bool {
+        if self.offered.is_some() && self.ring.tail() != 0 {
+            self.offered = None;
+        }
+        self.offered.is_none()
     }
 
     /// False when a kick went unanswered for [`ANSWER_WAIT`] and the
@@ -345,6 +383,9 @@ pub(crate) struct LocalChannel {
     peers: Mutex<BTreeMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
     inbound: Mutex<BTreeMap<[u8; 6], Inbound>>,
+    /// Peers that refused our ring, or never took it, by MAC: the
+    /// instance that did (a new owner of the MAC is offered a ring again).
+    refused: Mutex<BTreeMap<[u8; 6], u64>>,
     /// Kick eventfds for the worker to watch or unwatch.
     watch: Mutex<Vec<KickWatch>>,
     dir: PathBuf,
@@ -406,6 +447,7 @@ impl LocalChannel {
             mac,
             peers: Mutex::new(BTreeMap::new()),
             inbound: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
             watch: Mutex::new(Vec::new()),
             dir: dir.to_path_buf(),
             staged: Mutex::new((own != home).then_some(own)),
@@ -465,6 +507,11 @@ impl LocalChannel {
             return None;
         }
         let instance = std::fs::metadata(&path).ok()?.ino();
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        if refused.get(&mac) == Some(&instance) {
+            return None;
+        }
+        drop(refused);
         let sock = UnixDatagram::unbound().ok()?;
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
@@ -480,6 +527,7 @@ impl LocalChannel {
             ring,
             kick,
             unanswered: None,
+            offered: Some(Instant::now()),
             instance,
             backlog: VecDeque::new(),
             since: None,
@@ -525,6 +573,12 @@ impl LocalChannel {
             peers.remove(&dst_mac);
             return Sent::NotLocal;
         }
+        if !peer.accepted() && peer.offered.is_some_and(|t| t.elapsed() > ACCEPT_WAIT) {
+            // An older VMM ignores our SETUP: it never reads the ring.
+            self.give_up(dst_mac, peer, "never took our ring");
+            peers.remove(&dst_mac);
+            return Sent::NotLocal;
+        }
         let pushed = if peer.backlog.is_empty() {
             peer.ring.push(frame)
         } else {
@@ -556,6 +610,31 @@ impl LocalChannel {
                 Sent::Local
             }
         }
+    }
+
+    /// Whether frames to `mac` go into a ring of ours: a VMM of this host
+    /// owns the MAC, so a QP towards it may send segments (several MTUs
+    /// of a message in one frame, see `rdma_transport::req::MAX_SEGMENT`).
+    pub(crate) fn has_ring(&self, mac: [u8; 6]) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.get_mut(&mac).is_some_and(Peer::accepted)
+    }
+
+    /// Stops offering rings to the instance of `mac` that `peer` goes to
+    /// (it refused ours, or never took it): its frames take the wire.
+    fn give_up(&self, mac: [u8; 6], peer: &Peer, why: &str) {
+        log::warn!(
+            "pvrdma: same-host channel: {} (instance {}) {why} (our version: {}); \
+             frames to it take the wire",
+            sock_name(mac),
+            peer.instance,
+            String::from_utf8_lossy(SETUP)
+        );
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        if refused.len() >= MAX_PEERS {
+            refused.clear();
+        }
+        refused.insert(mac, peer.instance);
     }
 
     /// Whether frames wait for room in a ring: then the worker comes back
@@ -605,6 +684,21 @@ impl LocalChannel {
             let Some((tag, size, from, instance)) = buf.get(..n).and_then(parse_control) else {
                 continue;
             };
+            if tag == ACCEPT || tag == REFUSE {
+                self.answered(tag == ACCEPT, from, instance);
+                continue;
+            }
+            if tag != SETUP && tag.starts_with(SETUP_ANY) {
+                log::warn!(
+                    "pvrdma: same-host channel: {} offered a ring of version {} (ours: {}): \
+                     refused, its frames are to take the wire",
+                    sock_name(from),
+                    String::from_utf8_lossy(tag),
+                    String::from_utf8_lossy(SETUP)
+                );
+                self.answer(REFUSE, from, instance);
+                continue;
+            }
             if tag != SETUP && tag != BYE {
                 continue;
             }
@@ -650,9 +744,33 @@ impl LocalChannel {
                     self.retire(old);
                     let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
                     watch.push(KickWatch::Add(fd));
+                    self.answer(ACCEPT, from, instance);
                 }
                 Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
+        }
+    }
+
+    /// Answers the SETUP of `instance` of `mac` (best effort: a sender
+    /// that gets no answer finds out by whether we read its ring).
+    fn answer(&self, tag: &[u8; 16], mac: [u8; 6], instance: u64) {
+        let msg = control(tag, 0, self.mac, instance);
+        let _ = self.sock.send_to(&msg, self.dir.join(sock_name(mac)));
+    }
+
+    /// The answer of `mac` to the ring we handed over (ACCEPT or REFUSE),
+    /// if it is for us (`instance`, the ring sender's, is ours).
+    fn answered(&self, accept: bool, mac: [u8; 6], instance: u64) {
+        if instance != self.inode {
+            return;
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if accept {
+            if let Some(p) = peers.get_mut(&mac) {
+                p.offered = None;
+            }
+        } else if let Some(p) = peers.remove(&mac) {
+            self.give_up(mac, &p, "refused our ring");
         }
     }
 
@@ -687,19 +805,22 @@ impl LocalChannel {
             }
             Wake::Ring => {}
         }
-        batch.data.clear();
-        // What a peer's burst of large frames grew it to is not kept.
-        batch.data.shrink_to(BATCH_KEEP);
         batch.ends.clear();
+        if batch.data.len() > BATCH_KEEP {
+            // What a burst of large frames grew it to is not kept.
+            batch.data.truncate(BATCH_KEEP);
+            batch.data.shrink_to(BATCH_KEEP);
+        }
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
         for (mac, Inbound { ring, .. }) in inbound.iter() {
             loop {
-                if batch.len() >= max {
+                if batch.len() >= max || batch.bytes() >= BATCH_BYTES {
                     break;
                 }
-                match ring.pop(&mut batch.data) {
-                    Ok(Some(_)) => batch.ends.push(batch.data.len()),
+                let at = batch.bytes();
+                match ring.pop(&mut batch.data, at) {
+                    Ok(Some(n)) => batch.ends.push(at.saturating_add(n)),
                     Ok(None) => {
                         // Announce the sleep; data that raced in is taken.
                         if !ring.prepare_to_wait() {
@@ -717,7 +838,7 @@ impl LocalChannel {
         for mac in corrupt {
             self.retire(inbound.remove(&mac));
         }
-        if batch.len() >= max {
+        if batch.len() >= max || batch.bytes() >= BATCH_BYTES {
             if let Err(e) = self.again.write(1) {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
@@ -1079,9 +1200,16 @@ mod tests {
         }
         assert_eq!(a.flush(), 0);
         assert!(a.backlogged(), "the worker is to come back");
+        // A batch ends at BATCH_BYTES and asks to come back.
         let mut got = recv(&b, 16, Wake::Socket);
+        assert_eq!(got.len(), BATCH_BYTES / (64 << 10));
         assert_eq!(a.flush(), 0, "room made: pushed");
-        got.extend(recv(&b, n, Wake::Again));
+        while got.len() < n {
+            let more = recv(&b, n, Wake::Again);
+            assert!(!more.is_empty(), "the rest follows");
+            got.extend(more);
+            assert_eq!(a.flush(), 0);
+        }
         assert_eq!(got.len(), n);
         assert!(
             got.iter().enumerate().all(|(i, f)| f[0] == i as u8),
@@ -1115,11 +1243,90 @@ mod tests {
 
     /// Hands `to` a SETUP as a peer would, with `memfd` and `kick`.
     fn setup(dir: &Path, from: [u8; 6], to: [u8; 6], memfd: &File, kick: RawFd) {
+        setup_tagged(SETUP, dir, from, to, memfd, kick);
+    }
+
+    /// [`setup`] with the SETUP tag of some version.
+    fn setup_tagged(
+        tag: &[u8; 16],
+        dir: &Path,
+        from: [u8; 6],
+        to: [u8; 6],
+        memfd: &File,
+        kick: RawFd,
+    ) {
         let sock = UnixDatagram::unbound().unwrap();
         sock.connect(dir.join(sock_name(to))).unwrap();
-        let msg = control(SETUP, 4096, from, 77);
+        let msg = control(tag, 4096, from, 77);
         sock.send_with_fds(&[&msg[..]], &[memfd.as_raw_fd(), kick])
             .unwrap();
+    }
+
+    /// The version handshake: a ring is accepted (and only then takes
+    /// segments); a VMM of another version gets a REFUSE instead of having
+    /// its ring misread, and a sender whose ring is refused takes the wire.
+    #[test]
+    fn rings_of_another_version_are_refused_and_their_senders_take_the_wire() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-v-{}", std::process::id()));
+        let (ma, mb, old) = (
+            [2, 0, 0, 0, 12, 1],
+            [2, 0, 0, 0, 12, 2],
+            [2, 0, 0, 0, 12, 3],
+        );
+        let a = LocalChannel::bind(&dir, ma, false).unwrap();
+        let b = LocalChannel::bind(&dir, mb, false).unwrap();
+        assert_eq!(a.send(mb, b"one"), Sent::Local);
+        assert!(!a.has_ring(mb), "not accepted yet: no segments");
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"one".to_vec()]);
+        recv(&a, 8, Wake::Socket);
+        assert!(a.has_ring(mb), "B's ACCEPT arrived");
+        // A VMM of another version (a socket of our own here) offers B a
+        // ring: refused, and told so.
+        let other = UnixDatagram::bind(dir.join(sock_name(old))).unwrap();
+        let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+        let memfd = shm_ring::create(4096).unwrap().1;
+        setup_tagged(b"PVRDMA-SHM-RING9", &dir, old, mb, &memfd, efd.as_raw_fd());
+        recv(&b, 8, Wake::Socket);
+        assert!(!b.inbound.lock().unwrap().contains_key(&old), "not mapped");
+        let mut reply = [0u8; MSG_LEN];
+        other.set_nonblocking(true).unwrap();
+        let n = other.recv(&mut reply).unwrap();
+        assert_eq!(parse_control(&reply[..n]), Some((REFUSE, 0, mb, 77)));
+        // Our sender refused by its peer: its frames take the wire, and a
+        // new ring is offered only to a new owner of the MAC.
+        let sock = UnixDatagram::unbound().unwrap();
+        let refuse = control(REFUSE, 0, mb, a.inode);
+        sock.send_to(&refuse, dir.join(sock_name(ma))).unwrap();
+        recv(&a, 8, Wake::Socket);
+        assert!(!a.has_ring(mb));
+        assert_eq!(a.send(mb, b"two"), Sent::NotLocal);
+        assert!(recv(&b, 8, Wake::Ring).is_empty());
+        // A REFUSE for another instance of our MAC changes nothing.
+        assert_eq!(b.send(ma, b"back"), Sent::Local);
+        let stale = control(REFUSE, 0, ma, b.inode + 1);
+        sock.send_to(&stale, dir.join(sock_name(mb))).unwrap();
+        recv(&b, 8, Wake::Socket);
+        assert_eq!(b.send(ma, b"back again"), Sent::Local);
+        drop((a, b, other));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An older VMM ignores our SETUP and never reads the ring: after
+    /// ACCEPT_WAIT its frames take the wire instead of filling it.
+    #[test]
+    fn a_ring_nobody_takes_is_given_up() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-o-{}", std::process::id()));
+        let (ma, old) = ([2, 0, 0, 0, 13, 1], [2, 0, 0, 0, 13, 3]);
+        let a = LocalChannel::bind(&dir, ma, false).unwrap();
+        let _ignores = UnixDatagram::bind(dir.join(sock_name(old))).unwrap();
+        assert_eq!(a.send(old, b"one"), Sent::Local);
+        assert!(!a.has_ring(old));
+        std::thread::sleep(ACCEPT_WAIT + Duration::from_millis(100));
+        assert_eq!(a.send(old, b"two"), Sent::NotLocal);
+        assert_eq!(a.send(old, b"three"), Sent::NotLocal, "not offered again");
+        assert!(a.peers.lock().unwrap().is_empty());
+        drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use rdma_transport::net::Mac;
 use rdma_transport::packet::Packet;
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
+use rdma_transport::req::MAX_SEGMENT;
 use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WcStatus, WorkCompletion};
 use vm_memory::GuestMemory;
 
@@ -80,6 +81,8 @@ pub(crate) enum Input<'p> {
 pub(crate) struct Outcome {
     /// Frames to transmit.
     pub(crate) frames: Vec<Vec<u8>>,
+    /// They may be segments: only the same-host channel takes them.
+    pub(crate) same_host_only: bool,
     /// The budget ran out: call again.
     pub(crate) more: bool,
 }
@@ -382,6 +385,11 @@ pub(crate) fn run_qp<M: GuestMemory>(
     };
     let port = env.port.state();
     gids.sync(&env.port);
+    // Towards a VMM of this host, whole segments instead of MTU packets.
+    let dst_mac = engine.attrs().addr.dst_mac;
+    let same_host =
+        qp.qp_type == qp_type::RC && env.wire.local.as_ref().is_some_and(|l| l.has_ring(dst_mac));
+    engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
     let mut done = Completions::default();
     if matches!(input, Input::Kick) && !engine.is_error() {
         // What the guest claims to have posted must make sense: a bad
@@ -478,5 +486,6 @@ pub(crate) fn run_qp<M: GuestMemory>(
     Outcome {
         frames: frames.0,
         more,
+        same_host_only: same_host,
     }
 }

@@ -169,10 +169,11 @@ impl ShmRing {
         Some(waiting != 0)
     }
 
-    /// Consumer: appends the next frame to `out` (a buffer the caller
-    /// reuses: no allocation per frame); `Ok(None)` when empty, else its
+    /// Consumer: copies the next frame into `out` at `at`, growing `out`
+    /// if it is too short (a buffer the caller reuses: no allocation, nor
+    /// a pass over the bytes, per frame); `Ok(None)` when empty, else its
     /// length.
-    pub(crate) fn pop(&self, out: &mut Vec<u8>) -> Result<Option<usize>, RingError> {
+    pub(crate) fn pop(&self, out: &mut Vec<u8>, at: usize) -> Result<Option<usize>, RingError> {
         let (head, tail) = (self.load(HEAD), self.load(TAIL));
         let used = head.wrapping_sub(tail);
         if used == 0 {
@@ -188,9 +189,11 @@ impl ShmRing {
         if len > MAX_FRAME_LEN || rec > used {
             return Err(RingError::Corrupt);
         }
-        let start = out.len();
-        out.resize(start.saturating_add(len), 0);
-        if let Some(frame) = out.get_mut(start..) {
+        let end = at.saturating_add(len);
+        if out.len() < end {
+            out.resize(end, 0);
+        }
+        if let Some(frame) = out.get_mut(at..end) {
             self.read_at(tail.wrapping_add(LEN as u64), frame);
         }
         self.store(TAIL, tail.wrapping_add(rec));
@@ -269,8 +272,8 @@ mod tests {
     use super::*;
 
     fn pop(rx: &ShmRing) -> Result<Option<Vec<u8>>, RingError> {
-        let mut out = Vec::new();
-        Ok(rx.pop(&mut out)?.map(|_| out))
+        let mut out = vec![0xee; 3];
+        Ok(rx.pop(&mut out, 1)?.map(|n| out[1..1 + n].to_vec()))
     }
 
     fn pair(cap: usize) -> (ShmRing, ShmRing) {

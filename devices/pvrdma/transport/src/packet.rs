@@ -117,6 +117,11 @@ pub struct Packet<'a> {
     pub hdrs: Headers,
     /// Payload (without pad and ICRC).
     pub payload: &'a [u8],
+    /// It came over the same-host channel (parsed by [`parse_unsealed`]):
+    /// it may be a segment, a packet carrying several path MTUs of its
+    /// message (see [`crate::req::MAX_SEGMENT`]); a wire packet carries at
+    /// most one.
+    pub same_host: bool,
 }
 
 /// Addressing of an outgoing frame.
@@ -147,8 +152,9 @@ pub fn parse(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     parse_checked(frame, true)
 }
 
-/// [`parse`] of a frame that never crossed a wire: every check but the
-/// ICRC's.
+/// [`parse`] of a frame that never crossed a wire (the same-host
+/// channel's): every check but the ICRC's, and the packet may be a
+/// segment ([`Packet::same_host`]).
 pub fn parse_unsealed(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     parse_checked(frame, false)
 }
@@ -234,6 +240,7 @@ fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseErro
         opcode,
         hdrs,
         payload,
+        same_host: !check_icrc,
     })
 }
 
@@ -271,6 +278,12 @@ pub fn build_unsealed(
         .ok_or(BuildError::Length)?;
     let hl = net::headers_len(&addr.ip, addr.encap);
     let mut frame = spare_frame(hl.saturating_add(ib_len));
+    // A recycled buffer holds an old frame: zero all but the payload,
+    // which `fill` writes whole (no pass over it that it overwrites).
+    let payload_at = hl.saturating_add(opcode.hdr_len());
+    let (head, rest) = frame.split_at_mut(payload_at);
+    head.fill(0);
+    rest.get_mut(payload_len..).unwrap_or_default().fill(0);
     let (_, ib) = frame.split_at_mut(hl);
     let mut bth = hdrs.bth;
     bth.pad = (pad & 3) as u8;
@@ -323,23 +336,28 @@ thread_local! {
     /// memory instead of an allocation.
     static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
-/// Buffers kept per thread, and the largest kept.
-const SPARE_FRAMES: usize = 256;
-const SPARE_CAPACITY: usize = 16 << 10;
+/// Buffers kept per thread, and the largest kept (a segment's frame).
+const SPARE_FRAMES: usize = 128;
+const SPARE_CAPACITY: usize = 64 << 10;
 
-/// A zeroed buffer of `len` bytes, recycled if one is spare.
+/// A buffer of `len` bytes, recycled if one is spare (then it holds an
+/// old frame's bytes: the caller overwrites them all), the latest
+/// recycled first (its memory is the likeliest to be in cache).
 fn spare_frame(len: usize) -> Vec<u8> {
     let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
-    frame.resize(len, 0);
+    if frame.len() >= len {
+        frame.truncate(len);
+    } else {
+        frame.resize(len, 0);
+    }
     frame
 }
 
 /// Hands a sent frame's buffer back for this thread's next frame.
-pub fn recycle(mut frame: Vec<u8>) {
+pub fn recycle(frame: Vec<u8>) {
     if frame.capacity() > SPARE_CAPACITY {
         return;
     }
-    frame.clear();
     SPARE.with_borrow_mut(|spare| {
         if spare.len() < SPARE_FRAMES {
             spare.push(frame);
@@ -399,6 +417,7 @@ pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'
         opcode: op,
         hdrs,
         payload,
+        same_host: false,
     }
 }
 

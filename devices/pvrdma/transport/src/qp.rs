@@ -94,6 +94,7 @@ impl QpAttrs {
             dest_qpn: self.dest_qpn,
             qpn: self.qpn,
             mtu: self.mtu,
+            segment: self.mtu,
             ud: self.ud,
         }
     }
@@ -215,6 +216,9 @@ pub struct Qp {
     next: usize,
     rq: RecvRing,
     error: bool,
+    /// Most payload bytes per packet we send ([`Qp::set_segment`]); not
+    /// saved: the device sets it for every call from where the peer is.
+    segment: u32,
     /// Transport counters.
     pub metrics: Metrics,
 }
@@ -303,6 +307,7 @@ impl Qp {
             next: 0,
             rq: RecvRing::default(),
             error: false,
+            segment: 0,
             metrics: Metrics::default(),
         }
     }
@@ -351,6 +356,7 @@ impl Qp {
             next: state.next,
             rq: RecvRing(state.rq.into()),
             error: state.error,
+            segment: 0,
             metrics: state.metrics,
         };
         if outstanding && !qp.error && !qp.attrs.ud {
@@ -396,6 +402,15 @@ impl Qp {
             self.resp.psn = attrs.rq_psn;
         }
         self.attrs = attrs;
+    }
+
+    /// Sets the most payload bytes a packet we send may carry: 0 (or the
+    /// path MTU) for MTU packets, the default and all a wire takes; up to
+    /// [`crate::req::MAX_SEGMENT`] when the peer is on the same-host
+    /// channel, which takes segments. Only the packets built from now on
+    /// follow it, and the PSNs are the same either way.
+    pub fn set_segment(&mut self, bytes: u32) {
+        self.segment = bytes;
     }
 
     /// Whether the QP is in the error state.
@@ -592,10 +607,16 @@ impl Qp {
         while work < budget {
             let did = if self.error {
                 self.flush_one(io)
-            } else if let Some((h, d)) =
-                next_read_response(&mut self.resp, &self.attrs.resp(), io.mr)
+            } else if let Some(r) =
+                next_read_response(&mut self.resp, &self.attrs.resp(), io.mr, self.segment)
             {
-                emit(io.net, &self.attrs.addr, &h, &d);
+                // Read straight into the frame; a frame that cannot be
+                // built is a lost response, which the READ's retry covers.
+                let mr = &*io.mr;
+                let fill = |dst: &mut [u8]| mr.read(r.rkey, r.va, dst).is_ok();
+                if let Ok(f) = build_unsealed(&self.attrs.addr, &r.hdrs, r.len as usize, fill) {
+                    io.net.send(f);
+                }
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -642,7 +663,10 @@ impl Qp {
     }
 
     fn send_one(&mut self, now: u64, io: &mut Io<'_>) -> bool {
-        let ra = self.attrs.req();
+        let ra = ReqAttrs {
+            segment: self.segment,
+            ..self.attrs.req()
+        };
         let starting = self.req.offset == 0 && self.req.prev.is_none();
         let limit = usize::from(self.attrs.max_rd_atomic.max(1));
         let next_needs_response = self

@@ -27,7 +27,7 @@ use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::{Headers, Packet};
 use crate::psn::Psn;
-use crate::req::read_psns;
+use crate::req::{read_psns, segment_len};
 use crate::sgl::{scatter, SglError};
 use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
 use crate::verbs::{UdSource, WcOpcode, WcStatus, WorkCompletion};
@@ -201,11 +201,18 @@ impl RespState {
         self.res.push_back(r);
     }
 
-    fn ack_or_defer(&mut self, a: &RespAttrs, m: &mut Metrics, pkt: &Packet<'_>) -> RespOut {
+    /// ACKs `pkt` (whose last PSN is `last`) now, or later with others.
+    fn ack_or_defer(
+        &mut self,
+        a: &RespAttrs,
+        m: &mut Metrics,
+        pkt: &Packet<'_>,
+        last: Psn,
+    ) -> RespOut {
         self.unacked = self.unacked.saturating_add(1);
         if pkt.hdrs.bth.ack_req || self.unacked >= ACK_COALESCE {
             self.unacked = 0;
-            RespOut::Reply(ack_hdrs(a, pkt.hdrs.bth.psn, ACK, self.msn))
+            RespOut::Reply(ack_hdrs(a, last, ACK, self.msn))
         } else {
             inc(&mut m.ack_deferred);
             RespOut::Nothing
@@ -284,17 +291,24 @@ pub fn respond(
     if let Err((code, status)) = placed {
         return fatal(st, a, cx, code, status, psn);
     }
-    st.psn = psn.add(1);
+    // A segment (checked by `check_length`) takes the PSNs of the packets
+    // it stands for.
+    let span = read_psns(
+        u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX),
+        a.mtu.max(1),
+    );
+    let last = psn.add(span.saturating_sub(1));
+    st.psn = last.add(1);
     if !op.is(OpClass::LAST) {
         st.prev = Some(op);
-        return st.ack_or_defer(a, cx.m, pkt);
+        return st.ack_or_defer(a, cx.m, pkt, last);
     }
     if let Some(e) = complete_recv(st, a, cx, pkt) {
         return fatal(st, a, cx, e.0, e.1, psn);
     }
     st.msn = st.msn.wrapping_add(1) & QPN_MASK;
     st.end_message();
-    st.ack_or_defer(a, cx.m, pkt)
+    st.ack_or_defer(a, cx.m, pkt, last)
 }
 
 type Fail = (NakCode, WcStatus);
@@ -480,16 +494,33 @@ fn duplicate(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
     }
 }
 
+/// The next READ response packet owed to the peer: its headers, and
+/// where its payload is (read it with [`MrTable::read`]; checked here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadResponse {
+    /// Headers (a remote access NAK when the MR went away meanwhile).
+    pub hdrs: Headers,
+    /// Key of the payload's MR.
+    pub rkey: u32,
+    /// Address of the payload.
+    pub va: u64,
+    /// Payload bytes (0 for a NAK).
+    pub len: u32,
+}
+
 /// rxe `read_reply`: the next READ response packet owed to the peer, if
-/// any (one MTU of data at most), or a remote access NAK when the MR went
-/// away meanwhile.
+/// any: one MTU of data at most, or up to `segment` bytes (whole MTUs
+/// but the last, see [`crate::req::segment_len`]) towards a same-host
+/// peer; or a remote access NAK when the MR went away meanwhile.
 pub fn next_read_response(
     st: &mut RespState,
     a: &RespAttrs,
     mr: &dyn MrTable,
-) -> Option<(Headers, Vec<u8>)> {
+    segment: u32,
+) -> Option<ReadResponse> {
     let msn = st.msn;
     let mtu = a.mtu.max(1);
+    let seg = segment_len(segment, a.mtu.clamp(256, 4096));
     let r = st.res.iter_mut().find(|r| r.next.is_some())?;
     let psn = r.next?;
     let ResKind::Read { va, rkey, len } = r.kind else {
@@ -499,18 +530,20 @@ pub fn next_read_response(
     let npsn = read_psns(len, mtu);
     let idx = psn.distance_from(r.psn);
     let off = idx.saturating_mul(mtu);
-    let n = len.saturating_sub(off).min(mtu);
-    let last = idx.saturating_add(1) >= npsn;
-    r.next = (!last).then(|| psn.add(1));
+    let n = len.saturating_sub(off).min(seg);
+    let span = read_psns(n, mtu);
+    let last = idx.saturating_add(span) >= npsn;
+    r.next = (!last).then(|| psn.add(span));
     let at = va.saturating_add(u64::from(off));
-    let mut data = vec![0u8; n as usize];
-    let ok = n == 0
-        || check_mr(mr, rkey, a.pd, at, u64::from(n), Access::REMOTE_READ).is_ok()
-            && mr.read(rkey, at, &mut data).is_ok();
-    if !ok {
+    if n > 0 && check_mr(mr, rkey, a.pd, at, u64::from(n), Access::REMOTE_READ).is_err() {
         r.next = None;
         let nak = Syndrome::Nak(NakCode::RemoteAccessError);
-        return Some((ack_hdrs(a, psn, nak, msn), Vec::new()));
+        return Some(ReadResponse {
+            hdrs: ack_hdrs(a, psn, nak, msn),
+            rkey,
+            va: at,
+            len: 0,
+        });
     }
     let opcode = match (idx == 0, last) {
         (true, true) => Opcode::RcRdmaReadResponseOnly,
@@ -518,9 +551,14 @@ pub fn next_read_response(
         (false, true) => Opcode::RcRdmaReadResponseLast,
         (false, false) => Opcode::RcRdmaReadResponseMiddle,
     };
-    let mut h = ack_hdrs(a, psn, ACK, msn);
-    h.bth.opcode = opcode as u8;
-    Some((h, data))
+    let mut hdrs = ack_hdrs(a, psn, ACK, msn);
+    hdrs.bth.opcode = opcode as u8;
+    Some(ReadResponse {
+        hdrs,
+        rkey,
+        va: at,
+        len: n,
+    })
 }
 
 /// UD/GSI receive (IBA 10.2.4 / 11.4.1.2): Q_Key check, the GRH area in
