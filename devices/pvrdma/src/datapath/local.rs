@@ -125,8 +125,10 @@ const BATCH_BYTES: usize = 256 << 10;
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
-/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames).
+/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames),
+/// and bytes (a few of segments).
 const BACKLOG_FRAMES: usize = 2048;
+const BACKLOG_BYTES: usize = 8 << 20;
 /// Longest the oldest frame of a backlog waits for room before the
 /// backlog is dropped: its consumer stalled (paused, migrating, gone).
 const ROOM_WAIT: Duration = Duration::from_millis(100);
@@ -271,6 +273,8 @@ struct Peer {
     instance: u64,
     /// Frames the full ring refused, oldest first.
     backlog: VecDeque<Vec<u8>>,
+    /// Their bytes.
+    backlog_bytes: usize,
     /// When the oldest of them was refused.
     since: Option<Instant>,
 }
@@ -295,6 +299,11 @@ impl Peer {
         if self.unanswered.is_none() {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
+    }
+
+    /// Whether the backlog holds all it may.
+    fn backlog_full(&self) -> bool {
+        self.backlog.len() >= BACKLOG_FRAMES || self.backlog_bytes >= BACKLOG_BYTES
     }
 
     /// Whether the consumer took the ring: it said so, or it reads it.
@@ -330,7 +339,8 @@ impl Peer {
             if waiting {
                 self.kick();
             }
-            self.backlog.pop_front();
+            let len = self.backlog.pop_front().map_or(0, |f| f.len());
+            self.backlog_bytes = self.backlog_bytes.saturating_sub(len);
             self.since = Some(now);
         }
         if self.backlog.is_empty() {
@@ -340,6 +350,7 @@ impl Peer {
             .is_some_and(|t| now.saturating_duration_since(t) > ROOM_WAIT)
         {
             self.since = None;
+            self.backlog_bytes = 0;
             return std::mem::take(&mut self.backlog).len();
         }
         0
@@ -530,6 +541,7 @@ impl LocalChannel {
             offered: Some(Instant::now()),
             instance,
             backlog: VecDeque::new(),
+            backlog_bytes: 0,
             since: None,
         })
     }
@@ -594,19 +606,18 @@ impl LocalChannel {
             // is still there: a full ring may belong to one that is gone
             // (migrated away without ever sleeping); then the frame takes
             // the wire and the next one finds the MAC's new owner.
-            None if (peer.backlog.is_empty() || peer.backlog.len() >= BACKLOG_FRAMES)
-                && !peer.probe() =>
-            {
+            None if (peer.backlog.is_empty() || peer.backlog_full()) && !peer.probe() => {
                 peers.remove(&dst_mac);
                 Sent::NotLocal
             }
-            None if peer.backlog.len() >= BACKLOG_FRAMES => Sent::Dropped,
+            None if peer.backlog_full() => Sent::Dropped,
             None => {
                 if peer.backlog.is_empty() {
                     peer.since = Some(Instant::now());
                 }
                 // The worker pushes it later (see `backlogged`).
                 peer.backlog.push_back(frame.to_vec());
+                peer.backlog_bytes = peer.backlog_bytes.saturating_add(frame.len());
                 Sent::Local
             }
         }
@@ -1222,6 +1233,14 @@ mod tests {
             }
         }
         assert!(a.peers.lock().unwrap()[&to_b].backlog.is_empty());
+        // Large frames (segments) are held up to BACKLOG_BYTES, not
+        // BACKLOG_FRAMES of them.
+        let mut held = 0;
+        while a.send(to_b, &[7u8; 64 << 10]) == Sent::Local {
+            held += 1;
+            assert!(held <= BACKLOG_FRAMES);
+        }
+        assert_eq!(held, BACKLOG_BYTES / (64 << 10));
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
