@@ -63,6 +63,10 @@ impl Clock {
 /// Packets (or flushed WQEs) one QP may produce per call before the
 /// worker gives other QPs and events a turn.
 pub(crate) const BUDGET: usize = 64;
+/// The same towards a same-host peer, whose packets are segments of up
+/// to 32 KiB: 256 KiB per call, so that one call cannot overflow the
+/// peer's ring and backlog (several MiB) on its own.
+const SEGMENT_BUDGET: usize = 8;
 
 /// Why the worker runs a QP.
 #[derive(Clone, Copy)]
@@ -390,6 +394,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
     let same_host =
         qp.qp_type == qp_type::RC && env.wire.local.as_ref().is_some_and(|l| l.has_ring(dst_mac));
     engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
+    let budget = if same_host { SEGMENT_BUDGET } else { BUDGET };
     let mut done = Completions::default();
     if matches!(input, Input::Kick) && !engine.is_error() {
         // What the guest claims to have posted must make sense: a bad
@@ -444,7 +449,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         let budget = if engine.is_error() {
             usize::MAX
         } else {
-            BUDGET
+            budget
         };
         let work = engine.flush(now, &mut io, budget);
         if let Some(q) = rq {
@@ -473,7 +478,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         );
     }
     let failed = engine.is_error();
-    let more = !failed && work >= BUDGET;
+    let more = !failed && work >= budget;
     qp.engine = Some(engine);
     post_completions(mem, env, events, cqs, qp, handle, numbering, done);
     if failed && qp.state != qp_state::ERR {
