@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use super::shm_ring::{self, ShmRing};
+use super::shm_ring::{self, NotWritten, ShmRing};
 
 /// What became of a frame offered to the channel.
 #[derive(Debug, PartialEq, Eq)]
@@ -61,6 +61,19 @@ pub(crate) enum Sent {
     Dropped,
     /// No VMM of this host owns the MAC: use the wire.
     NotLocal,
+}
+
+/// What became of a frame offered to be written in place in a ring
+/// ([`LocalChannel::push_with`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum InPlace {
+    /// Written and published.
+    Pushed,
+    /// Its writer failed: nothing was sent.
+    NotWritten,
+    /// Not now (no accepted ring, frames wait before it, or no room):
+    /// build it elsewhere and [`LocalChannel::send`] it.
+    Elsewhere,
 }
 
 /// Which of the channel's descriptors woke the worker.
@@ -646,6 +659,34 @@ impl LocalChannel {
             refused.clear();
         }
         refused.insert(mac, peer.instance);
+    }
+
+    /// Offers a frame of `len` bytes for `dst_mac`, to be written by
+    /// `write` straight into its ring: the payload's only copy on our side.
+    /// Only into an accepted ring with room and nothing waiting before it.
+    pub(crate) fn push_with(
+        &self,
+        dst_mac: [u8; 6],
+        len: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> InPlace {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(peer) = peers.get_mut(&dst_mac) else {
+            return InPlace::Elsewhere;
+        };
+        if !peer.backlog.is_empty() || !peer.accepted() || !peer.alive() {
+            return InPlace::Elsewhere;
+        }
+        match peer.ring.push_with(len, write) {
+            Ok(Some(waiting)) => {
+                if waiting {
+                    peer.kick();
+                }
+                InPlace::Pushed
+            }
+            Ok(None) => InPlace::Elsewhere,
+            Err(NotWritten) => InPlace::NotWritten,
+        }
     }
 
     /// Whether frames wait for room in a ring: then the worker comes back

@@ -418,7 +418,10 @@ pub(crate) fn run_qp<M: GuestMemory>(
             &mut done,
         );
     }
-    let mut frames = Frames::default();
+    let mut frames = match env.wire.local.as_ref() {
+        Some(local) if same_host => Frames::same_host(local, dst_mac, &env.metrics),
+        _ => Frames::default(),
+    };
     let mut recv_error = None;
     let mut taken = 0;
     let work = {
@@ -489,7 +492,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         qp.flush_rings(mem, env, events, (handle, numbering), cqs);
     }
     Outcome {
-        frames: frames.0,
+        frames: frames.out,
         more,
         same_host_only: same_host,
     }

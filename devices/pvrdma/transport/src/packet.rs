@@ -257,13 +257,21 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
 /// Builds a frame without its ICRC: sets the BTH pad count, writes every
 /// header the opcode needs (an absent one is an error), then lets `fill`
 /// write the `payload_len` payload bytes in place (false: unreadable).
-/// The payload is the caller's own data, bounded by its path MTU.
+/// The payload is the caller's own data, bounded by its path MTU (or a
+/// segment's length, see [`crate::req::MAX_SEGMENT`]).
 pub fn build_unsealed(
     addr: &Addr,
     hdrs: &Headers,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]) -> bool,
 ) -> Result<Vec<u8>, BuildError> {
+    let mut frame = spare_frame(frame_len(addr, hdrs, payload_len)?);
+    write_unsealed(&mut frame, addr, hdrs, payload_len, fill)?;
+    Ok(frame)
+}
+
+/// The length of the frame [`write_unsealed`] writes.
+pub fn frame_len(addr: &Addr, hdrs: &Headers, payload_len: usize) -> Result<usize, BuildError> {
     let opcode = Opcode::try_from(hdrs.bth.opcode)?;
     if !opcode.is(OpClass::PAYLOAD) && payload_len != 0 {
         return Err(BuildError::Length);
@@ -276,12 +284,30 @@ pub fn build_unsealed(
         .and_then(|l| l.checked_add(ICRC_LEN))
         .filter(|&l| l <= MAX_IB_LEN)
         .ok_or(BuildError::Length)?;
+    Ok(net::headers_len(&addr.ip, addr.encap).saturating_add(ib_len))
+}
+
+/// [`build_unsealed`] into `frame`, of [`frame_len`] bytes, wherever it
+/// lies (a buffer, or a same-host ring straight away): every byte is
+/// written, the payload by `fill` only (no pass over it beforehand).
+pub fn write_unsealed(
+    frame: &mut [u8],
+    addr: &Addr,
+    hdrs: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Result<(), BuildError> {
+    if frame_len(addr, hdrs, payload_len)? != frame.len() {
+        return Err(BuildError::Length);
+    }
+    let opcode = Opcode::try_from(hdrs.bth.opcode)?;
+    let pad = payload_len.wrapping_neg() & 3;
     let hl = net::headers_len(&addr.ip, addr.encap);
-    let mut frame = spare_frame(hl.saturating_add(ib_len));
-    // A recycled buffer holds an old frame: zero all but the payload,
-    // which `fill` writes whole (no pass over it that it overwrites).
+    // All but the payload is zeroed first: reserved fields, pad, ICRC.
     let payload_at = hl.saturating_add(opcode.hdr_len());
-    let (head, rest) = frame.split_at_mut(payload_at);
+    let (head, rest) = frame
+        .split_at_mut_checked(payload_at)
+        .ok_or(BuildError::Length)?;
     head.fill(0);
     rest.get_mut(payload_len..).unwrap_or_default().fill(0);
     let (_, ib) = frame.split_at_mut(hl);
@@ -319,14 +345,14 @@ pub fn build_unsealed(
         return Err(BuildError::Payload);
     }
     net::write_headers(
-        &mut frame,
+        frame,
         addr.src_mac,
         addr.dst_mac,
         &addr.ip,
         addr.udp_sport,
         addr.encap,
     )?;
-    Ok(frame)
+    Ok(())
 }
 
 thread_local! {
@@ -343,7 +369,7 @@ const SPARE_CAPACITY: usize = 64 << 10;
 /// A buffer of `len` bytes, recycled if one is spare (then it holds an
 /// old frame's bytes: the caller overwrites them all), the latest
 /// recycled first (its memory is the likeliest to be in cache).
-fn spare_frame(len: usize) -> Vec<u8> {
+pub fn spare_frame(len: usize) -> Vec<u8> {
     let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
     if frame.len() >= len {
         frame.truncate(len);

@@ -25,7 +25,7 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{build_unsealed, Addr, BuildError, Headers, Packet};
+use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet};
 use crate::psn::Psn;
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_read_response, respond};
@@ -276,15 +276,35 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
     Some((w, s))
 }
 
+/// Builds the frame of `hdrs` with `payload_len` bytes from `fill` where
+/// `net` sends it (a same-host ring takes it in place: the payload is
+/// copied once, from its MR to the ring).
+fn send_frame(
+    net: &mut dyn PacketSink,
+    addr: &Addr,
+    hdrs: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Result<(), BuildError> {
+    let len = frame_len(addr, hdrs, payload_len)?;
+    let mut fill = Some(fill);
+    let mut built = Ok(());
+    net.send_in_place(len, &mut |frame| {
+        built = write_unsealed(frame, addr, hdrs, payload_len, |dst| {
+            fill.take().is_some_and(|f| f(dst))
+        });
+        built.is_ok()
+    });
+    built
+}
+
 fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
     // Our own headers and at most one MTU: building cannot fail short of
     // a bug, and a frame that cannot be built is a lost frame to RC.
-    if let Ok(f) = build_unsealed(addr, h, payload.len(), |dst| {
+    let _ = send_frame(net, addr, h, payload.len(), |dst| {
         dst.copy_from_slice(payload);
         true
-    }) {
-        net.send(f);
-    }
+    });
 }
 
 impl Qp {
@@ -614,9 +634,7 @@ impl Qp {
                 // built is a lost response, which the READ's retry covers.
                 let mr = &*io.mr;
                 let fill = |dst: &mut [u8]| mr.read(r.rkey, r.va, dst).is_ok();
-                if let Ok(f) = build_unsealed(&self.attrs.addr, &r.hdrs, r.len as usize, fill) {
-                    io.net.send(f);
-                }
+                let _ = send_frame(io.net, &self.attrs.addr, &r.hdrs, r.len as usize, fill);
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -696,10 +714,10 @@ impl Qp {
                 // The payload is gathered straight into the frame.
                 let (mr, pd, sges) = (&*io.mr, self.attrs.pd, &slot.e.sges);
                 let addr = slot.e.ah.as_ref().unwrap_or(&self.attrs.addr);
-                match build_unsealed(addr, &hdrs, payload_len as usize, |dst| {
+                match send_frame(io.net, addr, &hdrs, payload_len as usize, |dst| {
                     gather(mr, pd, sges, payload_off, dst).is_ok()
                 }) {
-                    Ok(f) => io.net.send(f),
+                    Ok(()) => {}
                     Err(BuildError::Payload) => {
                         slot.done = Some(WcStatus::LocProtErr);
                         self.set_error();
