@@ -44,13 +44,13 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use super::shm_ring::{self, NotWritten, ShmRing};
+use super::shm_ring::{self, NotWritten, Record, ShmRing};
 
 /// What became of a frame offered to the channel.
 #[derive(Debug, PartialEq, Eq)]
@@ -99,33 +99,61 @@ pub(crate) enum KickWatch {
     Remove(File),
 }
 
-/// Frames received in one batch, back to back in one buffer that the
-/// worker reuses from batch to batch: no allocation per frame.
+/// Frames received in one batch: read in place in their rings (the
+/// engine places their payloads straight from there: a frame's only copy
+/// on our side), or, for a frame that wraps around a ring's end, copied
+/// into a buffer the worker reuses. The records stay the batch's (the
+/// producer leaves them alone) until [`Batch::release`].
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
-    /// Holds the frames from its start; its length is the most a batch
-    /// used, not this one's (no pass over the bytes to empty it).
+    /// Copies of frames that wrap; its length is the most a batch used,
+    /// not this one's (no pass over the bytes to empty it).
     data: Vec<u8>,
-    /// Where each frame ends in `data`.
-    ends: Vec<usize>,
+    /// The frames, in order.
+    frames: Vec<Held>,
+    /// The rings read, and how far.
+    rings: Vec<(Arc<ShmRing>, u64)>,
+    /// Bytes of the frames.
+    bytes: usize,
+}
+
+/// Where a frame of a [`Batch`] is.
+#[derive(Debug)]
+enum Held {
+    /// In the ring `Batch::rings[ring]`.
+    InRing { ring: usize, record: Record },
+    /// In `Batch::data[start..end]`.
+    Copied { start: usize, end: usize },
 }
 
 impl Batch {
     /// The frames, in order.
     pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(self.ends.iter().copied())
-            .filter_map(|(start, end)| self.data.get(start..end))
+        self.frames.iter().filter_map(|h| match h {
+            Held::InRing { ring, record } => {
+                self.rings.get(*ring).and_then(|(r, _)| r.frame(record))
+            }
+            Held::Copied { start, end } => self.data.get(*start..*end),
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.ends.len()
+        self.frames.len()
     }
 
-    /// Bytes of frames in the batch.
-    fn bytes(&self) -> usize {
-        self.ends.last().copied().unwrap_or(0)
+    /// Hands the records read back to their producers: the frames are
+    /// done with.
+    pub(crate) fn release(&mut self) {
+        for (ring, pos) in self.rings.drain(..) {
+            ring.release(pos);
+        }
+        self.frames.clear();
+        self.bytes = 0;
+    }
+
+    /// Whether the batch holds all it may.
+    fn full(&self, max: usize) -> bool {
+        self.len() >= max || self.bytes >= BATCH_BYTES
     }
 }
 
@@ -373,7 +401,7 @@ impl Peer {
 /// A ring a peer sends us frames in.
 #[derive(Debug)]
 struct Inbound {
-    ring: ShmRing,
+    ring: Arc<ShmRing>,
     /// The instance that handed it over.
     instance: u64,
     /// The peer's kick, watched by the worker.
@@ -788,7 +816,7 @@ impl LocalChannel {
                     let old = inbound.insert(
                         from,
                         Inbound {
-                            ring,
+                            ring: Arc::new(ring),
                             instance,
                             kick,
                         },
@@ -845,10 +873,11 @@ impl LocalChannel {
         Some((n, files))
     }
 
-    /// Up to `max` frames from other VMMs into `batch` (emptied first),
-    /// after what woke the worker (only that descriptor is read: a system
-    /// call less per wake-up); asks the worker to come back when more are
-    /// waiting.
+    /// Up to `max` frames (and `BATCH_BYTES`) from other VMMs into
+    /// `batch` (released first; the caller releases it once the frames are
+    /// handled), after what woke the worker (only that descriptor is read:
+    /// a system call less per wake-up); asks the worker to come back when
+    /// more are waiting.
     pub(crate) fn recv(&self, max: usize, wake: Wake, batch: &mut Batch) {
         match wake {
             Wake::Socket => self.accept(),
@@ -857,25 +886,42 @@ impl LocalChannel {
             }
             Wake::Ring => {}
         }
-        batch.ends.clear();
+        batch.release();
         if batch.data.len() > BATCH_KEEP {
             // What a burst of large frames grew it to is not kept.
             batch.data.truncate(BATCH_KEEP);
             batch.data.shrink_to(BATCH_KEEP);
         }
+        let mut copied = 0usize;
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
         for (mac, Inbound { ring, .. }) in inbound.iter() {
-            loop {
-                if batch.len() >= max || batch.bytes() >= BATCH_BYTES {
-                    break;
-                }
-                let at = batch.bytes();
-                match ring.pop(&mut batch.data, at) {
-                    Ok(Some(n)) => batch.ends.push(at.saturating_add(n)),
+            let (index, mut pos) = (batch.rings.len(), ring.tail());
+            while !batch.full(max) {
+                match ring.next(pos) {
+                    Ok(Some(r)) => {
+                        pos = r.end;
+                        batch.bytes = batch.bytes.saturating_add(r.len);
+                        if ring.frame(&r).is_some() {
+                            batch.frames.push(Held::InRing {
+                                ring: index,
+                                record: r,
+                            });
+                            continue;
+                        }
+                        let end = copied.saturating_add(r.len);
+                        if batch.data.len() < end {
+                            batch.data.resize(end, 0);
+                        }
+                        if let Some(out) = batch.data.get_mut(copied..end) {
+                            ring.copy(&r, out);
+                        }
+                        batch.frames.push(Held::Copied { start: copied, end });
+                        copied = end;
+                    }
                     Ok(None) => {
                         // Announce the sleep; data that raced in is taken.
-                        if !ring.prepare_to_wait() {
+                        if !ring.prepare_to_wait(pos) {
                             break;
                         }
                     }
@@ -886,11 +932,14 @@ impl LocalChannel {
                     }
                 }
             }
+            if pos != ring.tail() {
+                batch.rings.push((Arc::clone(ring), pos));
+            }
         }
         for mac in corrupt {
             self.retire(inbound.remove(&mac));
         }
-        if batch.len() >= max || batch.bytes() >= BATCH_BYTES {
+        if batch.full(max) {
             if let Err(e) = self.again.write(1) {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
@@ -968,7 +1017,9 @@ mod tests {
     fn recv(ch: &LocalChannel, max: usize, wake: Wake) -> Vec<Vec<u8>> {
         let mut batch = Batch::default();
         ch.recv(max, wake, &mut batch);
-        batch.frames().map(<[u8]>::to_vec).collect()
+        let frames = batch.frames().map(<[u8]>::to_vec).collect();
+        batch.release();
+        frames
     }
 
     /// An epoll set watching a channel's ring kicks as its worker does.

@@ -41,6 +41,17 @@ const WAITING: usize = 16;
 pub(crate) const HEADER: usize = 64;
 const LEN: usize = 4;
 
+/// A record the consumer found ([`ShmRing::next`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// Ring position of its frame.
+    start: u64,
+    /// Bytes of its frame.
+    pub(crate) len: usize,
+    /// Ring position after it (the consumer's next cursor).
+    pub(crate) end: u64,
+}
+
 /// The writer of a frame given to [`ShmRing::push_with`] failed: nothing
 /// was published.
 #[derive(Debug, PartialEq, Eq)]
@@ -232,35 +243,66 @@ impl ShmRing {
         Some(waiting != 0)
     }
 
-    /// Consumer: copies the next frame into `out` at `at`, growing `out`
-    /// if it is too short (a buffer the caller reuses: no allocation, nor
-    /// a pass over the bytes, per frame); `Ok(None)` when empty, else its
-    /// length.
-    pub(crate) fn pop(&self, out: &mut Vec<u8>, at: usize) -> Result<Option<usize>, RingError> {
+    /// Consumer: the record at ring position `pos` (the consumer's
+    /// cursor: at or past `tail`, which moves only on
+    /// [`ShmRing::release`], so the producer leaves the record alone
+    /// while the consumer reads it in place); `Ok(None)` when there is
+    /// none. Its length is read once and checked against what the producer
+    /// published.
+    pub(crate) fn next(&self, pos: u64) -> Result<Option<Record>, RingError> {
         let (head, tail) = (self.load(HEAD), self.load(TAIL));
-        let used = head.wrapping_sub(tail);
+        let used = head.wrapping_sub(pos);
         if used == 0 {
             return Ok(None);
         }
-        if used > self.cap as u64 || used < LEN as u64 {
+        if head.wrapping_sub(tail) > self.cap as u64 || used > self.cap as u64 {
+            return Err(RingError::Corrupt);
+        }
+        if used < LEN as u64 {
             return Err(RingError::Corrupt);
         }
         let mut len = [0u8; LEN];
-        self.read_at(tail, &mut len);
+        self.read_at(pos, &mut len);
         let len = u32::from_le_bytes(len) as usize;
         let rec = Self::record_len(len) as u64;
         if len > MAX_FRAME_LEN || rec > used {
             return Err(RingError::Corrupt);
         }
-        let end = at.saturating_add(len);
-        if out.len() < end {
-            out.resize(end, 0);
+        Ok(Some(Record {
+            start: pos.wrapping_add(LEN as u64),
+            len,
+            end: pos.wrapping_add(rec),
+        }))
+    }
+
+    /// The bytes of `r`, in place, unless they wrap around the end of the
+    /// area (then [`ShmRing::copy`] them out).
+    pub(crate) fn frame(&self, r: &Record) -> Option<&[u8]> {
+        let at = self.at(r.start);
+        if at.saturating_add(r.len) > HEADER.saturating_add(self.cap) {
+            return None;
         }
-        if let Some(frame) = out.get_mut(at..end) {
-            self.read_at(tail.wrapping_add(LEN as u64), frame);
-        }
-        self.store(TAIL, tail.wrapping_add(rec));
-        Ok(Some(len))
+        // SAFETY: `at..at + len` lies within the mapping (checked above),
+        // which lives as long as `self`; the record was published by the
+        // producer (`next` checked it against `head`) and stays unwritten
+        // by a well-behaved producer until `release` moves `tail` past it.
+        // JUSTIFICATION: reading the frame where it is saves a copy of
+        // every byte received. A hostile producer may still write there
+        // meanwhile: the bytes are plain `u8`, the slice's bounds are ours,
+        // and everything taken from them (headers, lengths) is parsed once
+        // and checked, so it can only spoil its own frame.
+        Some(unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(at), r.len) })
+    }
+
+    /// Copies out the bytes of `r` (a frame that wraps) into `out`, of
+    /// `r.len` bytes.
+    pub(crate) fn copy(&self, r: &Record, out: &mut [u8]) {
+        self.read_at(r.start, out);
+    }
+
+    /// Consumer: everything before `pos` is read; the producer may reuse it.
+    pub(crate) fn release(&self, pos: u64) {
+        self.store(TAIL, pos);
     }
 
     /// Bytes the consumer has read so far: it moves when the consumer
@@ -269,15 +311,12 @@ impl ShmRing {
         self.load(TAIL)
     }
 
-    /// Consumer, before sleeping: announces it and says whether data came
-    /// in meanwhile (then it must not sleep).
-    pub(crate) fn prepare_to_wait(&self) -> bool {
+    /// Consumer, before sleeping with its cursor at `pos`: announces it
+    /// and says whether data came in meanwhile (then it must not sleep).
+    pub(crate) fn prepare_to_wait(&self, pos: u64) -> bool {
         let _ = self.mem().store(1u64, WAITING, Ordering::SeqCst);
-        let (head, tail) = (
-            self.mem().load::<u64>(HEAD, Ordering::SeqCst).unwrap_or(0),
-            self.load(TAIL),
-        );
-        head != tail
+        let head = self.mem().load::<u64>(HEAD, Ordering::SeqCst).unwrap_or(0);
+        head != pos
     }
 }
 
@@ -334,9 +373,18 @@ pub(crate) fn create(cap: usize) -> std::io::Result<(ShmRing, File)> {
 mod tests {
     use super::*;
 
+    /// The next frame, read in place or copied if it wraps, and released.
     fn pop(rx: &ShmRing) -> Result<Option<Vec<u8>>, RingError> {
-        let mut out = vec![0xee; 3];
-        Ok(rx.pop(&mut out, 1)?.map(|n| out[1..1 + n].to_vec()))
+        let Some(r) = rx.next(rx.tail())? else {
+            return Ok(None);
+        };
+        let frame = rx.frame(&r).map(<[u8]>::to_vec).unwrap_or_else(|| {
+            let mut out = vec![0; r.len];
+            rx.copy(&r, &mut out);
+            out
+        });
+        rx.release(r.end);
+        Ok(Some(frame))
     }
 
     fn pair(cap: usize) -> (ShmRing, ShmRing) {
@@ -397,10 +445,10 @@ mod tests {
         }
         assert_eq!(n, 4, "4 records of 1004 bytes fit 4096");
         while pop(&rx).unwrap().is_some() {}
-        assert!(!rx.prepare_to_wait(), "empty: may sleep");
+        assert!(!rx.prepare_to_wait(rx.tail()), "empty: may sleep");
         assert_eq!(tx.push(&f), Some(true), "the sleeper is kicked");
         assert_eq!(tx.push(&f), Some(false), "once");
-        assert!(rx.prepare_to_wait(), "data: must not sleep");
+        assert!(rx.prepare_to_wait(rx.tail()), "data: must not sleep");
     }
 
     #[test]
