@@ -30,7 +30,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 use net_port::MAX_FRAME_LEN;
-use rdma_transport::packet::{recycle, spare_frame};
+use rdma_transport::packet::{build_in_buffer, recycle};
 use vm_memory::mmap::MmapRegion;
 use vm_memory::{Bytes, FileOffset, VolatileMemory, VolatileSlice};
 
@@ -199,15 +199,9 @@ impl ShmRing {
                 return Err(NotWritten);
             }
         } else {
-            let mut frame = spare_frame(len);
-            let written = write(&mut frame);
-            if written {
-                self.write_at(head.wrapping_add(LEN as u64), &frame);
-            }
+            let frame = build_in_buffer(len, write).ok_or(NotWritten)?;
+            self.write_at(head.wrapping_add(LEN as u64), &frame);
             recycle(frame);
-            if !written {
-                return Err(NotWritten);
-            }
         }
         Ok(self.publish(head, len))
     }

@@ -20,7 +20,7 @@ use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
     RoceVersion,
 };
-use rdma_transport::packet::{recycle, seal, spare_frame, Addr};
+use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -205,13 +205,10 @@ impl PacketSink for Frames<'_> {
                 InPlace::Elsewhere => {}
             }
         }
-        let mut frame = spare_frame(len);
-        if !write(&mut frame) {
-            recycle(frame);
-            return false;
-        }
-        self.send(frame);
-        true
+        build_in_buffer(len, write).is_some_and(|frame| {
+            self.send(frame);
+            true
+        })
     }
 }
 

@@ -369,7 +369,7 @@ const SPARE_CAPACITY: usize = 64 << 10;
 /// A buffer of `len` bytes, recycled if one is spare (then it holds an
 /// old frame's bytes: the caller overwrites them all), the latest
 /// recycled first (its memory is the likeliest to be in cache).
-pub fn spare_frame(len: usize) -> Vec<u8> {
+fn spare_frame(len: usize) -> Vec<u8> {
     let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
     if frame.len() >= len {
         frame.truncate(len);
@@ -377,6 +377,18 @@ pub fn spare_frame(len: usize) -> Vec<u8> {
         frame.resize(len, 0);
     }
     frame
+}
+
+/// A frame of `len` bytes that `write` writes in a spare buffer; `None`
+/// (the buffer recycled) when `write` fails.
+pub fn build_in_buffer(len: usize, write: &mut dyn FnMut(&mut [u8]) -> bool) -> Option<Vec<u8>> {
+    let mut frame = spare_frame(len);
+    if write(&mut frame) {
+        Some(frame)
+    } else {
+        recycle(frame);
+        None
+    }
 }
 
 /// Hands a sent frame's buffer back for this thread's next frame.

@@ -330,13 +330,10 @@ pub trait PacketSink {
     /// written where it goes (a same-host ring) saves a copy of it; this
     /// default builds it in a buffer and [`PacketSink::send`]s that.
     fn send_in_place(&mut self, len: usize, write: &mut dyn FnMut(&mut [u8]) -> bool) -> bool {
-        let mut frame = crate::packet::spare_frame(len);
-        if !write(&mut frame) {
-            crate::packet::recycle(frame);
-            return false;
-        }
-        self.send(frame);
-        true
+        crate::packet::build_in_buffer(len, write).is_some_and(|frame| {
+            self.send(frame);
+            true
+        })
     }
 }
 
