@@ -52,8 +52,8 @@ impl Env {
 
     /// Sends routed frames (see [`Wire::send`]); never under the state
     /// lock: the same-host channel may wait for a receiver.
-    pub(crate) fn send(&self, frames: Vec<Vec<u8>>, same_host_only: bool) {
-        self.wire.send(&self.metrics, frames, same_host_only);
+    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
+        self.wire.send(&self.metrics, frames);
     }
 }
 

@@ -105,8 +105,6 @@ pub(crate) struct Worker<M> {
     armed: Option<u64>,
     /// Frames to send once the state lock is released.
     outgoing: Vec<Vec<u8>>,
-    /// Frames only the same-host channel may take (segments).
-    outgoing_same_host: Vec<Vec<u8>>,
     /// The buffer same-host frames are received into, reused.
     rx: Batch,
     stopped: bool,
@@ -190,7 +188,6 @@ impl<M: GuestAddressSpace> Worker<M> {
             deferred: false,
             armed: None,
             outgoing: Vec::new(),
-            outgoing_same_host: Vec::new(),
             rx: Batch::default(),
             stopped: false,
         })
@@ -220,11 +217,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// Takes what a run of QP `handle` left: frames to send, more work.
     fn finish_run(&mut self, env: &Env, objects: &Objects, handle: u32, out: Outcome) {
         let frames = env.route(&objects.gids, out.frames);
-        if out.same_host_only {
-            self.outgoing_same_host.extend(frames);
-        } else {
-            self.outgoing.extend(frames);
-        }
+        self.outgoing.extend(frames);
         if out.more && self.busy.insert(handle) {
             if let Err(e) = self.kick.write(1) {
                 error!("pvrdma: failed to requeue QP {handle}: {e}");
@@ -626,9 +619,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 }
             }
         }
-        let env = &self.shared.env;
-        env.send(std::mem::take(&mut self.outgoing), false);
-        env.send(std::mem::take(&mut self.outgoing_same_host), true);
+        self.shared.env.send(std::mem::take(&mut self.outgoing));
         // QPs that waited for room try again on each poll of the backlog,
         // or once it is gone.
         if self.deferred && (data == TIMER_EVENT || !self.channel_backlogged()) {

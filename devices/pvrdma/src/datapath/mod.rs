@@ -83,10 +83,8 @@ pub(crate) enum Input<'p> {
 /// What a [`run_qp`] call leaves to the worker.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
-    /// Frames to transmit.
+    /// Frames to transmit (a same-host QP's went into its ring already).
     pub(crate) frames: Vec<Vec<u8>>,
-    /// They may be segments: only the same-host channel takes them.
-    pub(crate) same_host_only: bool,
     /// The budget ran out: call again.
     pub(crate) more: bool,
 }
@@ -494,6 +492,5 @@ pub(crate) fn run_qp<M: GuestMemory>(
     Outcome {
         frames: frames.out,
         more,
-        same_host_only: same_host,
     }
 }

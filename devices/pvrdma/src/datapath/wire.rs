@@ -185,11 +185,11 @@ impl PacketSink for Frames<'_> {
             Sent::Local => {
                 metrics.roce_local_tx.inc();
             }
-            Sent::Dropped => {
+            // The peer left since the run began: the frame may be a
+            // segment, which no wire takes; RC resends it as MTU packets.
+            Sent::Dropped | Sent::NotLocal => {
                 metrics.roce_local_dropped.inc();
             }
-            // The peer left: `Wire::send` drops it (it may be a segment).
-            Sent::NotLocal => return self.out.push(frame),
         }
         recycle(frame);
     }
@@ -317,10 +317,8 @@ impl Wire {
 
     /// Sends frames to a VMM of this host over the same-host channel when
     /// one owns the destination MAC, as they are (unsealed), else sealed
-    /// onto the port's backend. `same_host_only` frames (segments, larger
-    /// than a wire's MTU) are dropped instead: their peer left the channel
-    /// since they were built, and RC resends them as MTU packets.
-    pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>, same_host_only: bool) {
+    /// onto the port's backend.
+    pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>) {
         if let Some(local) = self.local.as_ref() {
             // Frames that waited for room go before these.
             metrics.roce_local_dropped.add(local.flush() as u64);
@@ -341,10 +339,6 @@ impl Wire {
                 Some(Sent::Dropped) => {
                     metrics.roce_local_dropped.inc();
                     recycle(frame);
-                    continue;
-                }
-                Some(Sent::NotLocal) | None if same_host_only => {
-                    metrics.roce_local_dropped.inc();
                     continue;
                 }
                 Some(Sent::NotLocal) | None => {}

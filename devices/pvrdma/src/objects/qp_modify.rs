@@ -266,8 +266,7 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
             let out = datapath::run_qp(cx.mem, cx.env, events, objects, handle, now, Input::Kick);
             // An engine in the error state only completes work: no frame
             // is sent from under the state lock in practice.
-            let frames = cx.env.route(&objects.gids, out.frames);
-            cx.env.send(frames, out.same_host_only);
+            cx.env.send(cx.env.route(&objects.gids, out.frames));
         }
         s::ERR => {
             let qp_id = (handle, numbering);
