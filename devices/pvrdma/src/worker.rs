@@ -381,6 +381,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 shared.env.metrics.roce_rx_bad.add(n);
             }
         }
+        batch.release();
         self.rx = batch;
     }
 

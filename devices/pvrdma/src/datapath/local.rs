@@ -44,13 +44,13 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use super::shm_ring::{self, ShmRing};
+use super::shm_ring::{self, NotWritten, Record, ShmRing};
 
 /// What became of a frame offered to the channel.
 #[derive(Debug, PartialEq, Eq)]
@@ -61,6 +61,19 @@ pub(crate) enum Sent {
     Dropped,
     /// No VMM of this host owns the MAC: use the wire.
     NotLocal,
+}
+
+/// What became of a frame offered to be written in place in a ring
+/// ([`LocalChannel::push_with`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum InPlace {
+    /// Written and published.
+    Pushed,
+    /// Its writer failed: nothing was sent.
+    NotWritten,
+    /// Not now (no accepted ring, frames wait before it, or no room):
+    /// build it elsewhere and [`LocalChannel::send`] it.
+    Elsewhere,
 }
 
 /// Which of the channel's descriptors woke the worker.
@@ -86,37 +99,77 @@ pub(crate) enum KickWatch {
     Remove(File),
 }
 
-/// Frames received in one batch, back to back in one buffer that the
-/// worker reuses from batch to batch: no allocation per frame.
+/// Frames received in one batch: read in place in their rings (the
+/// engine places their payloads straight from there: a frame's only copy
+/// on our side), or, for a frame that wraps around a ring's end, copied
+/// into a buffer the worker reuses. The records stay the batch's (the
+/// producer leaves them alone) until [`Batch::release`].
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
+    /// Copies of frames that wrap; its length is the most a batch used,
+    /// not this one's (no pass over the bytes to empty it).
     data: Vec<u8>,
-    /// Where each frame ends in `data`.
-    ends: Vec<usize>,
+    /// The frames, in order.
+    frames: Vec<Held>,
+    /// The rings read, and how far.
+    rings: Vec<(Arc<ShmRing>, u64)>,
+    /// Bytes of the frames.
+    bytes: usize,
+}
+
+/// Where a frame of a [`Batch`] is.
+#[derive(Debug)]
+enum Held {
+    /// In the ring `Batch::rings[ring]`.
+    InRing { ring: usize, record: Record },
+    /// In `Batch::data[start..end]`.
+    Copied { start: usize, end: usize },
 }
 
 impl Batch {
     /// The frames, in order.
     pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(self.ends.iter().copied())
-            .filter_map(|(start, end)| self.data.get(start..end))
+        self.frames.iter().filter_map(|h| match h {
+            Held::InRing { ring, record } => {
+                self.rings.get(*ring).and_then(|(r, _)| r.frame(record))
+            }
+            Held::Copied { start, end } => self.data.get(*start..*end),
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.ends.len()
+        self.frames.len()
+    }
+
+    /// Hands the records read back to their producers: the frames are
+    /// done with.
+    pub(crate) fn release(&mut self) {
+        for (ring, pos) in self.rings.drain(..) {
+            ring.release(pos);
+        }
+        self.frames.clear();
+        self.bytes = 0;
+    }
+
+    /// Whether the batch holds all it may.
+    fn full(&self, max: usize) -> bool {
+        self.len() >= max || self.bytes >= BATCH_BYTES
     }
 }
 
 /// Bytes a [`Batch`] keeps between batches.
 const BATCH_KEEP: usize = 1 << 20;
+/// Bytes of frames after which a batch ends: its frames are placed while
+/// their copy is still in the CPU's cache.
+const BATCH_BYTES: usize = 256 << 10;
 
 /// Bytes of each ring a sender creates: 4 MiB holds a few thousand frames
 /// of 1 KiB, several RC windows.
 const RING_BYTES: usize = 4 << 20;
-/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames).
+/// Frames one peer's backlog holds (a few RC windows of 1 KiB frames),
+/// and bytes (a few of segments).
 const BACKLOG_FRAMES: usize = 2048;
+const BACKLOG_BYTES: usize = 8 << 20;
 /// Longest the oldest frame of a backlog waits for room before the
 /// backlog is dropped: its consumer stalled (paused, migrating, gone).
 const ROOM_WAIT: Duration = Duration::from_millis(100);
@@ -135,10 +188,27 @@ const ANSWER_WAIT: Duration = Duration::from_millis(10);
 /// ride along as SCM_RIGHTS); BYE (a VMM leaving, e.g. after migrating its
 /// VM away) has the same layout without them. A PROBE only asks whether
 /// the socket's owner is there.
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING3";
+///
+/// SETUP's tag is the channel's version: what the rings carry. Version 4
+/// carries segments (several MTUs of a message in one frame), which a
+/// VMM of version 3 would refuse as malformed packets, failing the QP; so
+/// the consumer answers ACCEPT (with the ring sender's instance) once it
+/// maps a ring, or REFUSE for a SETUP of another version (logged on both
+/// sides), and the sender sends segments only into an accepted ring and
+/// takes the wire for a peer that refused its ring or never read it (an
+/// older VMM ignores both the SETUP and the answer).
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING4";
+/// What every version's SETUP tag starts with.
+const SETUP_ANY: &[u8; 15] = b"PVRDMA-SHM-RING";
+const ACCEPT: &[u8; 16] = b"PVRDMA-SHM-TAKEN";
+const REFUSE: &[u8; 16] = b"PVRDMA-SHM-REFUS";
 const PROBE: &[u8; 16] = b"PVRDMA-SHM-PROBE";
 const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-2";
 const MSG_LEN: usize = 16 + 4 + 6 + 8;
+/// Longest a ring may go neither accepted nor read before its sender
+/// takes the peer for one that does not speak our version (generous: a
+/// worker of a nested test host can be descheduled for a while).
+const ACCEPT_WAIT: Duration = Duration::from_secs(2);
 
 /// A SETUP or BYE message.
 fn control(tag: &[u8; 16], size: u32, mac: [u8; 6], instance: u64) -> [u8; MSG_LEN] {
@@ -237,10 +307,15 @@ struct Peer {
     /// When we kicked a consumer that has not read since, and where its
     /// tail was then.
     unanswered: Option<(Instant, u64)>,
+    /// When we handed the ring over, until the consumer accepts it (an
+    /// ACCEPT, or it reads from it): until then no segments go in.
+    offered: Option<Instant>,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
     /// Frames the full ring refused, oldest first.
     backlog: VecDeque<Vec<u8>>,
+    /// Their bytes.
+    backlog_bytes: usize,
     /// When the oldest of them was refused.
     since: Option<Instant>,
 }
@@ -265,6 +340,19 @@ impl Peer {
         if self.unanswered.is_none() {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
+    }
+
+    /// Whether the backlog holds all it may.
+    fn backlog_full(&self) -> bool {
+        self.backlog.len() >= BACKLOG_FRAMES || self.backlog_bytes >= BACKLOG_BYTES
+    }
+
+    /// Whether the consumer took the ring: it said so, or it reads it.
+    fn accepted(&mut self) -> bool {
+        if self.offered.is_some() && self.ring.tail() != 0 {
+            self.offered = None;
+        }
+        self.offered.is_none()
     }
 
     /// False when a kick went unanswered for [`ANSWER_WAIT`] and the
@@ -292,7 +380,8 @@ impl Peer {
             if waiting {
                 self.kick();
             }
-            self.backlog.pop_front();
+            let len = self.backlog.pop_front().map_or(0, |f| f.len());
+            self.backlog_bytes = self.backlog_bytes.saturating_sub(len);
             self.since = Some(now);
         }
         if self.backlog.is_empty() {
@@ -302,6 +391,7 @@ impl Peer {
             .is_some_and(|t| now.saturating_duration_since(t) > ROOM_WAIT)
         {
             self.since = None;
+            self.backlog_bytes = 0;
             return std::mem::take(&mut self.backlog).len();
         }
         0
@@ -311,7 +401,7 @@ impl Peer {
 /// A ring a peer sends us frames in.
 #[derive(Debug)]
 struct Inbound {
-    ring: ShmRing,
+    ring: Arc<ShmRing>,
     /// The instance that handed it over.
     instance: u64,
     /// The peer's kick, watched by the worker.
@@ -345,6 +435,9 @@ pub(crate) struct LocalChannel {
     peers: Mutex<BTreeMap<[u8; 6], Peer>>,
     /// Rings other VMMs send us frames in, by their MAC.
     inbound: Mutex<BTreeMap<[u8; 6], Inbound>>,
+    /// Peers that refused our ring, or never took it, by MAC: the
+    /// instance that did (a new owner of the MAC is offered a ring again).
+    refused: Mutex<BTreeMap<[u8; 6], u64>>,
     /// Kick eventfds for the worker to watch or unwatch.
     watch: Mutex<Vec<KickWatch>>,
     dir: PathBuf,
@@ -406,6 +499,7 @@ impl LocalChannel {
             mac,
             peers: Mutex::new(BTreeMap::new()),
             inbound: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
             watch: Mutex::new(Vec::new()),
             dir: dir.to_path_buf(),
             staged: Mutex::new((own != home).then_some(own)),
@@ -465,6 +559,11 @@ impl LocalChannel {
             return None;
         }
         let instance = std::fs::metadata(&path).ok()?.ino();
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        if refused.get(&mac) == Some(&instance) {
+            return None;
+        }
+        drop(refused);
         let sock = UnixDatagram::unbound().ok()?;
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
@@ -480,8 +579,10 @@ impl LocalChannel {
             ring,
             kick,
             unanswered: None,
+            offered: Some(Instant::now()),
             instance,
             backlog: VecDeque::new(),
+            backlog_bytes: 0,
             since: None,
         })
     }
@@ -525,6 +626,12 @@ impl LocalChannel {
             peers.remove(&dst_mac);
             return Sent::NotLocal;
         }
+        if !peer.accepted() && peer.offered.is_some_and(|t| t.elapsed() > ACCEPT_WAIT) {
+            // An older VMM ignores our SETUP: it never reads the ring.
+            self.give_up(dst_mac, peer, "never took our ring");
+            peers.remove(&dst_mac);
+            return Sent::NotLocal;
+        }
         let pushed = if peer.backlog.is_empty() {
             peer.ring.push(frame)
         } else {
@@ -540,21 +647,73 @@ impl LocalChannel {
             // is still there: a full ring may belong to one that is gone
             // (migrated away without ever sleeping); then the frame takes
             // the wire and the next one finds the MAC's new owner.
-            None if (peer.backlog.is_empty() || peer.backlog.len() >= BACKLOG_FRAMES)
-                && !peer.probe() =>
-            {
+            None if (peer.backlog.is_empty() || peer.backlog_full()) && !peer.probe() => {
                 peers.remove(&dst_mac);
                 Sent::NotLocal
             }
-            None if peer.backlog.len() >= BACKLOG_FRAMES => Sent::Dropped,
+            None if peer.backlog_full() => Sent::Dropped,
             None => {
                 if peer.backlog.is_empty() {
                     peer.since = Some(Instant::now());
                 }
                 // The worker pushes it later (see `backlogged`).
                 peer.backlog.push_back(frame.to_vec());
+                peer.backlog_bytes = peer.backlog_bytes.saturating_add(frame.len());
                 Sent::Local
             }
+        }
+    }
+
+    /// Whether frames to `mac` go into a ring of ours: a VMM of this host
+    /// owns the MAC, so a QP towards it may send segments (several MTUs
+    /// of a message in one frame, see `rdma_transport::req::MAX_SEGMENT`).
+    pub(crate) fn has_ring(&self, mac: [u8; 6]) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.get_mut(&mac).is_some_and(Peer::accepted)
+    }
+
+    /// Stops offering rings to the instance of `mac` that `peer` goes to
+    /// (it refused ours, or never took it): its frames take the wire.
+    fn give_up(&self, mac: [u8; 6], peer: &Peer, why: &str) {
+        log::warn!(
+            "pvrdma: same-host channel: {} (instance {}) {why} (our version: {}); \
+             frames to it take the wire",
+            sock_name(mac),
+            peer.instance,
+            String::from_utf8_lossy(SETUP)
+        );
+        let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        if refused.len() >= MAX_PEERS {
+            refused.clear();
+        }
+        refused.insert(mac, peer.instance);
+    }
+
+    /// Offers a frame of `len` bytes for `dst_mac`, to be written by
+    /// `write` straight into its ring: the payload's only copy on our side.
+    /// Only into an accepted ring with room and nothing waiting before it.
+    pub(crate) fn push_with(
+        &self,
+        dst_mac: [u8; 6],
+        len: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> InPlace {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(peer) = peers.get_mut(&dst_mac) else {
+            return InPlace::Elsewhere;
+        };
+        if !peer.backlog.is_empty() || !peer.accepted() || !peer.alive() {
+            return InPlace::Elsewhere;
+        }
+        match peer.ring.push_with(len, write) {
+            Ok(Some(waiting)) => {
+                if waiting {
+                    peer.kick();
+                }
+                InPlace::Pushed
+            }
+            Ok(None) => InPlace::Elsewhere,
+            Err(NotWritten) => InPlace::NotWritten,
         }
     }
 
@@ -605,6 +764,21 @@ impl LocalChannel {
             let Some((tag, size, from, instance)) = buf.get(..n).and_then(parse_control) else {
                 continue;
             };
+            if tag == ACCEPT || tag == REFUSE {
+                self.answered(tag == ACCEPT, from, instance);
+                continue;
+            }
+            if tag != SETUP && tag.starts_with(SETUP_ANY) {
+                log::warn!(
+                    "pvrdma: same-host channel: {} offered a ring of version {} (ours: {}): \
+                     refused, its frames are to take the wire",
+                    sock_name(from),
+                    String::from_utf8_lossy(tag),
+                    String::from_utf8_lossy(SETUP)
+                );
+                self.answer(REFUSE, from, instance);
+                continue;
+            }
             if tag != SETUP && tag != BYE {
                 continue;
             }
@@ -642,7 +816,7 @@ impl LocalChannel {
                     let old = inbound.insert(
                         from,
                         Inbound {
-                            ring,
+                            ring: Arc::new(ring),
                             instance,
                             kick,
                         },
@@ -650,9 +824,33 @@ impl LocalChannel {
                     self.retire(old);
                     let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
                     watch.push(KickWatch::Add(fd));
+                    self.answer(ACCEPT, from, instance);
                 }
                 Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
+        }
+    }
+
+    /// Answers the SETUP of `instance` of `mac` (best effort: a sender
+    /// that gets no answer finds out by whether we read its ring).
+    fn answer(&self, tag: &[u8; 16], mac: [u8; 6], instance: u64) {
+        let msg = control(tag, 0, self.mac, instance);
+        let _ = self.sock.send_to(&msg, self.dir.join(sock_name(mac)));
+    }
+
+    /// The answer of `mac` to the ring we handed over (ACCEPT or REFUSE),
+    /// if it is for us (`instance`, the ring sender's, is ours).
+    fn answered(&self, accept: bool, mac: [u8; 6], instance: u64) {
+        if instance != self.inode {
+            return;
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if accept {
+            if let Some(p) = peers.get_mut(&mac) {
+                p.offered = None;
+            }
+        } else if let Some(p) = peers.remove(&mac) {
+            self.give_up(mac, &p, "refused our ring");
         }
     }
 
@@ -675,10 +873,11 @@ impl LocalChannel {
         Some((n, files))
     }
 
-    /// Up to `max` frames from other VMMs into `batch` (emptied first),
-    /// after what woke the worker (only that descriptor is read: a system
-    /// call less per wake-up); asks the worker to come back when more are
-    /// waiting.
+    /// Up to `max` frames (and `BATCH_BYTES`) from other VMMs into
+    /// `batch` (released first; the caller releases it once the frames are
+    /// handled), after what woke the worker (only that descriptor is read:
+    /// a system call less per wake-up); asks the worker to come back when
+    /// more are waiting.
     pub(crate) fn recv(&self, max: usize, wake: Wake, batch: &mut Batch) {
         match wake {
             Wake::Socket => self.accept(),
@@ -687,22 +886,42 @@ impl LocalChannel {
             }
             Wake::Ring => {}
         }
-        batch.data.clear();
-        // What a peer's burst of large frames grew it to is not kept.
-        batch.data.shrink_to(BATCH_KEEP);
-        batch.ends.clear();
+        batch.release();
+        if batch.data.len() > BATCH_KEEP {
+            // What a burst of large frames grew it to is not kept.
+            batch.data.truncate(BATCH_KEEP);
+            batch.data.shrink_to(BATCH_KEEP);
+        }
+        let mut copied = 0usize;
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
         for (mac, Inbound { ring, .. }) in inbound.iter() {
-            loop {
-                if batch.len() >= max {
-                    break;
-                }
-                match ring.pop(&mut batch.data) {
-                    Ok(Some(_)) => batch.ends.push(batch.data.len()),
+            let (index, mut pos) = (batch.rings.len(), ring.tail());
+            while !batch.full(max) {
+                match ring.next(pos) {
+                    Ok(Some(r)) => {
+                        pos = r.end;
+                        batch.bytes = batch.bytes.saturating_add(r.len);
+                        if ring.frame(&r).is_some() {
+                            batch.frames.push(Held::InRing {
+                                ring: index,
+                                record: r,
+                            });
+                            continue;
+                        }
+                        let end = copied.saturating_add(r.len);
+                        if batch.data.len() < end {
+                            batch.data.resize(end, 0);
+                        }
+                        if let Some(out) = batch.data.get_mut(copied..end) {
+                            ring.copy(&r, out);
+                        }
+                        batch.frames.push(Held::Copied { start: copied, end });
+                        copied = end;
+                    }
                     Ok(None) => {
                         // Announce the sleep; data that raced in is taken.
-                        if !ring.prepare_to_wait() {
+                        if !ring.prepare_to_wait(pos) {
                             break;
                         }
                     }
@@ -713,11 +932,14 @@ impl LocalChannel {
                     }
                 }
             }
+            if pos != ring.tail() {
+                batch.rings.push((Arc::clone(ring), pos));
+            }
         }
         for mac in corrupt {
             self.retire(inbound.remove(&mac));
         }
-        if batch.len() >= max {
+        if batch.full(max) {
             if let Err(e) = self.again.write(1) {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
@@ -795,7 +1017,9 @@ mod tests {
     fn recv(ch: &LocalChannel, max: usize, wake: Wake) -> Vec<Vec<u8>> {
         let mut batch = Batch::default();
         ch.recv(max, wake, &mut batch);
-        batch.frames().map(<[u8]>::to_vec).collect()
+        let frames = batch.frames().map(<[u8]>::to_vec).collect();
+        batch.release();
+        frames
     }
 
     /// An epoll set watching a channel's ring kicks as its worker does.
@@ -1079,9 +1303,16 @@ mod tests {
         }
         assert_eq!(a.flush(), 0);
         assert!(a.backlogged(), "the worker is to come back");
+        // A batch ends at BATCH_BYTES and asks to come back.
         let mut got = recv(&b, 16, Wake::Socket);
+        assert_eq!(got.len(), BATCH_BYTES / (64 << 10));
         assert_eq!(a.flush(), 0, "room made: pushed");
-        got.extend(recv(&b, n, Wake::Again));
+        while got.len() < n {
+            let more = recv(&b, n, Wake::Again);
+            assert!(!more.is_empty(), "the rest follows");
+            got.extend(more);
+            assert_eq!(a.flush(), 0);
+        }
         assert_eq!(got.len(), n);
         assert!(
             got.iter().enumerate().all(|(i, f)| f[0] == i as u8),
@@ -1094,6 +1325,14 @@ mod tests {
             }
         }
         assert!(a.peers.lock().unwrap()[&to_b].backlog.is_empty());
+        // Large frames (segments) are held up to BACKLOG_BYTES, not
+        // BACKLOG_FRAMES of them.
+        let mut held = 0;
+        while a.send(to_b, &[7u8; 64 << 10]) == Sent::Local {
+            held += 1;
+            assert!(held <= BACKLOG_FRAMES);
+        }
+        assert_eq!(held, BACKLOG_BYTES / (64 << 10));
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -1115,11 +1354,90 @@ mod tests {
 
     /// Hands `to` a SETUP as a peer would, with `memfd` and `kick`.
     fn setup(dir: &Path, from: [u8; 6], to: [u8; 6], memfd: &File, kick: RawFd) {
+        setup_tagged(SETUP, dir, from, to, memfd, kick);
+    }
+
+    /// [`setup`] with the SETUP tag of some version.
+    fn setup_tagged(
+        tag: &[u8; 16],
+        dir: &Path,
+        from: [u8; 6],
+        to: [u8; 6],
+        memfd: &File,
+        kick: RawFd,
+    ) {
         let sock = UnixDatagram::unbound().unwrap();
         sock.connect(dir.join(sock_name(to))).unwrap();
-        let msg = control(SETUP, 4096, from, 77);
+        let msg = control(tag, 4096, from, 77);
         sock.send_with_fds(&[&msg[..]], &[memfd.as_raw_fd(), kick])
             .unwrap();
+    }
+
+    /// The version handshake: a ring is accepted (and only then takes
+    /// segments); a VMM of another version gets a REFUSE instead of having
+    /// its ring misread, and a sender whose ring is refused takes the wire.
+    #[test]
+    fn rings_of_another_version_are_refused_and_their_senders_take_the_wire() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-v-{}", std::process::id()));
+        let (ma, mb, old) = (
+            [2, 0, 0, 0, 12, 1],
+            [2, 0, 0, 0, 12, 2],
+            [2, 0, 0, 0, 12, 3],
+        );
+        let a = LocalChannel::bind(&dir, ma, false).unwrap();
+        let b = LocalChannel::bind(&dir, mb, false).unwrap();
+        assert_eq!(a.send(mb, b"one"), Sent::Local);
+        assert!(!a.has_ring(mb), "not accepted yet: no segments");
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"one".to_vec()]);
+        recv(&a, 8, Wake::Socket);
+        assert!(a.has_ring(mb), "B's ACCEPT arrived");
+        // A VMM of another version (a socket of our own here) offers B a
+        // ring: refused, and told so.
+        let other = UnixDatagram::bind(dir.join(sock_name(old))).unwrap();
+        let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+        let memfd = shm_ring::create(4096).unwrap().1;
+        setup_tagged(b"PVRDMA-SHM-RING9", &dir, old, mb, &memfd, efd.as_raw_fd());
+        recv(&b, 8, Wake::Socket);
+        assert!(!b.inbound.lock().unwrap().contains_key(&old), "not mapped");
+        let mut reply = [0u8; MSG_LEN];
+        other.set_nonblocking(true).unwrap();
+        let n = other.recv(&mut reply).unwrap();
+        assert_eq!(parse_control(&reply[..n]), Some((REFUSE, 0, mb, 77)));
+        // Our sender refused by its peer: its frames take the wire, and a
+        // new ring is offered only to a new owner of the MAC.
+        let sock = UnixDatagram::unbound().unwrap();
+        let refuse = control(REFUSE, 0, mb, a.inode);
+        sock.send_to(&refuse, dir.join(sock_name(ma))).unwrap();
+        recv(&a, 8, Wake::Socket);
+        assert!(!a.has_ring(mb));
+        assert_eq!(a.send(mb, b"two"), Sent::NotLocal);
+        assert!(recv(&b, 8, Wake::Ring).is_empty());
+        // A REFUSE for another instance of our MAC changes nothing.
+        assert_eq!(b.send(ma, b"back"), Sent::Local);
+        let stale = control(REFUSE, 0, ma, b.inode + 1);
+        sock.send_to(&stale, dir.join(sock_name(mb))).unwrap();
+        recv(&b, 8, Wake::Socket);
+        assert_eq!(b.send(ma, b"back again"), Sent::Local);
+        drop((a, b, other));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An older VMM ignores our SETUP and never reads the ring: after
+    /// ACCEPT_WAIT its frames take the wire instead of filling it.
+    #[test]
+    fn a_ring_nobody_takes_is_given_up() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-o-{}", std::process::id()));
+        let (ma, old) = ([2, 0, 0, 0, 13, 1], [2, 0, 0, 0, 13, 3]);
+        let a = LocalChannel::bind(&dir, ma, false).unwrap();
+        let _ignores = UnixDatagram::bind(dir.join(sock_name(old))).unwrap();
+        assert_eq!(a.send(old, b"one"), Sent::Local);
+        assert!(!a.has_ring(old));
+        std::thread::sleep(ACCEPT_WAIT + Duration::from_millis(100));
+        assert_eq!(a.send(old, b"two"), Sent::NotLocal);
+        assert_eq!(a.send(old, b"three"), Sent::NotLocal, "not offered again");
+        assert!(a.peers.lock().unwrap().is_empty());
+        drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use rdma_transport::net::Mac;
 use rdma_transport::packet::Packet;
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp as Engine, QpAttrs};
+use rdma_transport::req::MAX_SEGMENT;
 use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WcStatus, WorkCompletion};
 use vm_memory::GuestMemory;
 
@@ -62,6 +63,10 @@ impl Clock {
 /// Packets (or flushed WQEs) one QP may produce per call before the
 /// worker gives other QPs and events a turn.
 pub(crate) const BUDGET: usize = 64;
+/// The same towards a same-host peer, whose packets are segments of up
+/// to 32 KiB: 256 KiB per call, so that one call cannot overflow the
+/// peer's ring and backlog (several MiB) on its own.
+const SEGMENT_BUDGET: usize = 8;
 
 /// Why the worker runs a QP.
 #[derive(Clone, Copy)]
@@ -78,7 +83,7 @@ pub(crate) enum Input<'p> {
 /// What a [`run_qp`] call leaves to the worker.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
-    /// Frames to transmit.
+    /// Frames to transmit (a same-host QP's went into its ring already).
     pub(crate) frames: Vec<Vec<u8>>,
     /// The budget ran out: call again.
     pub(crate) more: bool,
@@ -382,6 +387,12 @@ pub(crate) fn run_qp<M: GuestMemory>(
     };
     let port = env.port.state();
     gids.sync(&env.port);
+    // Towards a VMM of this host, whole segments instead of MTU packets.
+    let dst_mac = engine.attrs().addr.dst_mac;
+    let same_host =
+        qp.qp_type == qp_type::RC && env.wire.local.as_ref().is_some_and(|l| l.has_ring(dst_mac));
+    engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
+    let budget = if same_host { SEGMENT_BUDGET } else { BUDGET };
     let mut done = Completions::default();
     if matches!(input, Input::Kick) && !engine.is_error() {
         // What the guest claims to have posted must make sense: a bad
@@ -405,7 +416,10 @@ pub(crate) fn run_qp<M: GuestMemory>(
             &mut done,
         );
     }
-    let mut frames = Frames::default();
+    let mut frames = match env.wire.local.as_ref() {
+        Some(local) if same_host => Frames::same_host(local, dst_mac, &env.metrics),
+        _ => Frames::default(),
+    };
     let mut recv_error = None;
     let mut taken = 0;
     let work = {
@@ -436,7 +450,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         let budget = if engine.is_error() {
             usize::MAX
         } else {
-            BUDGET
+            budget
         };
         let work = engine.flush(now, &mut io, budget);
         if let Some(q) = rq {
@@ -465,7 +479,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         );
     }
     let failed = engine.is_error();
-    let more = !failed && work >= BUDGET;
+    let more = !failed && work >= budget;
     qp.engine = Some(engine);
     post_completions(mem, env, events, cqs, qp, handle, numbering, done);
     if failed && qp.state != qp_state::ERR {
@@ -476,7 +490,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         qp.flush_rings(mem, env, events, (handle, numbering), cqs);
     }
     Outcome {
-        frames: frames.0,
+        frames: frames.out,
         more,
     }
 }

@@ -20,11 +20,11 @@ use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
     RoceVersion,
 };
-use rdma_transport::packet::{recycle, seal, Addr};
+use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::local::{LocalChannel, Sent};
+use super::local::{InPlace, LocalChannel, Sent};
 use crate::metrics::Metrics;
 use crate::objects::gid::{Gid, GidTable};
 
@@ -147,13 +147,68 @@ impl Inbox {
     }
 }
 
-/// Frames the engine emitted during one call, sent afterwards.
+/// Frames the engine emitted during one call, sent afterwards; or, for a
+/// QP whose peer has an accepted same-host ring, written into that ring
+/// (or its backlog) at once, in order, as they are built: the payload is
+/// gathered from guest memory straight into the ring. That happens under
+/// the state lock, which the channel holds for at most one socket send
+/// of `SEND_WAIT` (asking a peer whose ring is full whether it is there).
 #[derive(Debug, Default)]
-pub(crate) struct Frames(pub(crate) Vec<Vec<u8>>);
+pub(crate) struct Frames<'a> {
+    /// Frames to send (see [`Wire::route`] and [`Wire::send`]).
+    pub(crate) out: Vec<Vec<u8>>,
+    /// The same-host peer: its channel, MAC, and our counters.
+    same_host: Option<(&'a LocalChannel, [u8; 6], &'a Metrics)>,
+}
 
-impl PacketSink for Frames {
+impl<'a> Frames<'a> {
+    /// The sink of a QP whose frames go to `dst_mac` over `local`.
+    pub(crate) fn same_host(
+        local: &'a LocalChannel,
+        dst_mac: [u8; 6],
+        metrics: &'a Metrics,
+    ) -> Self {
+        Self {
+            out: Vec::new(),
+            same_host: Some((local, dst_mac, metrics)),
+        }
+    }
+}
+
+impl PacketSink for Frames<'_> {
     fn send(&mut self, frame: Vec<u8>) {
-        self.0.push(frame);
+        let Some((local, mac, metrics)) = self.same_host else {
+            self.out.push(frame);
+            return;
+        };
+        match local.send(mac, &frame) {
+            Sent::Local => {
+                metrics.roce_local_tx.inc();
+            }
+            // The peer left since the run began: the frame may be a
+            // segment, which no wire takes; RC resends it as MTU packets.
+            Sent::Dropped | Sent::NotLocal => {
+                metrics.roce_local_dropped.inc();
+            }
+        }
+        recycle(frame);
+    }
+
+    fn send_in_place(&mut self, len: usize, write: &mut dyn FnMut(&mut [u8]) -> bool) -> bool {
+        if let Some((local, mac, metrics)) = self.same_host {
+            match local.push_with(mac, len, write) {
+                InPlace::Pushed => {
+                    metrics.roce_local_tx.inc();
+                    return true;
+                }
+                InPlace::NotWritten => return false,
+                InPlace::Elsewhere => {}
+            }
+        }
+        build_in_buffer(len, write).is_some_and(|frame| {
+            self.send(frame);
+            true
+        })
     }
 }
 

@@ -23,7 +23,7 @@ use crate::hdr::{ack_timeout_ns, rnr_timer_ns, NakCode, Syndrome};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
-use crate::req::read_psns;
+use crate::req::{read_psns, MAX_SEGMENT};
 use crate::verbs::{WcStatus, WrOpcode};
 
 /// `rnr_retry` value meaning "retry forever" (IBA 9.7.5.2.8).
@@ -196,15 +196,27 @@ pub enum CompStep {
     CqeErr(WcStatus),
 }
 
-/// Expected READ response opcode class for `psn` of a READ [first, last].
-fn read_resp_ok(op: Opcode, psn: Psn, first: Psn, last: Psn) -> bool {
-    let want = match (psn == first, psn == last) {
+/// Expected READ response opcode for a response that starts at the READ's
+/// first PSN or not, and ends at its last PSN or not.
+fn read_resp_ok(op: Opcode, first: bool, last: bool) -> bool {
+    let want = match (first, last) {
         (true, true) => Opcode::RcRdmaReadResponseOnly,
         (true, false) => Opcode::RcRdmaReadResponseFirst,
         (false, true) => Opcode::RcRdmaReadResponseLast,
         (false, false) => Opcode::RcRdmaReadResponseMiddle,
     };
     op == want
+}
+
+/// The payload length of READ response `pkt` when `rest` bytes of the
+/// READ are still due, if valid: all of them, or else a whole number of
+/// MTUs, one on the wire and up to a segment's
+/// ([`crate::req::MAX_SEGMENT`]) from the same-host channel.
+fn read_response_len(pkt: &Packet<'_>, rest: u32, mtu: u32) -> Option<u32> {
+    let max = if pkt.same_host { MAX_SEGMENT } else { mtu };
+    let n = u32::try_from(pkt.payload.len()).ok()?;
+    let whole_mtus = n > 0 && n < rest && n.checked_rem(mtu) == Some(0);
+    (n <= max && (n == rest || whole_mtus)).then_some(n)
 }
 
 /// IBA 9.7.5.1 / rxe `rxe_completer`: handles one response packet for the
@@ -251,15 +263,17 @@ pub fn comp_packet(
         let mtu = a.mtu.max(1);
         let idx = psn.distance_from(w.first_psn);
         let offset = idx.saturating_mul(mtu);
-        let want = w.len.saturating_sub(offset).min(mtu);
-        let len_ok = u32::try_from(pkt.payload.len()).is_ok_and(|l| l == want);
-        if !len_ok || !read_resp_ok(op, psn, w.first_psn, last) {
+        let Some(n) = read_response_len(pkt, w.len.saturating_sub(offset), mtu) else {
+            return CompStep::Drop;
+        };
+        let end = psn.add(read_psns(n, mtu).saturating_sub(1));
+        if !read_resp_ok(op, psn == w.first_psn, end == last) {
             return CompStep::Drop;
         }
-        st.progress(a, psn.add(1));
+        st.progress(a, end.add(1));
         return CompStep::ReadData {
             offset,
-            last: psn == last,
+            last: end == last,
         };
     }
     let Some(aeth) = pkt.hdrs.aeth else {

@@ -117,6 +117,11 @@ pub struct Packet<'a> {
     pub hdrs: Headers,
     /// Payload (without pad and ICRC).
     pub payload: &'a [u8],
+    /// It came over the same-host channel (parsed by [`parse_unsealed`]):
+    /// it may be a segment, a packet carrying several path MTUs of its
+    /// message (see [`crate::req::MAX_SEGMENT`]); a wire packet carries at
+    /// most one.
+    pub same_host: bool,
 }
 
 /// Addressing of an outgoing frame.
@@ -147,8 +152,9 @@ pub fn parse(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     parse_checked(frame, true)
 }
 
-/// [`parse`] of a frame that never crossed a wire: every check but the
-/// ICRC's.
+/// [`parse`] of a frame that never crossed a wire (the same-host
+/// channel's): every check but the ICRC's, and the packet may be a
+/// segment ([`Packet::same_host`]).
 pub fn parse_unsealed(frame: &[u8]) -> Result<Packet<'_>, ParseError> {
     parse_checked(frame, false)
 }
@@ -234,6 +240,7 @@ fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseErro
         opcode,
         hdrs,
         payload,
+        same_host: !check_icrc,
     })
 }
 
@@ -250,13 +257,21 @@ pub fn build(addr: &Addr, hdrs: &Headers, payload: &[u8]) -> Result<Vec<u8>, Bui
 /// Builds a frame without its ICRC: sets the BTH pad count, writes every
 /// header the opcode needs (an absent one is an error), then lets `fill`
 /// write the `payload_len` payload bytes in place (false: unreadable).
-/// The payload is the caller's own data, bounded by its path MTU.
+/// The payload is the caller's own data, bounded by its path MTU (or a
+/// segment's length, see [`crate::req::MAX_SEGMENT`]).
 pub fn build_unsealed(
     addr: &Addr,
     hdrs: &Headers,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]) -> bool,
 ) -> Result<Vec<u8>, BuildError> {
+    let mut frame = spare_frame(frame_len(addr, hdrs, payload_len)?);
+    write_unsealed(&mut frame, addr, hdrs, payload_len, fill)?;
+    Ok(frame)
+}
+
+/// The length of the frame [`write_unsealed`] writes.
+pub fn frame_len(addr: &Addr, hdrs: &Headers, payload_len: usize) -> Result<usize, BuildError> {
     let opcode = Opcode::try_from(hdrs.bth.opcode)?;
     if !opcode.is(OpClass::PAYLOAD) && payload_len != 0 {
         return Err(BuildError::Length);
@@ -269,8 +284,32 @@ pub fn build_unsealed(
         .and_then(|l| l.checked_add(ICRC_LEN))
         .filter(|&l| l <= MAX_IB_LEN)
         .ok_or(BuildError::Length)?;
+    Ok(net::headers_len(&addr.ip, addr.encap).saturating_add(ib_len))
+}
+
+/// [`build_unsealed`] into `frame`, of [`frame_len`] bytes, wherever it
+/// lies (a buffer, or a same-host ring straight away): every byte is
+/// written, the payload by `fill` only (no pass over it beforehand).
+pub fn write_unsealed(
+    frame: &mut [u8],
+    addr: &Addr,
+    hdrs: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Result<(), BuildError> {
+    if frame_len(addr, hdrs, payload_len)? != frame.len() {
+        return Err(BuildError::Length);
+    }
+    let opcode = Opcode::try_from(hdrs.bth.opcode)?;
+    let pad = payload_len.wrapping_neg() & 3;
     let hl = net::headers_len(&addr.ip, addr.encap);
-    let mut frame = spare_frame(hl.saturating_add(ib_len));
+    // All but the payload is zeroed first: reserved fields, pad, ICRC.
+    let payload_at = hl.saturating_add(opcode.hdr_len());
+    let (head, rest) = frame
+        .split_at_mut_checked(payload_at)
+        .ok_or(BuildError::Length)?;
+    head.fill(0);
+    rest.get_mut(payload_len..).unwrap_or_default().fill(0);
     let (_, ib) = frame.split_at_mut(hl);
     let mut bth = hdrs.bth;
     bth.pad = (pad & 3) as u8;
@@ -306,14 +345,14 @@ pub fn build_unsealed(
         return Err(BuildError::Payload);
     }
     net::write_headers(
-        &mut frame,
+        frame,
         addr.src_mac,
         addr.dst_mac,
         &addr.ip,
         addr.udp_sport,
         addr.encap,
     )?;
-    Ok(frame)
+    Ok(())
 }
 
 thread_local! {
@@ -323,23 +362,40 @@ thread_local! {
     /// memory instead of an allocation.
     static SPARE: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
-/// Buffers kept per thread, and the largest kept.
-const SPARE_FRAMES: usize = 256;
-const SPARE_CAPACITY: usize = 16 << 10;
+/// Buffers kept per thread, and the largest kept (a segment's frame).
+const SPARE_FRAMES: usize = 128;
+const SPARE_CAPACITY: usize = 64 << 10;
 
-/// A zeroed buffer of `len` bytes, recycled if one is spare.
+/// A buffer of `len` bytes, recycled if one is spare (then it holds an
+/// old frame's bytes: the caller overwrites them all), the latest
+/// recycled first (its memory is the likeliest to be in cache).
 fn spare_frame(len: usize) -> Vec<u8> {
     let mut frame = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
-    frame.resize(len, 0);
+    if frame.len() >= len {
+        frame.truncate(len);
+    } else {
+        frame.resize(len, 0);
+    }
     frame
 }
 
+/// A frame of `len` bytes that `write` writes in a spare buffer; `None`
+/// (the buffer recycled) when `write` fails.
+pub fn build_in_buffer(len: usize, write: &mut dyn FnMut(&mut [u8]) -> bool) -> Option<Vec<u8>> {
+    let mut frame = spare_frame(len);
+    if write(&mut frame) {
+        Some(frame)
+    } else {
+        recycle(frame);
+        None
+    }
+}
+
 /// Hands a sent frame's buffer back for this thread's next frame.
-pub fn recycle(mut frame: Vec<u8>) {
+pub fn recycle(frame: Vec<u8>) {
     if frame.capacity() > SPARE_CAPACITY {
         return;
     }
-    frame.clear();
     SPARE.with_borrow_mut(|spare| {
         if spare.len() < SPARE_FRAMES {
             spare.push(frame);
@@ -399,6 +455,7 @@ pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'
         opcode: op,
         hdrs,
         payload,
+        same_host: false,
     }
 }
 

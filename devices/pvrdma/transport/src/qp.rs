@@ -25,7 +25,7 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{build_unsealed, Addr, BuildError, Headers, Packet};
+use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet};
 use crate::psn::Psn;
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
@@ -94,6 +94,7 @@ impl QpAttrs {
             dest_qpn: self.dest_qpn,
             qpn: self.qpn,
             mtu: self.mtu,
+            segment: self.mtu,
             ud: self.ud,
         }
     }
@@ -215,6 +216,9 @@ pub struct Qp {
     next: usize,
     rq: RecvRing,
     error: bool,
+    /// Most payload bytes per packet we send ([`Qp::set_segment`]); not
+    /// saved: the device sets it for every call from where the peer is.
+    segment: u32,
     /// Transport counters.
     pub metrics: Metrics,
 }
@@ -272,15 +276,35 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
     Some((w, s))
 }
 
+/// Builds the frame of `hdrs` with `payload_len` bytes from `fill` where
+/// `net` sends it (a same-host ring takes it in place: the payload is
+/// copied once, from its MR to the ring).
+fn send_frame(
+    net: &mut dyn PacketSink,
+    addr: &Addr,
+    hdrs: &Headers,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]) -> bool,
+) -> Result<(), BuildError> {
+    let len = frame_len(addr, hdrs, payload_len)?;
+    let mut fill = Some(fill);
+    let mut built = Ok(());
+    net.send_in_place(len, &mut |frame| {
+        built = write_unsealed(frame, addr, hdrs, payload_len, |dst| {
+            fill.take().is_some_and(|f| f(dst))
+        });
+        built.is_ok()
+    });
+    built
+}
+
 fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
     // Our own headers and at most one MTU: building cannot fail short of
     // a bug, and a frame that cannot be built is a lost frame to RC.
-    if let Ok(f) = build_unsealed(addr, h, payload.len(), |dst| {
+    let _ = send_frame(net, addr, h, payload.len(), |dst| {
         dst.copy_from_slice(payload);
         true
-    }) {
-        net.send(f);
-    }
+    });
 }
 
 impl Qp {
@@ -303,6 +327,7 @@ impl Qp {
             next: 0,
             rq: RecvRing::default(),
             error: false,
+            segment: 0,
             metrics: Metrics::default(),
         }
     }
@@ -351,6 +376,7 @@ impl Qp {
             next: state.next,
             rq: RecvRing(state.rq.into()),
             error: state.error,
+            segment: 0,
             metrics: state.metrics,
         };
         if outstanding && !qp.error && !qp.attrs.ud {
@@ -396,6 +422,15 @@ impl Qp {
             self.resp.psn = attrs.rq_psn;
         }
         self.attrs = attrs;
+    }
+
+    /// Sets the most payload bytes a packet we send may carry: 0 (or the
+    /// path MTU) for MTU packets, the default and all a wire takes; up to
+    /// [`crate::req::MAX_SEGMENT`] when the peer is on the same-host
+    /// channel, which takes segments. Only the packets built from now on
+    /// follow it, and the PSNs are the same either way.
+    pub fn set_segment(&mut self, bytes: u32) {
+        self.segment = bytes;
     }
 
     /// Whether the QP is in the error state.
@@ -593,8 +628,15 @@ impl Qp {
         while work < budget {
             let did = if self.error {
                 self.flush_one(io)
-            } else if let Some((h, d)) = next_response(&mut self.resp, &self.attrs.resp(), io.mr) {
-                emit(io.net, &self.attrs.addr, &h, &d);
+            } else if let Some(r) =
+                next_response(&mut self.resp, &self.attrs.resp(), io.mr, self.segment)
+            {
+                // READ data straight into the frame; a frame that cannot
+                // be built is a lost response, which the READ's retry
+                // covers.
+                let mr = &*io.mr;
+                let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
+                let _ = send_frame(io.net, &self.attrs.addr, &r.hdrs, r.len as usize, fill);
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -641,7 +683,10 @@ impl Qp {
     }
 
     fn send_one(&mut self, now: u64, io: &mut Io<'_>) -> bool {
-        let ra = self.attrs.req();
+        let ra = ReqAttrs {
+            segment: self.segment,
+            ..self.attrs.req()
+        };
         let starting = self.req.offset == 0 && self.req.prev.is_none();
         let limit = usize::from(self.attrs.max_rd_atomic.max(1));
         let next_needs_response = self
@@ -671,10 +716,10 @@ impl Qp {
                 // The payload is gathered straight into the frame.
                 let (mr, pd, sges) = (&*io.mr, self.attrs.pd, &slot.e.sges);
                 let addr = slot.e.ah.as_ref().unwrap_or(&self.attrs.addr);
-                match build_unsealed(addr, &hdrs, payload_len as usize, |dst| {
+                match send_frame(io.net, addr, &hdrs, payload_len as usize, |dst| {
                     gather(mr, pd, sges, payload_off, dst).is_ok()
                 }) {
-                    Ok(f) => io.net.send(f),
+                    Ok(()) => {}
                     Err(BuildError::Payload) => {
                         slot.done = Some(WcStatus::LocProtErr);
                         self.set_error();

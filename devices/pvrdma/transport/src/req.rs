@@ -27,9 +27,16 @@ use crate::verbs::{WcStatus, WrOpcode};
 /// Most PSNs in flight without an ACK (rxe's `RXE_MAX_UNACKED_PSNS`):
 /// bounds the retransmission work one timeout can cause.
 pub const MAX_UNACKED_PSNS: u32 = 128;
-/// Request an ACK at least every this many packets of a long message
+/// Request an ACK at least every this many PSNs of a long message
 /// (rxe sets AckReq on the last packet and when the window fills up).
 pub const ACK_REQ_EVERY: u32 = MAX_UNACKED_PSNS / 2;
+/// Most payload bytes of a segment: a packet of the same-host channel
+/// that carries several path MTUs of its message at once (a multiple of
+/// every MTU, and its frame stays within an IP datagram). It stands for
+/// as many packets and takes as many PSNs ([`read_psns`] of its length),
+/// so the PSN space, ACKs, retransmission and the switch to the wire are
+/// those of MTU packets; it saves their per-packet work, not their PSNs.
+pub const MAX_SEGMENT: u32 = 32 << 10;
 
 /// Remote part of a send WQE (RC RDMA/atomic or UD destination).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +81,9 @@ pub struct ReqAttrs {
     pub qpn: u32,
     /// Path MTU in bytes (256..=4096).
     pub mtu: u32,
+    /// Most payload bytes per packet: `mtu`, or up to [`MAX_SEGMENT`]
+    /// (rounded down to a multiple of `mtu`) towards a same-host peer.
+    pub segment: u32,
     /// UD service.
     pub ud: bool,
 }
@@ -174,12 +184,21 @@ pub fn next_opcode(wr: WrOpcode, prev: Option<Opcode>, fits: bool, ud: bool) -> 
     }
 }
 
-/// Number of PSNs a `len`-byte RDMA READ occupies (one per response packet).
+/// Number of PSNs a `len`-byte RDMA READ occupies (one per response
+/// packet), and those a segment of `len` payload bytes stands for.
 pub fn read_psns(len: u32, mtu: u32) -> u32 {
     len.saturating_sub(1)
         .checked_div(mtu)
         .unwrap_or(0)
         .saturating_add(1)
+}
+
+/// The payload bytes per packet for a `segment` limit at path MTU `mtu`
+/// (256..=4096): a multiple of `mtu`, at least `mtu`, at most
+/// [`MAX_SEGMENT`].
+pub fn segment_len(segment: u32, mtu: u32) -> u32 {
+    let seg = segment.clamp(mtu, MAX_SEGMENT.max(mtu));
+    seg.checked_div(mtu).unwrap_or(1).saturating_mul(mtu)
 }
 
 /// Plans the next packet of `wqe` and advances `st` as if it were sent.
@@ -191,9 +210,10 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
         return ReqStep::WindowFull;
     }
     let mtu = a.mtu.clamp(256, 4096);
+    let seg = segment_len(a.segment, mtu);
     let rest = wqe.len.saturating_sub(st.offset);
     let is_read = wqe.opcode == WrOpcode::RdmaRead;
-    let fits = is_read || rest <= mtu;
+    let fits = is_read || rest <= seg;
     let Some(op) = next_opcode(wqe.opcode, st.prev, fits, a.ud) else {
         return ReqStep::CqeErr(WcStatus::LocQpOpErr);
     };
@@ -201,12 +221,15 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
         return ReqStep::CqeErr(WcStatus::LocLenErr);
     }
     let payload_len = if op.is(OpClass::PAYLOAD) {
-        rest.min(mtu)
+        rest.min(seg)
     } else {
         0
     };
     let done = op.is(OpClass::LAST) || !op.is(OpClass::PAYLOAD);
-    st.since_ack_req = st.since_ack_req.saturating_add(1);
+    // A READ takes a PSN per response (of what is left after a rewind), a
+    // segment those of the MTU packets it stands for.
+    let psns = read_psns(if is_read { rest } else { payload_len }, mtu);
+    st.since_ack_req = st.since_ack_req.saturating_add(psns);
     let ack_req = !a.ud && (done || st.since_ack_req >= ACK_REQ_EVERY);
     if ack_req {
         st.since_ack_req = 0;
@@ -261,7 +284,6 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
             src_qpn: a.qpn,
         });
     }
-    let psns = if is_read { read_psns(rest, mtu) } else { 1 };
     let payload_off = st.offset;
     st.psn = st.psn.add(psns);
     if done {
@@ -334,6 +356,7 @@ mod tests {
         dest_qpn: 0x22,
         qpn: 0x11,
         mtu: 1024,
+        segment: 1024,
         ud: false,
     };
 
@@ -442,6 +465,48 @@ mod tests {
             ]
         );
         assert_eq!((st.psn.get(), st.offset, st.prev), (1, 0, None));
+    }
+
+    /// Towards a same-host peer: segments of whole MTUs, each taking the
+    /// PSNs of the MTU packets it stands for, AckReq by PSNs.
+    #[test]
+    fn segments_take_the_psns_of_their_mtus() {
+        let mut st = ReqState::default();
+        let a = ReqAttrs {
+            segment: MAX_SEGMENT,
+            ..RC
+        };
+        let w = wqe(WrOpcode::RdmaWrite, 70 << 10);
+        let mut got = vec![];
+        while let ReqStep::Packet {
+            hdrs,
+            payload_len,
+            done,
+            ..
+        } = req_step(&mut st, &w, &a)
+        {
+            got.push((
+                hdrs.bth.opcode,
+                hdrs.bth.psn.get(),
+                payload_len,
+                hdrs.bth.ack_req,
+            ));
+            if done {
+                break;
+            }
+        }
+        assert_eq!(
+            got,
+            [
+                (RcRdmaWriteFirst as u8, 0, 32 << 10, false),
+                (RcRdmaWriteMiddle as u8, 32, 32 << 10, true),
+                (RcRdmaWriteLast as u8, 64, 6 << 10, true),
+            ]
+        );
+        assert_eq!(st.psn.get(), 70);
+        assert_eq!(segment_len(0, 1024), 1024);
+        assert_eq!(segment_len(5000, 4096), 4096);
+        assert_eq!(segment_len(u32::MAX, 4096), MAX_SEGMENT);
     }
 
     #[test]

@@ -324,6 +324,17 @@ pub trait PacketSink {
     /// Sends one frame, built unsealed: [`crate::packet::seal`] it if it
     /// goes onto a wire.
     fn send(&mut self, frame: Vec<u8>);
+
+    /// Sends a frame of `len` bytes that `write` writes in place; false,
+    /// and nothing sent, when `write` fails. A sink that can have it
+    /// written where it goes (a same-host ring) saves a copy of it; this
+    /// default builds it in a buffer and [`PacketSink::send`]s that.
+    fn send_in_place(&mut self, len: usize, write: &mut dyn FnMut(&mut [u8]) -> bool) -> bool {
+        crate::packet::build_in_buffer(len, write).is_some_and(|frame| {
+            self.send(frame);
+            true
+        })
+    }
 }
 
 /// One MR over a byte vector, for the role tests: key 1, PD 0, IOVA 0,

@@ -31,7 +31,7 @@ use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::{Headers, Packet};
 use crate::psn::{psn_compare, Psn};
-use crate::req::read_psns;
+use crate::req::{read_psns, segment_len};
 use crate::sgl::{scatter, SglError};
 use crate::verbs::{check_mr, Access, CompletionSink, ImmOrInv, MrTable, Sge};
 use crate::verbs::{UdSource, WcOpcode, WcStatus, WorkCompletion};
@@ -213,11 +213,18 @@ impl RespState {
         self.res.iter().any(|r| r.next.is_some())
     }
 
-    fn ack_or_defer(&mut self, a: &RespAttrs, m: &mut Metrics, pkt: &Packet<'_>) -> RespOut {
+    /// ACKs `pkt` (whose last PSN is `last`) now, or later with others.
+    fn ack_or_defer(
+        &mut self,
+        a: &RespAttrs,
+        m: &mut Metrics,
+        pkt: &Packet<'_>,
+        last: Psn,
+    ) -> RespOut {
         self.unacked = self.unacked.saturating_add(1);
         if pkt.hdrs.bth.ack_req || self.unacked >= ACK_COALESCE {
             self.unacked = 0;
-            RespOut::Reply(ack_hdrs(a, pkt.hdrs.bth.psn, ACK, self.msn))
+            RespOut::Reply(ack_hdrs(a, last, ACK, self.msn))
         } else {
             inc(&mut m.ack_deferred);
             RespOut::Nothing
@@ -319,17 +326,24 @@ fn handle_request(
     if let Err((code, status)) = placed {
         return fatal(st, a, cx, code, status, psn);
     }
-    st.psn = psn.add(1);
+    // A segment (checked by `check_length`) takes the PSNs of the packets
+    // it stands for.
+    let span = read_psns(
+        u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX),
+        a.mtu.max(1),
+    );
+    let last = psn.add(span.saturating_sub(1));
+    st.psn = last.add(1);
     if !op.is(OpClass::LAST) {
         st.prev = Some(op);
-        return st.ack_or_defer(a, cx.m, pkt);
+        return st.ack_or_defer(a, cx.m, pkt, last);
     }
     if let Some(e) = complete_recv(st, a, cx, pkt) {
         return fatal(st, a, cx, e.0, e.1, psn);
     }
     st.msn = st.msn.wrapping_add(1) & QPN_MASK;
     st.end_message();
-    st.ack_or_defer(a, cx.m, pkt)
+    st.ack_or_defer(a, cx.m, pkt, last)
 }
 
 type Fail = (NakCode, WcStatus);
@@ -503,44 +517,72 @@ fn duplicate(st: &mut RespState, a: &RespAttrs, pkt: &Packet<'_>) -> RespOut {
     RespOut::Nothing
 }
 
+/// The next response packet owed to the peer: its headers, and for READ
+/// data where its payload is (read it with [`MrTable::read`]; checked here).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Response {
+    /// Headers (READ response, atomic ACK, a held ACK/NAK, or a remote
+    /// access NAK when the MR went away meanwhile).
+    pub hdrs: Headers,
+    /// Key of the payload's MR.
+    pub rkey: u32,
+    /// Address of the payload.
+    pub va: u64,
+    /// Payload bytes (0 but for READ data).
+    pub len: u32,
+}
+
+impl Response {
+    /// A response of headers only.
+    fn bare(hdrs: Headers) -> Self {
+        Response {
+            hdrs,
+            rkey: 0,
+            va: 0,
+            len: 0,
+        }
+    }
+}
+
 /// rxe `read_reply` / `atomic_reply`: the next response owed to the peer,
-/// in PSN order: a READ response (one MTU of data at most), or a remote
+/// in PSN order: a READ response (one MTU of data at most, or up to
+/// `segment` bytes, whole MTUs but the last, see
+/// [`crate::req::segment_len`], towards a same-host peer), or a remote
 /// access NAK when the MR went away meanwhile; an atomic ACK; then the
 /// ACK or NAK held behind them. `None` when nothing is owed.
 pub fn next_response(
     st: &mut RespState,
     a: &RespAttrs,
     mr: &dyn MrTable,
-) -> Option<(Headers, Vec<u8>)> {
+    segment: u32,
+) -> Option<Response> {
     let msn = st.msn;
     let mtu = a.mtu.max(1);
+    let seg = segment_len(segment, a.mtu.clamp(256, 4096));
     let Some(r) = st.res.iter_mut().find(|r| r.next.is_some()) else {
         let (psn, aeth) = st.held.take()?;
-        return Some((ack_hdrs(a, psn, aeth.syndrome, aeth.msn), Vec::new()));
+        return Some(Response::bare(ack_hdrs(a, psn, aeth.syndrome, aeth.msn)));
     };
     let psn = r.next?;
     let (va, rkey, len) = match r.kind {
         ResKind::Read { va, rkey, len } => (va, rkey, len),
         ResKind::Atomic { orig } => {
             r.next = None;
-            return Some((atomic_ack(a, psn, msn, orig), Vec::new()));
+            return Some(Response::bare(atomic_ack(a, psn, msn, orig)));
         }
     };
     let npsn = read_psns(len, mtu);
     let idx = psn.distance_from(r.psn);
     let off = idx.saturating_mul(mtu);
-    let n = len.saturating_sub(off).min(mtu);
-    let last = idx.saturating_add(1) >= npsn;
-    r.next = (!last).then(|| psn.add(1));
+    let n = len.saturating_sub(off).min(seg);
+    let span = read_psns(n, mtu);
+    let last = idx.saturating_add(span) >= npsn;
+    r.next = (!last).then(|| psn.add(span));
     let at = va.saturating_add(u64::from(off));
-    let mut data = vec![0u8; n as usize];
-    let ok = n == 0
-        || check_mr(mr, rkey, a.pd, at, u64::from(n), Access::REMOTE_READ).is_ok()
-            && mr.read(rkey, at, &mut data).is_ok();
-    if !ok {
+    if n > 0 && check_mr(mr, rkey, a.pd, at, u64::from(n), Access::REMOTE_READ).is_err() {
         r.next = None;
         let nak = Syndrome::Nak(NakCode::RemoteAccessError);
-        return Some((ack_hdrs(a, psn, nak, msn), Vec::new()));
+        return Some(Response::bare(ack_hdrs(a, psn, nak, msn)));
     }
     let opcode = match (idx == 0, last) {
         (true, true) => Opcode::RcRdmaReadResponseOnly,
@@ -548,9 +590,14 @@ pub fn next_response(
         (false, true) => Opcode::RcRdmaReadResponseLast,
         (false, false) => Opcode::RcRdmaReadResponseMiddle,
     };
-    let mut h = ack_hdrs(a, psn, ACK, msn);
-    h.bth.opcode = opcode as u8;
-    Some((h, data))
+    let mut hdrs = ack_hdrs(a, psn, ACK, msn);
+    hdrs.bth.opcode = opcode as u8;
+    Some(Response {
+        hdrs,
+        rkey,
+        va: at,
+        len: n,
+    })
 }
 
 /// UD/GSI receive (IBA 10.2.4 / 11.4.1.2): Q_Key check, the GRH area in
@@ -707,7 +754,7 @@ mod tests {
             &mut cx,
         );
         let mut order = vec![];
-        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+        while let Some(Response { hdrs: h, .. }) = next_response(&mut st, &A, cx.mr, 0) {
             let op = Opcode::try_from(h.bth.opcode).unwrap();
             order.push((op, h.bth.psn.get()));
         }
@@ -727,16 +774,16 @@ mod tests {
         assert!(matches!(out, RespOut::Reply(h) if h.bth.psn.get() == 16));
         // A duplicate atomic replays its result, in order too.
         sent(&mut st, &request(RcFetchAdd, 14, &[]), &mut cx);
-        let (h, _) = next_response(&mut st, &A, cx.mr).unwrap();
+        let h = next_response(&mut st, &A, cx.mr, 0).unwrap().hdrs;
         assert_eq!(h.atomic_ack.map(|a| a.orig), Some(0));
-        assert!(next_response(&mut st, &A, cx.mr).is_none());
+        assert!(next_response(&mut st, &A, cx.mr, 0).is_none());
         // READ 17-19 owed; 21 comes before 20 (the NAK of 20 is held), then
         // a duplicate of 16, whose re-ACK of 19 must not replace the NAK.
         sent(&mut st, &request(RcRdmaReadRequest, 17, &[]), &mut cx);
         sent(&mut st, &request(RcRdmaWriteOnly, 21, &data), &mut cx);
         sent(&mut st, &request(RcRdmaWriteOnly, 16, &data), &mut cx);
         let mut last = None;
-        while let Some((h, _)) = next_response(&mut st, &A, cx.mr) {
+        while let Some(Response { hdrs: h, .. }) = next_response(&mut st, &A, cx.mr, 0) {
             last = Some((h.bth.psn.get(), h.aeth.unwrap().syndrome));
         }
         assert_eq!(last, Some((20, Syndrome::Nak(NakCode::PsnSeqError))));
