@@ -93,11 +93,11 @@ lifecycle_steps() {
     return 1
   fi
   period_ms=$((($(now_us) - t_a) / 2000))
-  # The running VMM's sandbox: each thread's name and seccomp mode (2: filtered), and what is left
-  # of its capabilities.
+  # The running VMM's sandbox: each thread's name, seccomp mode (2: filtered) and effective
+  # capabilities, and what is left of the process's.
   local t threads=
   for t in /proc/"$pid"/task/*; do
-    threads+="$(cat "$t/comm"):$(awk '/^Seccomp:/ {print $2}' "$t/status"),"
+    threads+="$(cat "$t/comm"):$(awk '/^Seccomp:/ {m = $2} /^CapEff:/ {c = $2} END {print m ":" c}' "$t/status"),"
   done
   record $r "thread_seccomp=${threads%,}" "cap_eff=$(awk '/^CapEff:/ {print $2}' /proc/"$pid"/status)" \
     "cap_bnd=$(awk '/^CapBnd:/ {print $2}' /proc/"$pid"/status)"

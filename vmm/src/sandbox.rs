@@ -162,9 +162,16 @@ thread_local! {
 }
 
 /// [`apply`] for a thread that has no way to report an error: a VMM
-/// thread never runs unfiltered when filters were asked for.
+/// thread never runs unfiltered when filters were asked for. Every thread
+/// but the VMM's own (which opens the TAPs, then drops them when the VM
+/// starts) also drops its capabilities first: they are per thread, and
+/// the API server and device workers start before that drop.
 pub fn enter(kind: Kind) {
-    if let Err(e) = apply(kind) {
+    let dropped = match kind {
+        Kind::Vcpu | Kind::Device | Kind::Api => drop_capabilities(),
+        Kind::Vmm => Ok(()),
+    };
+    if let Err(e) = dropped.and_then(|()| apply(kind)) {
         log::error!("{e}");
         std::process::exit(crate::outcome::EXIT_ERROR);
     }
@@ -284,9 +291,12 @@ const DEVICE: &[libc::c_long] = &[
 ];
 
 /// Starting a thread (a vCPU activating a device starts its worker),
-/// which then installs its own filter.
+/// which then drops its capabilities (capset can only take them away)
+/// and installs its own filter.
 const THREADS: &[libc::c_long] = &[
     libc::SYS_seccomp,
+    libc::SYS_capget,
+    libc::SYS_capset,
     libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_set_robust_list,
@@ -328,8 +338,6 @@ const VMM: &[libc::c_long] = &[
     libc::SYS_geteuid,
     libc::SYS_uname,
     libc::SYS_sysinfo,
-    libc::SYS_capget,
-    libc::SYS_capset,
 ];
 
 /// The API server: one connection at a time on its unix socket.
@@ -464,6 +472,37 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
     use super::*;
+
+    /// `name`'s value in this thread's /proc status (`CapEff`, `Seccomp`).
+    fn thread_status(name: &str) -> String {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}:")))
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().to_string()
+    }
+
+    /// A device worker, vCPU or API thread keeps no capability, whatever
+    /// its spawner had (the tests run as root, with all of them).
+    #[test]
+    fn guest_driven_threads_drop_their_capabilities() {
+        let none = "0000000000000000";
+        for kind in [Kind::Device, Kind::Vcpu, Kind::Api] {
+            let (before, after) = std::thread::spawn(move || {
+                let before = thread_status("CapEff");
+                enter(kind);
+                (before, thread_status("CapEff"))
+            })
+            .join()
+            .unwrap();
+            assert_ne!(
+                before, none,
+                "{kind:?}: the test needs capabilities to drop (run as root)"
+            );
+            assert_eq!(after, none, "{kind:?}: CapEff {before} -> {after}");
+        }
+    }
 
     #[test]
     fn every_kind_compiles_and_the_inherited_filters_are_supersets() {
