@@ -135,7 +135,7 @@ KERNEL_DIR=$CACHE/kernel-$key
 build_stage kernel "$KERNEL_DIR" "$RES/recipes/kernel.sh" IMAGE_VERSION="$image_version"
 
 key=$(stage_key userspace "$userspace_versions $pick_versions ${USERSPACE_PICKS[*]} $build_versions $rootfs_versions $(gcc --version | head -n1)" \
-  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c guest/mpi-check.c \
+  recipes/userspace.sh guest/check.h guest/verbs-check.c guest/write-check.c guest/access-check.c guest/qps-check.c guest/mpi-check.c \
   lib/common.sh)
 USERSPACE_DIR=$CACHE/userspace-$key
 build_stage userspace "$USERSPACE_DIR" "$RES/recipes/userspace.sh" PACKAGES="$userspace_versions" \

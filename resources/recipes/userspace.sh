@@ -4,7 +4,7 @@
 # rdma-core + providers + ibverbs-utils + perftest + rdmacm-utils, iproute2's `rdma`, nvme-cli (and,
 # in the root disk's tree only, UCX's ucx-utils and Open MPI), with every library they load; plus
 # pvrdma-verbs-check (guest/verbs-check.c), pvrdma-access-check (guest/access-check.c), pvrdma-write-check
-# (guest/write-check.c) and pvrdma-mpi-check (guest/mpi-check.c) compiled against libibverbs-dev,
+# (guest/write-check.c), pvrdma-qps-check (guest/qps-check.c) and pvrdma-mpi-check (guest/mpi-check.c) compiled against libibverbs-dev,
 # librdmacm-dev and libopenmpi-dev.
 # Inputs (env): RES OUT DEBS PACKAGES (lines "pkg version": unpacked whole), PICK_PACKAGES (lines
 # "pkg version") and PICKS ("pkg:path" words: only these files of those packages), BUILD_PACKAGES
@@ -50,6 +50,9 @@ gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr
   "$RES/guest/write-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
   "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1" \
   || die "compiling guest/write-check.c failed"
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -I"$work/dev/usr/include" -o "$root/usr/bin/pvrdma-qps-check" \
+  "$RES/guest/qps-check.c" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1" \
+  || die "compiling guest/qps-check.c failed"
 # What a guest without systemd/udev/locales never uses; keeps the initramfs small (TCG boots
 # decompress it at ~50x native cost). The two daemons also need libsystemd, which we do not ship.
 rm -rf "${root:?}"/usr/share "$root"/usr/lib/x86_64-linux-gnu/gconv "$root"/lib/udev "$root"/lib/systemd \
@@ -118,7 +121,7 @@ check_tree() {
 }
 check_tree "$root" bin/busybox etc/libibverbs.d/vmw_pvrdma.driver 'usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav*.so' \
   usr/bin/ibv_devinfo usr/bin/ib_write_bw usr/bin/rping usr/bin/rdma usr/bin/pvrdma-verbs-check \
-  usr/bin/pvrdma-write-check usr/bin/pvrdma-access-check usr/sbin/nvme
+  usr/bin/pvrdma-write-check usr/bin/pvrdma-access-check usr/bin/pvrdma-qps-check usr/sbin/nvme
 check_tree "$full" usr/bin/ucx_perftest usr/bin/ucx_info usr/bin/orterun usr/bin/orted usr/bin/pvrdma-mpi-check \
   usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/mca_pml_ucx.so usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0 \
   usr/share/openmpi/help-mpi-runtime.txt
