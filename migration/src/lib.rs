@@ -73,7 +73,10 @@ pub struct Snapshot {
 
 /// Serde for a byte string as one (length, bytes) item rather than a
 /// sequence of byte values: a VM's snapshot nests its devices' states.
-mod bytes {
+/// Postcard writes a `Vec<u8>` with the same bytes either way, so a field
+/// may take this without a new layout; it decodes in one step instead of
+/// one call per byte.
+pub mod bytes {
     use serde::de::{Error, Visitor};
     use serde::{Deserializer, Serializer};
 

@@ -163,6 +163,12 @@ impl Vm {
         self.ioevents.defer();
     }
 
+    /// The VM is being torn down: its devices' doorbells are not removed
+    /// one by one (see [`DeferredIoEvents::close`]).
+    pub fn close_ioevents(&self) {
+        self.ioevents.close();
+    }
+
     /// Makes the deferred doorbell registrations from a thread of their own.
     pub fn flush_ioevents(&self) -> io::Result<()> {
         self.ioevents.flush().map(drop)

@@ -247,6 +247,8 @@ impl Vmm {
         );
         // Dropping the handles stops and joins every vCPU thread.
         drop(self.guest.vcpus);
+        // The devices go next, and KVM's ioeventfds with the VM.
+        self.guest.vm.close_ioevents();
         outcome
     }
 }

@@ -58,7 +58,7 @@ pub enum NamespaceError {
         want_first: u32,
         want_end: u32,
     },
-    #[error("Allocator state for {what} holds {id}, outside its range")]
+    #[error("Allocator state for {what} holds {id} outside its range or out of ascending order")]
     OutOfRange { what: &'static str, id: u32 },
     #[error("Allocator state for {what} has cursor {cursor} outside its range")]
     Cursor { what: &'static str, cursor: u32 },
@@ -176,14 +176,17 @@ impl IdAllocator {
                 cursor: state.cursor,
             });
         }
-        let mut used = BTreeSet::new();
+        // Ascending as saved: the set is then built at once, not an insert
+        // per value.
+        let mut last = None;
         for &id in &state.used {
-            if !(self.first..self.end).contains(&id) || !used.insert(id) {
+            if !(self.first..self.end).contains(&id) || last.is_some_and(|l| l >= id) {
                 return Err(NamespaceError::OutOfRange { what, id });
             }
+            last = Some(id);
         }
         self.cursor = state.cursor;
-        self.used = used;
+        self.used = state.used.iter().copied().collect();
         Ok(())
     }
 }
@@ -227,6 +230,7 @@ pub struct NamespaceState {
     pub srq: IdAllocatorState,
     pub qpn: IdAllocatorState,
     pub mr: IdAllocatorState,
+    #[serde(with = "vm_migration::bytes")]
     pub mr_keys: Vec<u8>,
     pub gsi_qp: bool,
 }
@@ -403,8 +407,9 @@ mod tests {
         ns.mr.alloc();
         ns.gsi_qp = true;
         let state = ns.save();
-        let json = serde_json::to_string(&state).unwrap();
-        let back: NamespaceState = serde_json::from_str(&json).unwrap();
+        // Through the encoding a migration uses.
+        let snapshot = vm_migration::Snapshot::new("ns", 1, &state).unwrap();
+        let back: NamespaceState = snapshot.state("ns", 1).unwrap();
         let mut restored = Namespace::restore(&l, &back).unwrap();
         assert_eq!(restored.save(), state);
         // Both continue identically.
@@ -425,6 +430,10 @@ mod tests {
         ));
         let mut bad = good.clone();
         bad.cq.used = vec![1, 1];
+        assert!(Namespace::restore(&l, &bad).is_err());
+        // Out of the ascending order the saver writes.
+        let mut bad = good.clone();
+        bad.cq.used = vec![2, 1];
         assert!(Namespace::restore(&l, &bad).is_err());
         let mut bad = good.clone();
         bad.cq.used = vec![0];
