@@ -18,6 +18,7 @@
 #   LIMIT           ib_write_bw -D (seconds): it runs until the stop signal, or this long
 #   READY_WAIT      seconds the client tries again while it cannot connect (server not yet up),
 #                   and the first set-up waits for the peer
+#   STOP_WAIT       seconds a program may take to end after the stop signal (it destroys its QPs)
 #   SIGNAL_WAIT     seconds a guest waits for the test host's next signal
 #
 # The traffic ends the way ib_write_bw's own -D timer ends it: SIGALRM moves its duration state
@@ -102,7 +103,7 @@ traffic() {
     done
   fi
   # Until the program ends; on the stop signal, B's client gets SIGALRM (once more every 10 s if
-  # it is still measuring), and after 60 s more either side's program is killed.
+  # it is still measuring), and after STOP_WAIT s more either side's program is killed.
   _stopped=
   while kill -0 "$_pid" 2> /dev/null; do
     if [ -z "$_stopped" ] && has_host_signal "$PAIR-stop-$_cell"; then
@@ -111,8 +112,8 @@ traffic() {
       say "STOP cell=$_cell"
     elif [ -n "$_stopped" ]; then
       _for=$(($(now) - _stopped))
-      if [ "$_for" -ge 60 ]; then
-        echo "bench-migration: $_side still running 60 s after the stop signal: killing it"
+      if [ "$_for" -ge "$STOP_WAIT" ]; then
+        echo "bench-migration: $_side still running $STOP_WAIT s after the stop signal: killing it"
         kill -KILL "$_pid" 2> /dev/null
       elif [ "$ROLE" = b ] && [ "$_for" -gt 0 ] && [ $((_for % 10)) = 0 ]; then
         kill -ALRM "$_pid" 2> /dev/null

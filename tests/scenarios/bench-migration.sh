@@ -21,16 +21,20 @@
 # bench-mig-<MiB>-{a,b1,b2,...}-{serial,vmm}.log, bench-mig-<MiB>-cell<N>-{send,receive}-remote.log.
 
 isolate_network
+# Each VMM holds an eventfd per QP and more (issue 16's cells have 4096 QPs a guest).
+ulimit -n 65536
 
 MIGRATION_TIMEOUT=${MIGRATION_TIMEOUT:-400}
 DOWNTIME_MS=${DOWNTIME_MS:-300}
 TRAFFIC_WAIT=${TRAFFIC_WAIT:-240}
 READY_WAIT=${READY_WAIT:-240}
+# A side's program may take as long to end as to start (it destroys its QPs one by one).
+STOP_WAIT=$((READY_WAIT > 120 ? READY_WAIT : 120))
 BOOT_WAIT=${BOOT_WAIT:-360}
 SETTLE=${SETTLE:-5}
 POST_TRAFFIC=${POST_TRAFFIC:-5}
 LIMIT=${LIMIT:-900}
-SIGNAL_WAIT=$((MIGRATION_TIMEOUT + 600))
+SIGNAL_WAIT=$((MIGRATION_TIMEOUT + TRAFFIC_WAIT + 2 * STOP_WAIT + 600))
 # lib.sh's remote_cmd: a migration's pvrdma-remote outlives its --timeout-s a little at most.
 # shellcheck disable=SC2034 # read by remote_cmd
 REMOTE_LIMIT=$((MIGRATION_TIMEOUT + 60))
@@ -95,7 +99,7 @@ for mem in ${MEMORY_SIZES:?}; do
   # MACs of their own per pair: no same-host channel socket of a previous pair is ever addressed.
   mac_a=52:54:00:16:0$pair:01 mac_b=52:54:00:16:0$pair:02
   common="HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT PAIR=$p CELLS='${CELLS:?}'
-SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18900 + 100 * pair)) LIMIT=$LIMIT READY_WAIT=$READY_WAIT SIGNAL_WAIT=$SIGNAL_WAIT"
+SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18900 + 100 * pair)) LIMIT=$LIMIT READY_WAIT=$READY_WAIT STOP_WAIT=$STOP_WAIT SIGNAL_WAIT=$SIGNAL_WAIT"
   guest_script_disk "$WORK/$p-a-run.img" "ROLE=a MY_IP=$IP_A PEER_IP=$IP_B $common" "$GUEST_SCRIPTS/bench-migration.sh"
   guest_script_disk "$WORK/$p-b1-run.img" "ROLE=b MY_IP=$IP_B PEER_IP=$IP_A $common" "$GUEST_SCRIPTS/bench-migration.sh"
   boot "$p-a" 512M tapa "$mac_a"
@@ -126,8 +130,8 @@ SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18
         # No figure without the traffic: this cell is not migrated.
         log "bench-migration: $mem MiB, cell $cell: the traffic of $qps QPs never started"
         signal "$p-stop-$cell"
-        wait_for_line "$serial" "BENCH-MIG-END cell=$cell " 90 "$pid_src" || true
-        wait_for_line "$OUT/$p-a-serial.log" "BENCH-MIG-END cell=$cell " 90 "$pid_a" || true
+        wait_for_line "$serial" "BENCH-MIG-END cell=$cell " "$STOP_WAIT" "$pid_src" || true
+        wait_for_line "$OUT/$p-a-serial.log" "BENCH-MIG-END cell=$cell " "$STOP_WAIT" "$pid_a" || true
         end_b=$(b_marker "$p" "BENCH-MIG-END cell=$cell ")
         end_a=$(tr -d '\r' < "$OUT/$p-a-serial.log" | grep -m1 -E "BENCH-MIG-END cell=$cell " || true)
         printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mem" "$round" "$qps" "$cell" none NA NA 0 nostart \
@@ -181,9 +185,9 @@ SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18
       sleep "$POST_TRAFFIC"
       signal "$p-stop-$cell"
       if [[ -z $(b_marker "$p" "BENCH-MIG-END cell=$cell ") ]]; then
-        wait_for_line "$OUT/$p-$src-serial.log" "BENCH-MIG-END cell=$cell " 120 "$pid_src" || true
+        wait_for_line "$OUT/$p-$src-serial.log" "BENCH-MIG-END cell=$cell " "$STOP_WAIT" "$pid_src" || true
       fi
-      wait_for_line "$OUT/$p-a-serial.log" "BENCH-MIG-END cell=$cell " 90 "$pid_a" || true
+      wait_for_line "$OUT/$p-a-serial.log" "BENCH-MIG-END cell=$cell " "$STOP_WAIT" "$pid_a" || true
       end_b=$(b_marker "$p" "BENCH-MIG-END cell=$cell ")
       end_a=$(tr -d '\r' < "$OUT/$p-a-serial.log" | grep -m1 -E "BENCH-MIG-END cell=$cell " || true)
       client_rc=$(kv "$end_b" rc | grep . || echo none)

@@ -26,6 +26,7 @@ use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::Parser;
 use e2e::bench::{loadavg, median, pair_failures};
 use e2e::blackout::{vmm_logs, Stages};
 use e2e::results::KeyValues;
@@ -35,86 +36,90 @@ use e2e::{assets, bench, binaries};
 /// The QP count of the baseline cell.
 const BASELINE_QPS: u32 = 0;
 /// What the scenario is given per cell (see tests/scenarios/bench-migration.sh).
-const TRAFFIC_WAIT: u64 = 180;
 const MIGRATION_TIMEOUT: u64 = 300;
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench-migration: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    bench::exit("bench-migration", run(&Args::parse()))
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The device's CQEs per CQ (`max_cqe`): ib_write_bw puts its QPs' `-t` send entries each on
+/// one CQ.
+const MAX_CQE: u32 = 32768;
+/// QP handles the device gives a guest by default (`max_qp` 8192, less handle 0 and the GSI
+/// QP's).
+const MAX_QPS: u32 = 8190;
+
+/// Live migration of guest B, against its memory size and the QPs carrying traffic.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "bench-migration")]
 struct Args {
+    /// Rounds; each migrates B once per QP count, in the order given.
+    #[arg(long, default_value_t = 1, value_parser = bench::positive)]
     rounds: u32,
-    /// B's memory sizes, MiB.
+    /// B's memory sizes in MiB (64 to 1536, even: a test host of 4 GiB holds A, B and B's
+    /// destination), comma-separated; one pair of guests each.
+    #[arg(long, value_delimiter = ',', default_values_t = [256, 1024], value_parser = memory)]
     memory: Vec<u32>,
-    /// QP counts of the cells, in order.
+    /// QP counts of the cells, comma-separated: 0 is B idle (the baseline), N is
+    /// `ib_write_bw -q N`.
+    #[arg(long, value_delimiter = ',', default_values_t = [0, 1, 16, 256], value_parser = qps)]
     qps: Vec<u32>,
+    /// ib_write_bw -s (bytes).
+    #[arg(long, default_value_t = 4096, value_parser = bench::positive)]
     size: u32,
+    /// ib_write_bw -t (send entries per QP).
+    #[arg(long, default_value_t = 8, value_parser = bench::positive)]
     tx_depth: u32,
+    /// ib_write_bw -u: the RC ACK timeout, 4.096 us * 2^N.
+    #[arg(long, default_value_t = 20, value_parser = qp_timeout)]
     qp_timeout: u32,
+    /// send-migration --downtime-ms.
+    #[arg(long, default_value_t = 300, value_parser = bench::positive)]
     downtime_ms: u32,
 }
 
-/// A comma-separated list of numbers, each accepted by `ok`.
-fn parse_list(flag: &str, value: &str, ok: impl Fn(u32) -> bool) -> Result<Vec<u32>, String> {
-    let list: Option<Vec<u32>> = value
-        .split(',')
-        .map(|v| v.trim().parse().ok().filter(|&n| ok(n)))
-        .collect();
-    list.filter(|l| !l.is_empty())
-        .ok_or_else(|| format!("{flag} {value}: expected a comma-separated list of valid numbers"))
+fn memory(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(m) if (64..=1536).contains(&m) && m % 2 == 0 => Ok(m),
+        _ => Err(format!(
+            "{s}: expected an even number of MiB from 64 to 1536"
+        )),
+    }
 }
 
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let usage = "usage: bench-migration [--rounds N] [--memory MIB,...] [--qps N,...] [--size BYTES] [--tx-depth N] [--qp-timeout N] [--downtime-ms N]";
-    let mut parsed = Args {
-        rounds: 1,
-        memory: vec![256, 1024],
-        qps: vec![0, 1, 16, 256],
-        size: 4096,
-        tx_depth: 8,
-        qp_timeout: 20,
-        downtime_ms: 300,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().ok_or(usage)?;
-        let positive = || {
-            value
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("{flag} {value}: expected a positive number"))
-        };
-        match flag.as_str() {
-            "--rounds" => parsed.rounds = positive()?,
-            "--size" => parsed.size = positive()?,
-            "--tx-depth" => parsed.tx_depth = positive()?,
-            // ib_write_bw -u: 4.096 us * 2^N, at most 31.
-            "--qp-timeout" => {
-                parsed.qp_timeout = Some(positive()?)
-                    .filter(|&n| n <= 31)
-                    .ok_or_else(|| format!("{flag} {value}: 1 to 31"))?;
-            }
-            "--downtime-ms" => parsed.downtime_ms = positive()?,
-            // The VMM's --memory limits (and 2 MiB multiples); a test host of 4 GiB holds A, B
-            // and B's destination.
-            "--memory" => {
-                parsed.memory =
-                    parse_list(flag, value, |m| (64..=1536).contains(&m) && m % 2 == 0)?;
-            }
-            // The device's default budget is 1024 QPs, one of them the GSI QP.
-            "--qps" => parsed.qps = parse_list(flag, value, |q| q <= 1000)?,
-            _ => return Err(usage.to_string()),
-        }
+fn qps(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n <= MAX_QPS => Ok(n),
+        _ => Err(format!("{s}: expected 0 to {MAX_QPS} QPs")),
     }
-    Ok(parsed)
+}
+
+fn qp_timeout(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=31).contains(&n) => Ok(n),
+        _ => Err(format!("{s}: expected 1 to 31")),
+    }
+}
+
+impl Args {
+    /// What one option cannot check alone: ib_write_bw's CQ takes `-t` entries per QP.
+    fn check(&self) -> Result<(), String> {
+        let most = self.qps.iter().max().copied().unwrap_or(0);
+        if u64::from(most) * u64::from(self.tx_depth) > u64::from(MAX_CQE) {
+            return Err(format!(
+                "--qps {most} with --tx-depth {} needs a CQ of more than the device's {MAX_CQE} \
+                 entries",
+                self.tx_depth
+            ));
+        }
+        Ok(())
+    }
+
+    /// Seconds a cell's traffic may take to start, and B's client to get its QPs to RTS: at
+    /// nested TCG speed a guest creates and connects about 8 QPs a second (4096 took ~520 s).
+    fn traffic_wait(&self) -> u64 {
+        180 + u64::from(self.qps.iter().max().copied().unwrap_or(0)) / 6
+    }
 }
 
 /// What `pvrdma-remote send-migration` printed at the end: `migration completed: blackout N ms,
@@ -353,8 +358,9 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
     v.map_or("-".to_string(), |v| format!("{v:.decimals$}"))
 }
 
-fn run() -> Result<(), String> {
-    let args = parse_args(&std::env::args().skip(1).collect::<Vec<_>>())?;
+fn run(args: &Args) -> Result<(), String> {
+    args.check()?;
+    let traffic_wait = args.traffic_wait();
     let assets = assets::get().map_err(|e| e.to_string())?;
     let bins = binaries::locate().map_err(|e| e.to_string())?;
     let cells: Vec<String> = (0..args.rounds)
@@ -362,9 +368,10 @@ fn run() -> Result<(), String> {
         .collect();
     let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
     // Per pair: ~2-4 min for the two guests to boot and set up, then per cell the time to start
-    // the traffic (TRAFFIC_WAIT at most), the migration (MIGRATION_TIMEOUT at most; ~15 s for
-    // 256 MiB, ~1 min for 1 GiB at TCG speed) and the end of the traffic (2 min at most).
-    let per_pair = 600 + cells.len() as u64 * (TRAFFIC_WAIT + MIGRATION_TIMEOUT + 240);
+    // the traffic (`traffic_wait` at most), the migration (MIGRATION_TIMEOUT at most; ~15 s for
+    // 256 MiB, ~1 min for 1 GiB at TCG speed) and the end of the traffic (twice `traffic_wait`
+    // at most: each side's program destroys its QPs).
+    let per_pair = 600 + cells.len() as u64 * (3 * traffic_wait + MIGRATION_TIMEOUT + 240);
     let env = vec![
         (
             binaries::VMM_ENV.to_string(),
@@ -381,7 +388,8 @@ fn run() -> Result<(), String> {
         ("TX_DEPTH".to_string(), args.tx_depth.to_string()),
         ("QP_TIMEOUT".to_string(), args.qp_timeout.to_string()),
         ("DOWNTIME_MS".to_string(), args.downtime_ms.to_string()),
-        ("TRAFFIC_WAIT".to_string(), TRAFFIC_WAIT.to_string()),
+        ("TRAFFIC_WAIT".to_string(), traffic_wait.to_string()),
+        ("READY_WAIT".to_string(), traffic_wait.to_string()),
         (
             "MIGRATION_TIMEOUT".to_string(),
             MIGRATION_TIMEOUT.to_string(),
@@ -590,27 +598,39 @@ fn run() -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn parse_args(s: &str) -> Result<Args, String> {
+        let args =
+            Args::try_parse_from(std::iter::once("bench-migration").chain(s.split_whitespace()))
+                .map_err(|e| e.to_string())?;
+        args.check().map(|()| args)
     }
 
     #[test]
     fn arguments_have_defaults_and_are_checked() {
-        let d = parse_args(&[]).unwrap();
+        let d = parse_args("").unwrap();
         assert_eq!(d.rounds, 1);
         assert_eq!(d.memory, vec![256, 1024]);
         assert_eq!(d.qps, vec![0, 1, 16, 256]);
-        let a = parse_args(&args("--rounds 3 --memory 512 --qps 0,4")).unwrap();
+        assert_eq!(
+            (d.size, d.tx_depth, d.qp_timeout, d.downtime_ms),
+            (4096, 8, 20, 300)
+        );
+        let a = parse_args("--rounds 3 --memory 512 --qps 0,4").unwrap();
         assert_eq!((a.rounds, a.memory, a.qps), (3, vec![512], vec![0, 4]));
-        assert!(parse_args(&args("--rounds 0")).is_err());
-        assert!(parse_args(&args("--rounds")).is_err());
-        assert!(parse_args(&args("--memory 255")).is_err());
-        assert!(parse_args(&args("--memory 4096")).is_err());
-        assert!(parse_args(&args("--qps 1,x")).is_err());
-        assert!(parse_args(&args("--qps 2000")).is_err());
-        assert!(parse_args(&args("--qp-timeout 32")).is_err());
-        assert_eq!(parse_args(&args("--qp-timeout 14")).unwrap().qp_timeout, 14);
-        assert!(parse_args(&args("--what 3")).is_err());
+        // Issue 16's cells: 4096 busy QPs, -t 8 filling the device's largest CQ exactly.
+        let big = parse_args("--qps 0,256,4096").unwrap();
+        assert_eq!(big.qps, vec![0, 256, 4096]);
+        assert_eq!(big.traffic_wait(), 180 + 4096 / 6);
+        assert!(parse_args("--qps 4096 --tx-depth 16").is_err());
+        assert!(parse_args("--qps 8191 --tx-depth 1").is_err());
+        assert!(parse_args("--rounds 0").is_err());
+        assert!(parse_args("--rounds").is_err());
+        assert!(parse_args("--memory 255").is_err());
+        assert!(parse_args("--memory 4096").is_err());
+        assert!(parse_args("--qps 1,x").is_err());
+        assert!(parse_args("--qp-timeout 32").is_err());
+        assert_eq!(parse_args("--qp-timeout 14").unwrap().qp_timeout, 14);
+        assert!(parse_args("--what 3").is_err());
     }
 
     #[test]
