@@ -66,8 +66,9 @@ pub struct Cli {
     /// [,max_cq=N][,max_mr=N][,mapped=SIZE]. RDMA traffic is RoCE v2 on the TAP, except to
     /// VMMs of this host, reached by memory copy through shared-memory rings set up over
     /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). The VM's budgets
-    /// (defaults: 1024 QPs, 2048 CQs, 4096 MRs, 8G of guest memory mapped by rings and MRs)
-    /// are advertised to the guest; a command beyond them fails with ENOMEM and a log line.
+    /// (defaults: 8192 QPs, at most 16384; 2048 CQs, 4096 MRs, 8G of guest memory mapped by
+    /// rings and MRs) are advertised to the guest; a command beyond them fails with ENOMEM and
+    /// a log line. Each QP holds an open file: the VMM raises its soft limit to the hard one.
     /// At most one per VM.
     #[arg(
         long,

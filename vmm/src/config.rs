@@ -617,6 +617,9 @@ mod tests {
             "tap=t0,mac=52:54:00:00:00:01,max_qp=64,max_cq=128,max_mr=256,mapped=512M"
                 .parse()
                 .unwrap();
+        // Issue 16: up to 16384 QPs.
+        let most: PvrdmaConfig = "tap=t0,mac=52:54:00:00:00:01,max_qp=16384".parse().unwrap();
+        assert_eq!(most.budget.limits().unwrap().max_qp, 16384);
         let limits = p.budget.limits().unwrap();
         assert_eq!(
             (limits.max_qp, limits.max_cq, limits.max_mr),
@@ -627,7 +630,7 @@ mod tests {
         assert_eq!(default.budget.limits().unwrap(), pvrdma::Limits::default());
         for bad in [
             "max_qp=2",
-            "max_qp=70000",
+            "max_qp=16385",
             "max_cq=x",
             "max_mr=-1",
             "mapped=0",

@@ -101,7 +101,7 @@ mod tests {
                 Limits::default(),
                 Limits {
                     max_uar: 2,
-                    max_qp: 0xffff,
+                    max_qp: crate::config::MAX_QP,
                     gid_tbl_len: 256,
                     ..Limits::default()
                 },
@@ -116,7 +116,7 @@ mod tests {
                     [2; 6],
                 );
                 assert!(caps.max_uar.is_power_of_two());
-                assert!(caps.max_qp <= 0xffff);
+                assert!(caps.max_qp <= crate::config::MAX_QP);
                 assert!(matches!(caps.gid_types, 1 | 2));
                 assert_eq!((caps.mode, caps.phys_port_cnt), (0, 1));
                 assert!(caps.max_pkeys >= 1);

@@ -562,7 +562,7 @@ fn p09_caps_consistency() {
         Limits {
             max_uar: 4,
             gid_tbl_len: 1,
-            max_qp: 0xffff,
+            max_qp: pvrdma::MAX_QP,
             ..Limits::default()
         },
     ] {
@@ -578,7 +578,7 @@ fn p09_caps_consistency() {
         let caps = sim.probe().expect("probe");
         assert!(caps.max_uar.is_power_of_two());
         assert_eq!(u64::from(caps.max_uar) * 4096, bar2);
-        assert!(caps.max_qp <= 0xffff);
+        assert!(caps.max_qp <= pvrdma::MAX_QP);
         assert!(matches!(caps.gid_types, 1 | 2));
         let port: QueryPortResp = sim
             .cmd(
@@ -601,7 +601,7 @@ fn p09_caps_consistency() {
             ..Limits::default()
         },
         Limits {
-            max_qp: 0x1_0000,
+            max_qp: pvrdma::MAX_QP + 1,
             ..Limits::default()
         },
         Limits {
