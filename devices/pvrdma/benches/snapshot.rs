@@ -6,7 +6,9 @@
 //! decoded and restored into a new device (`SimDriver::migrate_timed`),
 //! several times over, and the sample's traffic checked again. Baseline
 //! in the same run: encoding and decoding the same snapshot alone (what
-//! any state transfer costs); figures are medians.
+//! any state transfer costs); figures are medians. Wall times, and this
+//! thread's CPU time for the same stages (on a loaded machine the wall
+//! times swing several-fold with the other work; the CPU times do not).
 //! Run: `cargo bench -p pvrdma --bench snapshot [-- QPS...]`.
 
 use std::time::Duration;
@@ -36,7 +38,7 @@ fn main() {
         counts
     };
     println!(
-        "QPs    state bytes  pause+save   encode   decode     plug  restore  | migrate  encode+decode alone  ratio"
+        "QPs    state bytes  pause+save   encode   decode     plug  restore  | migrate  encode+decode alone  ratio  | CPU: migrate  encode+decode  ratio"
     );
     for n in counts {
         let mut fleet = Fleet::new(n);
@@ -54,8 +56,9 @@ fn main() {
         };
         let total = med(|t| t.save + t.encode + t.decode + t.restore);
         let codec = med(|t| t.encode + t.decode);
+        let (cpu, cpu_codec) = (med(|t| t.cpu_migrate), med(|t| t.cpu_codec));
         println!(
-            "{n:<5} {:>12} {:>8.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms  | {:>5.2} ms  {:>16.2} ms  {:>5.2}",
+            "{n:<5} {:>12} {:>8.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms {:>5.2} ms  | {:>5.2} ms  {:>16.2} ms  {:>5.2}  | {:>9.2} ms  {:>10.2} ms  {:>5.2}",
             rounds.first().map_or(0, |t| t.bytes),
             ms(med(|t| t.save)),
             ms(med(|t| t.encode)),
@@ -65,6 +68,9 @@ fn main() {
             ms(total),
             ms(codec),
             total.as_secs_f64() / codec.as_secs_f64().max(1e-9),
+            ms(cpu),
+            ms(cpu_codec),
+            cpu.as_secs_f64() / cpu_codec.as_secs_f64().max(1e-9),
         );
     }
 }
