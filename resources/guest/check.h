@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 /*
- * What the guest's check programs (verbs-check.c, access-check.c, write-check.c) share: failing a
- * step with one "<FAIL_TAG> <step>: <reason>" line on stdout and exit status 1, turning the two
- * ways libibverbs and librdmacm report errors into such a failure, and (with STEP_TAG defined)
- * reporting a step done. Define FAIL_TAG (and STEP_TAG) before including.
+ * What the guest's check programs (verbs-check.c, access-check.c, write-check.c, qps-check.c)
+ * share: failing a step with one "<FAIL_TAG> <step>: <reason>" line on stdout and exit status 1,
+ * turning the two ways libibverbs and librdmacm report errors into such a failure, and (with
+ * STEP_TAG defined) reporting a step done, and (with SAY defined) printing a line of output at
+ * once. Define FAIL_TAG (and STEP_TAG, SAY) before including.
  */
 #ifndef PVRDMA_GUEST_CHECK_H
 #define PVRDMA_GUEST_CHECK_H
@@ -45,6 +46,20 @@ static void *check_ptr(const char *step, void *p)
 		fail(step, "%s", strerror(errno ? errno : EINVAL));
 	return p;
 }
+
+#ifdef SAY
+/* One line of output, flushed at once (a console reader waits for it). */
+static void __attribute__((format(printf, 1, 2))) say(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+	fflush(stdout);
+}
+#endif
 
 #ifdef STEP_TAG
 /* Programs that report their steps (verbs-check.c, access-check.c): one "<STEP_TAG> <step> ok

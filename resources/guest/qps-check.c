@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #define FAIL_TAG "QPS-CHECK-FAIL"
+#define SAY
 #include "check.h"
 
 #define MAX_QPS 8192		/* 3 CQEs a QP must fit the device's 32768 per CQ */
@@ -100,17 +101,6 @@ static struct ibv_cq *cq;
 static struct ibv_comp_channel *channel;
 static uint64_t bad_rounds;
 static unsigned printed;
-
-static void __attribute__((format(printf, 1, 2))) say(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-}
 
 /* A failed round: counted, printed MAX_PRINTED times at most; the run goes on. */
 static void __attribute__((format(printf, 1, 2))) bad(const char *fmt, ...)

@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #define FAIL_TAG "WRITE-CHECK-FAIL"
+#define SAY
 #include "check.h"
 
 #define MIB_BYTES (1024u * 1024u)
@@ -144,17 +145,6 @@ struct check {
 	uint64_t got, want;
 	uint64_t sum;
 };
-
-static void __attribute__((format(printf, 1, 2))) say(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	putchar('\n');
-	fflush(stdout);
-}
 
 static int64_t now_ms(void)
 {
