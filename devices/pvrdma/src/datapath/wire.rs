@@ -38,7 +38,8 @@ const DEFAULT_HOP_LIMIT: u8 = 64;
 #[derive(Debug)]
 pub(crate) struct Inbox {
     frames: Mutex<VecDeque<Vec<u8>>>,
-    /// Signalled when a frame is queued.
+    /// Signalled when the queue stops being empty; the worker watches it
+    /// edge-triggered and never reads it.
     pub(crate) evt: EventFd,
     /// The guest driver has activated the device: until then (and after
     /// RESET) RoCE frames go to the NIC like any other.
