@@ -286,6 +286,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             w.receive(mem, env, events, objects, frames.iter().map(|f| parse(f)));
         });
         let inbox = &self.shared.env.wire.inbox;
+        inbox.give_back(frames);
         if !inbox.is_empty() {
             // Come back after the other events.
             if let Err(e) = inbox.evt.write(1) {
