@@ -450,13 +450,17 @@ pub fn run(profile: bool) {
             raw.push(rate);
             raw_lost += l;
         }
-        let a = &wire.pair.a.sim;
+        let (a, b) = (&wire.pair.a.sim, &wire.pair.b.sim);
         assert_eq!(a.metric("roce_local_tx"), 0, "all on the wire");
-        let frames = a.metric("roce_tx") as f64 / (RUNS * count) as f64;
+        let per_write = |n: u64| n as f64 / (RUNS * count) as f64;
+        let frames = per_write(a.metric("roce_tx"));
+        let acks = per_write(b.metric("roce_tx"));
+        let dropped = a.metric("roce_rx_dropped") + b.metric("roce_rx_dropped");
         let (rdma, plain, raw) = (median(rdma), median(plain), median(raw));
         println!("  MTU {mtu} (path MTU {size}):");
         println!(
-            "    RDMA WRITE 64 KiB, 1 QP: {:>7.0} MiB/s  ({frames:.1} frames per WRITE, {} ideal)",
+            "    RDMA WRITE 64 KiB, 1 QP: {:>7.0} MiB/s  ({frames:.1} frames per WRITE, {} ideal; \
+             {acks:.1} ACKs; {dropped} frames dropped at an inbox)",
             mib(rdma),
             MSG as usize / size
         );
