@@ -75,6 +75,17 @@ impl MockBackend {
     pub fn set_link(&self, up: bool) {
         self.link.store(up, Ordering::SeqCst);
     }
+
+    /// Back as [`MockBackend::new`] with the link up made it: nothing
+    /// sent or queued, nothing failing.
+    pub fn clear(&self) {
+        self.take_sent();
+        self.inbox.lock().unwrap().clear();
+        let _ = self.rx_evt.read();
+        self.link.store(true, Ordering::SeqCst);
+        self.fail_send.store(false, Ordering::SeqCst);
+        self.fail_recv.store(false, Ordering::SeqCst);
+    }
 }
 
 impl FrameBackend for MockBackend {
