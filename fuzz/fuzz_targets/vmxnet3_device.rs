@@ -15,8 +15,8 @@
 //! The function and its guest memory are built once and kept: after each input the harness
 //! resets them (`Harness::reset`: configuration space and MSI-X restored, RESET_DEV, the MAC
 //! and DriverShared registers, backend, port and guest memory as new), which leaves them as a
-//! new function would be but for its statistics (the device test
-//! `persist::a_reset_function_is_a_new_one`). A migration's destination is kept instead.
+//! new function would be (the device test `persist::a_reset_function_is_a_new_one`). After a
+//! migration, its destination is the one kept.
 //! Invariants: no panic, no hang (a worker that never finishes its turn hangs the input),
 //! no allocation over `-malloc_limit_mb`; ioeventfds registered and unregistered in
 //! pairs (the strict mock asserts it); a snapshot of the device restores onto a fresh one;

@@ -406,12 +406,16 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         0
     }
 
-    /// QUIESCE plus interrupt state back to its reset values. The MAC
-    /// stays: Linux writes it again before the next activation, and a
-    /// flip to the permanent one and back would churn PVRDMA's GIDs.
+    /// QUIESCE plus interrupt state and statistics back to their reset
+    /// values: what the device did before a reset shows in nothing after
+    /// it. The MAC stays: Linux writes it again before the next activation,
+    /// and a flip to the permanent one and back would churn PVRDMA's GIDs.
     fn handle_reset(&mut self) -> u32 {
         self.handle_quiesce();
         self.intr.reset();
+        let mut st = lock(&self.state);
+        st.tx_stats = Default::default();
+        st.rx_stats = Default::default();
         0
     }
 

@@ -147,7 +147,7 @@ impl Harness {
     /// writes (MAC, DriverShared address) as on a new function, the
     /// backend's and the port's link and queues as new, guest memory all zero
     /// again. The device tests check that the saved state is a new
-    /// function's.
+    /// function's (`persist::a_reset_function_is_a_new_one`).
     pub fn reset(&mut self) {
         for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
             self.cfg_write(reg, 0, &value.to_le_bytes());
