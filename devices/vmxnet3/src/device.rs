@@ -755,6 +755,12 @@ mod tests {
         let mut l = base.clone();
         l.tx_ring_base[0] = MEM_SIZE as u64 - 0x100;
         cases.push(("ring outside RAM", l));
+        // The fake driver's descriptors run past the end of the address
+        // space (found by the fuzz target: an overflow in the harness).
+        let mut l = base.clone();
+        (l.num_tx, l.num_rx) = (255, 255);
+        l.queue_table = u64::MAX - 0x1_0000;
+        cases.push(("queue table at the end of the address space", l));
         for (n, (what, layout)) in cases.into_iter().enumerate() {
             assert_ne!(h.activate_with(layout), 0, "{what} accepted");
             assert!(!h.port.state().active, "{what}");

@@ -175,8 +175,11 @@ impl DriverLayout {
         }
     }
 
+    /// Where queue `i`'s descriptor is: wrapped past the end of the address
+    /// space when a hostile table lies near it (the device checks what it
+    /// reads; [`Self::write`] skips what is not RAM).
     pub fn queue_desc(&self, i: usize) -> u64 {
-        self.queue_table + 256 * i as u64
+        self.queue_table.wrapping_add(256 * i as u64)
     }
 
     pub fn tx_ring(&self, q: usize) -> u64 {
