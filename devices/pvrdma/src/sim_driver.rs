@@ -55,6 +55,8 @@ const FUNCTION: u8 = 1;
 /// The page allocator starts here and leaves a gap after every page, so
 /// nothing the device does can rely on contiguity.
 const FIRST_PAGE: u64 = 0x10_0000;
+/// Dwords of a function's configuration space.
+const CONFIG_REGS: u8 = 64;
 /// The Linux driver's ring sizes: header page + 3 data pages.
 const EVENT_RING_PAGES: u32 = 4;
 
@@ -182,6 +184,8 @@ pub struct SimDriver {
     /// Bytes of guest memory.
     mem_size: u64,
     seq: u64,
+    /// Configuration space as `with_memory` left it, for [`Self::reset`].
+    config_space: Vec<u32>,
 }
 
 /// What [`SimDriver::migrate_timed`] measured.
@@ -241,6 +245,20 @@ impl SimWire {
             frames: std::sync::atomic::AtomicU64::new(0),
             never: EventFd::new(0).expect("eventfd"),
         }
+    }
+}
+
+impl SimWire {
+    /// Forgets the frames sent and the counts, keeping the peer and the
+    /// loss setting.
+    fn clear(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.unclaimed.store(0, Relaxed);
+        self.frames.store(0, Relaxed);
     }
 }
 
@@ -475,11 +493,43 @@ impl SimDriver {
             next_page: FIRST_PAGE,
             mem_size,
             seq: 0,
+            config_space: Vec::new(),
         };
         // Memory decoding and bus mastering, as pci_enable_device does.
         sim.cfg_write(1, 0x6);
         sim.enable_msix();
+        sim.config_space = (0..CONFIG_REGS).map(|reg| sim.cfg_read(reg)).collect();
         sim
+    }
+
+    /// Starts over on this device as a new driver would after one that left
+    /// it in any state (and as the fuzz targets do between inputs, instead
+    /// of building a device each time): configuration space and the MSI-X
+    /// table as [`Self::with_memory`] left them (Linux's
+    /// `pci_restore_state`), the device's RESET, guest memory all zero
+    /// again, and this driver's own bookkeeping forgotten. A probe then
+    /// finds what it finds on a new device; the device tests check that
+    /// its saved state is the same.
+    pub fn reset(&mut self) {
+        for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
+            self.cfg_write(reg, value);
+        }
+        self.enable_msix();
+        let reset = self.bars[BAR_REG] + Reg::Ctl.offset();
+        self.bus
+            .mmio_write(reset, &(Ctl::Reset as u32).to_le_bytes());
+        pci::test_utils::zero_written_pages(&self.mem);
+        for gsi in 0..3 {
+            self.msi.fired(gsi);
+        }
+        self.wire.clear();
+        self.version = 0;
+        (self.dsr, self.cmd_slot, self.resp_slot) = (0, 0, 0);
+        (self.async_ring, self.cq_notify_ring) = (None, None);
+        self.contexts.clear();
+        self.pds.clear();
+        self.next_page = FIRST_PAGE;
+        self.seq = 0;
     }
 
     pub fn device(&self) -> MutexGuard<'_, Pvrdma<Mem>> {

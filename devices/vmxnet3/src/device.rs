@@ -406,12 +406,16 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         0
     }
 
-    /// QUIESCE plus interrupt state back to its reset values. The MAC
-    /// stays: Linux writes it again before the next activation, and a
-    /// flip to the permanent one and back would churn PVRDMA's GIDs.
+    /// QUIESCE plus interrupt state and statistics back to their reset
+    /// values: what the device did before a reset shows in nothing after
+    /// it. The MAC stays: Linux writes it again before the next activation,
+    /// and a flip to the permanent one and back would churn PVRDMA's GIDs.
     fn handle_reset(&mut self) -> u32 {
         self.handle_quiesce();
         self.intr.reset();
+        let mut st = lock(&self.state);
+        st.tx_stats = Default::default();
+        st.rx_stats = Default::default();
         0
     }
 
@@ -751,6 +755,12 @@ mod tests {
         let mut l = base.clone();
         l.tx_ring_base[0] = MEM_SIZE as u64 - 0x100;
         cases.push(("ring outside RAM", l));
+        // The fake driver's descriptors run past the end of the address
+        // space (found by the fuzz target: an overflow in the harness).
+        let mut l = base.clone();
+        (l.num_tx, l.num_rx) = (255, 255);
+        l.queue_table = u64::MAX - 0x1_0000;
+        cases.push(("queue table at the end of the address space", l));
         for (n, (what, layout)) in cases.into_iter().enumerate() {
             assert_ne!(h.activate_with(layout), 0, "{what} accepted");
             assert!(!h.port.state().active, "{what}");

@@ -103,7 +103,12 @@ pub struct Harness {
     pub layout: DriverLayout,
     pub tx: Vec<TxSide>,
     pub rx: Vec<RxSide>,
+    /// Configuration space as `new` left it, for [`Harness::reset`].
+    config_space: Vec<u32>,
 }
+
+/// Dwords of a function's configuration space.
+const CONFIG_REGS: u32 = 64;
 
 /// Polls `cond` until it holds; panics after 5 s. Workers that run inline
 /// (`device_worker::inline`) are run meanwhile.
@@ -130,7 +135,40 @@ impl Harness {
         h.cfg_write(1, 0, &[0x06, 0x00]);
         h.enable_msix();
         assert_eq!(h.cmd(GET_LINK), 10_000 << 16 | 1);
+        h.config_space = (0..CONFIG_REGS).map(|reg| h.cfg_read(reg)).collect();
         h
+    }
+
+    /// Starts over on this function as a new driver would after one that
+    /// left it in any state (and as the fuzz target does between inputs,
+    /// instead of building a function each time): configuration space and
+    /// the MSI-X table as [`Harness::new`] left them (Linux's
+    /// `pci_restore_state`), the device's RESET_DEV, the registers a driver
+    /// writes (MAC, DriverShared address) as on a new function, the
+    /// backend's and the port's link and queues as new, guest memory all zero
+    /// again. The device tests check that the saved state is a new
+    /// function's (`persist::a_reset_function_is_a_new_one`).
+    pub fn reset(&mut self) {
+        for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
+            self.cfg_write(reg, 0, &value.to_le_bytes());
+        }
+        self.enable_msix();
+        self.cmd(RESET);
+        self.write(
+            VD_BAR,
+            MACL,
+            u32::from_le_bytes([MAC[0], MAC[1], MAC[2], MAC[3]]),
+        );
+        self.write(VD_BAR, MACH, u32::from_le_bytes([MAC[4], MAC[5], 0, 0]));
+        self.write(VD_BAR, DSAL, 0);
+        self.write(VD_BAR, DSAH, 0);
+        self.backend.clear();
+        self.port.set_carrier(true);
+        pci::test_utils::zero_written_pages(&self.mem);
+        self.layout = DriverLayout::new(1, 1, 64, 1500);
+        self.tx.clear();
+        self.rx.clear();
+        assert_eq!(self.cmd(GET_LINK), 10_000 << 16 | 1);
     }
 
     /// A fresh device on a fresh bus over `mem`, untouched by any driver.
@@ -165,6 +203,7 @@ impl Harness {
             layout: DriverLayout::new(1, 1, 64, 1500),
             tx: Vec::new(),
             rx: Vec::new(),
+            config_space: Vec::new(),
         }
     }
 
@@ -198,6 +237,7 @@ impl Harness {
         h.layout = src.layout.clone();
         h.tx = src.tx.clone();
         h.rx = src.rx.clone();
+        h.config_space = src.config_space.clone();
         h
     }
 

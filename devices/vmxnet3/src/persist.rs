@@ -476,6 +476,61 @@ mod tests {
         assert!(dst.backend.take_sent().is_empty(), "once per restore");
     }
 
+    /// What the fuzz target relies on to keep its function across inputs: a
+    /// harness that ran traffic and hostile register, MSI-X and config
+    /// writes, then `reset`, saves the state of a new one (registers,
+    /// interrupts, MSI-X, queues, statistics, reported link) and has the
+    /// same configuration space, guest memory, backend and port.
+    #[test]
+    fn a_reset_function_is_a_new_one() {
+        type Seen = (Value, Vec<u32>, Vec<u8>, net_port::PortState, (usize, bool));
+        fn saved(h: &mut Harness) -> Seen {
+            h.bus.pause().unwrap();
+            let snapshot = h.nic.lock().unwrap().snapshot().unwrap();
+            h.bus.resume().unwrap();
+            let state = vm_migration::test_utils::state_json::<Saved>(&snapshot);
+            let config = (0..64).map(|reg| h.cfg_read(reg)).collect();
+            let mut mem = vec![0u8; MEM_SIZE];
+            h.mem.read_slice(&mut mem, GuestAddress(0)).unwrap();
+            let fail = h
+                .backend
+                .fail_send
+                .load(std::sync::atomic::Ordering::SeqCst);
+            let backend = (h.backend.queued(), fail);
+            (state, config, mem, h.port.state(), backend)
+        }
+        let mut fresh = Harness::new();
+        let mut h = Harness::new();
+        h.activate(2, 2, 1500);
+        post(&mut h, 1, 0..1, true);
+        h.wait_tx_completions(1, 1);
+        h.post_rx(0, 0, 4, 1536, |_| false);
+        receive_all(&mut h, 0..1);
+        h.cmd(GET_STATS);
+        // A frame for the function while it does not receive stays queued.
+        h.cmd(QUIESCE);
+        h.backend.inject(frame(100, 1));
+        h.write(VD_BAR, MACL, 0x1234_5678);
+        h.write(VD_BAR, UVRS, 1);
+        h.write(PT_BAR, 8, 1);
+        h.write(crate::regs::MSIX_BAR, 16, 0xdead_0000);
+        h.cfg_write(15, 0, &[0xff; 4]);
+        h.port.set_carrier(false);
+        h.backend
+            .fail_send
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        h.reset();
+        assert!(
+            saved(&mut fresh) == saved(&mut h),
+            "differs from a new function"
+        );
+        // And works as one.
+        h.activate(1, 1, 1500);
+        h.send_one(0, &frame(100, 2), Sop::default());
+        h.wait_tx_completions(0, 1);
+        assert_eq!(h.backend.take_sent().len(), 1);
+    }
+
     /// A snapshot of an activated device with traffic behind it, and its
     /// state as JSON (to edit by field).
     fn busy_snapshot() -> (Snapshot, Value) {

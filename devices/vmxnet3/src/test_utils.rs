@@ -75,6 +75,17 @@ impl MockBackend {
     pub fn set_link(&self, up: bool) {
         self.link.store(up, Ordering::SeqCst);
     }
+
+    /// Back as [`MockBackend::new`] with the link up made it: nothing
+    /// sent or queued, nothing failing.
+    pub fn clear(&self) {
+        self.take_sent();
+        self.inbox.lock().unwrap().clear();
+        let _ = self.rx_evt.read();
+        self.link.store(true, Ordering::SeqCst);
+        self.fail_send.store(false, Ordering::SeqCst);
+        self.fail_recv.store(false, Ordering::SeqCst);
+    }
 }
 
 impl FrameBackend for MockBackend {
@@ -164,8 +175,11 @@ impl DriverLayout {
         }
     }
 
+    /// Where queue `i`'s descriptor is: wrapped past the end of the address
+    /// space when a hostile table lies near it (the device checks what it
+    /// reads; [`Self::write`] skips what is not RAM).
     pub fn queue_desc(&self, i: usize) -> u64 {
-        self.queue_table + 256 * i as u64
+        self.queue_table.wrapping_add(256 * i as u64)
     }
 
     pub fn tx_ring(&self, q: usize) -> u64 {

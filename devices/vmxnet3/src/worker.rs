@@ -114,7 +114,7 @@ pub(crate) enum RunState {
 pub(crate) struct DeviceState {
     pub(crate) run: RunState,
     pub(crate) active: Option<Active>,
-    /// Guest-visible statistics, per queue, for the device's lifetime.
+    /// Guest-visible statistics, per queue, from the last RESET_DEV.
     pub(crate) tx_stats: [TxStats; MAX_TX_QUEUES],
     pub(crate) rx_stats: [RxStats; MAX_RX_QUEUES],
     /// The link state the guest last read (GET_LINK): a LINK event is due

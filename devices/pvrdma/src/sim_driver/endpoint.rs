@@ -179,6 +179,19 @@ pub fn rc_pair() -> (Endpoint, Endpoint) {
     connect(a, b)
 }
 
+/// [`rc_pair`] again on the same two devices: both reset
+/// ([`SimDriver::reset`]), whatever state they were left in, then probed
+/// and given the same objects, which a fresh pair would have.
+pub fn rc_pair_again(a: Endpoint, b: Endpoint) -> (Endpoint, Endpoint) {
+    let (mut sa, mut sb) = (a.sim, b.sim);
+    sa.reset();
+    sb.reset();
+    connect(
+        Endpoint::on(sa, GID_A, QpSpec::rc),
+        Endpoint::on(sb, GID_B, QpSpec::rc),
+    )
+}
+
 /// Connects the RC QPs of `a` and `b`.
 pub fn connect(mut a: Endpoint, mut b: Endpoint) -> (Endpoint, Endpoint) {
     let (qa, qb) = (a.qp.qpn, b.qp.qpn);
