@@ -208,7 +208,7 @@ impl Limits {
 }
 
 /// The device as the user configured it (`--pvrdma ...,gid=roce-v2`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PvrdmaConfig {
     pub gid_type: GidType,
     pub limits: Limits,
@@ -218,6 +218,29 @@ pub struct PvrdmaConfig {
     /// Replace a live same-host socket of our MAC instead of failing: the
     /// VM is migrating here from a VMM of this host that still holds it.
     pub local_takeover: bool,
+    /// How long the worker busy-polls (its same-host rings in shared
+    /// memory, its descriptors without sleeping, yielding the CPU between
+    /// looks) after data-path work before it sleeps; zero: never. While
+    /// it polls, peers need not kick it and it need not be woken: each
+    /// saves a thread wake-up on a small message (docs/benchmarks.md). An
+    /// idle worker sleeps.
+    pub busy_poll: std::time::Duration,
+}
+
+/// [`PvrdmaConfig::busy_poll`] unless configured: a few wake-ups' worth,
+/// enough to catch the ACK of a small message without sleeping.
+pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
+impl Default for PvrdmaConfig {
+    fn default() -> Self {
+        Self {
+            gid_type: GidType::default(),
+            limits: Limits::default(),
+            local_dir: None,
+            local_takeover: false,
+            busy_poll: DEFAULT_BUSY_POLL,
+        }
+    }
 }
 
 #[cfg(test)]
