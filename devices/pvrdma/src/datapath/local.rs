@@ -336,16 +336,17 @@ impl Peer {
         }
     }
 
-    /// Wakes the consumer if it is owed a kick.
-    fn notify(&mut self) {
+    /// Wakes the consumer if it is owed a kick; whether it was.
+    fn notify(&mut self) -> bool {
         if !std::mem::take(&mut self.owed) {
-            return;
+            return false;
         }
         // Adding 0 never blocks, whatever the peer did to the eventfd.
         let _ = self.kick.write(0);
         if self.unanswered.is_none() {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
+        true
     }
 
     /// Whether the backlog holds all it may.
@@ -726,11 +727,13 @@ impl LocalChannel {
     /// wakes a thread costs about 2 us here, and the woken peer (often
     /// with the ACK of what we just received) would otherwise take the
     /// CPU before our own CQEs are written and seen.
-    pub(crate) fn notify(&self) {
+    /// Returns how many were kicked.
+    pub(crate) fn notify(&self) -> usize {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        for p in peers.values_mut() {
-            p.notify();
-        }
+        peers
+            .values_mut()
+            .filter_map(|p| p.notify().then_some(()))
+            .count()
     }
 
     /// Whether frames wait for room in a ring: then the worker comes back

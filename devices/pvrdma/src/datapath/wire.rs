@@ -361,7 +361,7 @@ impl Wire {
         }
         if let Some(local) = self.local.as_ref() {
             // These frames', and those the engine put in rings before.
-            local.notify();
+            metrics.roce_local_kicks.add(local.notify() as u64);
         }
     }
 }
