@@ -370,6 +370,8 @@ fn message_rate(pair: &Pair) {
 /// each ratio compares two measurements taken a moment apart: the
 /// baseline swings from 2 to 30 us between runs on a shared VM.
 fn latency(pair: &Pair) {
+    let kicks = || pair.a.sim.metric("roce_local_kicks") + pair.b.sim.metric("roce_local_kicks");
+    let kicked = kicks();
     let (mut lat, mut efd, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..RUNS {
         let e = eventfd_latency().as_secs_f64() * 1e6;
@@ -399,5 +401,11 @@ fn latency(pair: &Pair) {
         "  ratio (RDMA / eventfd of the same run):   {:.1}  ({})",
         median(ratio.clone()),
         each(&ratio)
+    );
+    // A kick wakes a worker that slept: busy-polling workers need few.
+    let pings = (RUNS * PINGS) as f64;
+    println!(
+        "  same-host kicks per ping, both devices:   {:.2}",
+        (kicks() - kicked) as f64 / pings
     );
 }
