@@ -302,6 +302,7 @@ impl DeviceManager {
                 busy_poll: rdma.poll_us.map_or(pvrdma::DEFAULT_BUSY_POLL, |us| {
                     std::time::Duration::from_micros(us.into())
                 }),
+                ..pvrdma::PvrdmaConfig::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;

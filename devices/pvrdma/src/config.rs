@@ -225,11 +225,20 @@ pub struct PvrdmaConfig {
     /// saves a thread wake-up on a small message (docs/benchmarks.md). An
     /// idle worker sleeps.
     pub busy_poll: std::time::Duration,
+    /// A busy-polling worker whose yield of the CPU took longer than this
+    /// stops polling and sleeps: other threads want the CPU (vCPUs, other
+    /// VMMs), a yield hands it to them for a whole time slice, whereas a
+    /// kick wakes a sleeping worker ahead of them. A yield that only lets
+    /// the peer's worker or a polling vCPU take a turn takes a few
+    /// microseconds.
+    pub busy_yield: std::time::Duration,
 }
 
 /// [`PvrdmaConfig::busy_poll`] unless configured: a few wake-ups' worth,
 /// enough to catch the ACK of a small message without sleeping.
 pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+/// [`PvrdmaConfig::busy_yield`].
+pub const DEFAULT_BUSY_YIELD: std::time::Duration = std::time::Duration::from_micros(20);
 
 impl Default for PvrdmaConfig {
     fn default() -> Self {
@@ -239,6 +248,7 @@ impl Default for PvrdmaConfig {
             local_dir: None,
             local_takeover: false,
             busy_poll: DEFAULT_BUSY_POLL,
+            busy_yield: DEFAULT_BUSY_YIELD,
         }
     }
 }

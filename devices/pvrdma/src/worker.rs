@@ -677,8 +677,17 @@ impl<M: GuestAddressSpace> Stoppable for Worker<M> {
             return self.take_local();
         }
         let spin = shared.env.config.busy_poll;
-        if self.worked_at.is_some_and(|t| t.elapsed() < spin) {
+        // QPs waiting for room in a peer's ring wait for the consumer:
+        // polling would only take CPU from it (the timer comes back).
+        let polling = !self.deferred && self.worked_at.is_some_and(|t| t.elapsed() < spin);
+        if polling {
+            let yielded = Instant::now();
             std::thread::yield_now();
+            if yielded.elapsed() > shared.env.config.busy_yield {
+                // Other threads want this CPU: sleep, so that a kick wakes
+                // us ahead of them, rather than poll behind them.
+                self.worked_at = None;
+            }
             return Poll::Spin;
         }
         self.worked_at = None;
