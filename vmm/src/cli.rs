@@ -63,16 +63,18 @@ pub struct Cli {
 
     /// The PVRDMA slot: vmxnet3 (function 0) on TAP NAME plus PVRDMA (function 1) sharing its
     /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR][,max_qp=N]
-    /// [,max_cq=N][,max_mr=N][,mapped=SIZE]. RDMA traffic is RoCE v2 on the TAP, except to
+    /// [,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US]. RDMA traffic is RoCE v2 on the TAP, except to
     /// VMMs of this host, reached by memory copy through shared-memory rings set up over
     /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). The VM's budgets
     /// (defaults: 8192 QPs, at most 16384; 2048 CQs, 4096 MRs, 8G of guest memory mapped by
     /// rings and MRs) are advertised to the guest; a command beyond them fails with ENOMEM and
     /// a log line. Each QP holds an open file: the VMM raises its soft limit to the hard one.
+    /// The device's worker busy-polls for US microseconds (default 50, at most 1000, 0: never)
+    /// after each piece of work before it sleeps: small messages then need no wake-up.
     /// At most one per VM.
     #[arg(
         long,
-        value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=..][,local=..][,max_qp=N][,max_cq=N][,max_mr=N][,mapped=SIZE]"
+        value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=..][,local=..][,max_qp=N][,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US]"
     )]
     pub pvrdma: Vec<PvrdmaConfig>,
 

@@ -269,7 +269,15 @@ pub struct PvrdmaConfig {
     /// restores the same ID ranges.
     #[serde(default)]
     pub budget: PvrdmaBudget,
+    /// `poll=US`: how long the device's worker busy-polls after work
+    /// (`pvrdma::PvrdmaConfig::busy_poll`; `None`: its default).
+    #[serde(default)]
+    pub poll_us: Option<u32>,
 }
+
+/// The longest busy-poll `poll=` takes: beyond a millisecond a worker
+/// would not poll for the next message but burn a core between bursts.
+const MAX_POLL_US: u32 = 1000;
 
 /// The page size of the guest's RDMA mappings.
 const GUEST_PAGE: u64 = 4096;
@@ -361,15 +369,16 @@ impl FromStr for PvrdmaConfig {
             s,
             "--pvrdma",
             &[
-                "tap", "mac", "mtu", "gid", "local", "max_qp", "max_cq", "max_mr", "mapped",
+                "tap", "mac", "mtu", "gid", "local", "max_qp", "max_cq", "max_mr", "mapped", "poll",
             ],
-            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=",
+            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=, poll=",
         )?;
         let mut cfg = Self {
             net,
             gid: GidType::default(),
             local: Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
             budget: PvrdmaBudget::default(),
+            poll_us: None,
         };
         let count = |key: &'static str, v: &str| {
             v.parse::<u32>().map_err(|_| ConfigError::BadValue {
@@ -384,6 +393,17 @@ impl FromStr for PvrdmaConfig {
                 "max_cq" => cfg.budget.max_cq = Some(count("max_cq", v)?),
                 "max_mr" => cfg.budget.max_mr = Some(count("max_mr", v)?),
                 "mapped" => cfg.budget.mapped = Some(parse_size(v)?),
+                "poll" => {
+                    let us = count("poll", v)?;
+                    if us > MAX_POLL_US {
+                        return Err(ConfigError::BadValue {
+                            key: "poll",
+                            value: v.to_string(),
+                            expected: "microseconds, at most 1000",
+                        });
+                    }
+                    cfg.poll_us = Some(us);
+                }
                 "gid" => {
                     cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
                         key: "gid",
@@ -587,6 +607,7 @@ mod tests {
                 gid: GidType::RoceV2,
                 local: None,
                 budget: PvrdmaBudget::default(),
+                poll_us: None,
             }),
             serial: SerialConfig::Off,
         };
@@ -596,6 +617,7 @@ mod tests {
             gid: GidType::RoceV2,
             local: None,
             budget: PvrdmaBudget::default(),
+            poll_us: None,
         });
         assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
         // A budget from a migration stream or snapshot is checked as well.
@@ -607,6 +629,7 @@ mod tests {
                 max_qp: Some(1),
                 ..PvrdmaBudget::default()
             },
+            poll_us: None,
         });
         assert!(matches!(cfg.validate(), Err(ConfigError::PvrdmaLimits(_))));
     }
@@ -628,6 +651,9 @@ mod tests {
         assert_eq!(limits.max_mapped_pages, (512 << 20) / 4096);
         let default: PvrdmaConfig = "tap=t0,mac=52:54:00:00:00:01".parse().unwrap();
         assert_eq!(default.budget.limits().unwrap(), pvrdma::Limits::default());
+        assert_eq!(default.poll_us, None);
+        let p: PvrdmaConfig = "tap=t0,mac=52:54:00:00:00:01,poll=0".parse().unwrap();
+        assert_eq!(p.poll_us, Some(0));
         for bad in [
             "max_qp=2",
             "max_qp=16385",
@@ -635,6 +661,8 @@ mod tests {
             "max_mr=-1",
             "mapped=0",
             "mapped=lots",
+            "poll=1001",
+            "poll=-1",
         ] {
             let s = format!("tap=t0,mac=52:54:00:00:00:01,{bad}");
             assert!(s.parse::<PvrdmaConfig>().is_err(), "{bad}");

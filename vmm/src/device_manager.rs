@@ -299,6 +299,10 @@ impl DeviceManager {
                 // The source VMM still holds the same-host socket of the
                 // MAC while it migrates the VM here.
                 local_takeover: incoming,
+                busy_poll: rdma.poll_us.map_or(pvrdma::DEFAULT_BUSY_POLL, |us| {
+                    std::time::Duration::from_micros(us.into())
+                }),
+                ..pvrdma::PvrdmaConfig::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;

@@ -216,7 +216,7 @@ impl Limits {
 }
 
 /// The device as the user configured it (`--pvrdma ...,gid=roce-v2`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PvrdmaConfig {
     pub gid_type: GidType,
     pub limits: Limits,
@@ -226,6 +226,39 @@ pub struct PvrdmaConfig {
     /// Replace a live same-host socket of our MAC instead of failing: the
     /// VM is migrating here from a VMM of this host that still holds it.
     pub local_takeover: bool,
+    /// How long the worker busy-polls (its same-host rings in shared
+    /// memory, its descriptors without sleeping, yielding the CPU between
+    /// looks) after data-path work before it sleeps; zero: never. While
+    /// it polls, peers need not kick it and it need not be woken: each
+    /// saves a thread wake-up on a small message (docs/benchmarks.md). An
+    /// idle worker sleeps.
+    pub busy_poll: std::time::Duration,
+    /// A busy-polling worker whose yield of the CPU took longer than this
+    /// stops polling and sleeps: other threads want the CPU (vCPUs, other
+    /// VMMs), a yield hands it to them for a whole time slice, whereas a
+    /// kick wakes a sleeping worker ahead of them. A yield that only lets
+    /// the peer's worker or a polling vCPU take a turn takes a few
+    /// microseconds.
+    pub busy_yield: std::time::Duration,
+}
+
+/// [`PvrdmaConfig::busy_poll`] unless configured: a few wake-ups' worth,
+/// enough to catch the ACK of a small message without sleeping.
+pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+/// [`PvrdmaConfig::busy_yield`].
+pub const DEFAULT_BUSY_YIELD: std::time::Duration = std::time::Duration::from_micros(20);
+
+impl Default for PvrdmaConfig {
+    fn default() -> Self {
+        Self {
+            gid_type: GidType::default(),
+            limits: Limits::default(),
+            local_dir: None,
+            local_takeover: false,
+            busy_poll: DEFAULT_BUSY_POLL,
+            busy_yield: DEFAULT_BUSY_YIELD,
+        }
+    }
 }
 
 #[cfg(test)]

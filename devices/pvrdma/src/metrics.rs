@@ -154,6 +154,9 @@ metrics! {
     roce_local_dropped,
     /// Frames received over the same-host channel.
     roce_local_rx,
+    /// Same-host peers woken (kicked) because they had announced a sleep
+    /// in their ring: a busy-polling peer needs none.
+    roce_local_kicks,
     /// Received frames (wire or same-host channel) that were RoCE v1.
     roce_rx_v1,
     /// Received frames (wire or same-host channel) with an 802.1Q tag.

@@ -22,9 +22,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use device_worker::Stoppable;
+use device_worker::{Poll, Stoppable};
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use pvrdma_abi::verbs::qp_state;
@@ -107,6 +107,9 @@ pub(crate) struct Worker<M> {
     outgoing: Vec<Vec<u8>>,
     /// The buffer same-host frames are received into, reused.
     rx: Batch,
+    /// When the worker last did data-path work, while it busy-polls
+    /// (`PvrdmaConfig::busy_poll`).
+    worked_at: Option<Instant>,
     stopped: bool,
 }
 
@@ -189,6 +192,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             armed: None,
             outgoing: Vec::new(),
             rx: Batch::default(),
+            worked_at: None,
             stopped: false,
         })
     }
@@ -529,6 +533,32 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
+    /// What follows every piece of work, once the state lock is released:
+    /// frames sent and same-host peers kicked, QPs that waited for room
+    /// resumed (on each poll of the backlog, `timer`, or once it is gone),
+    /// and the timer re-armed.
+    fn finish(&mut self, timer: bool) {
+        self.shared.env.send(std::mem::take(&mut self.outgoing));
+        if self.deferred && (timer || !self.channel_backlogged()) {
+            self.deferred = false;
+            if let Err(e) = self.kick.write(1) {
+                error!("pvrdma: failed to resume QPs with work: {e}");
+            }
+        }
+        self.rearm_timer();
+    }
+
+    /// Frames found in the same-host rings without a kick (the worker had
+    /// not announced a sleep). Rings that came or went are (un)watched on
+    /// the next event: none comes or goes on this path but a corrupt one,
+    /// whose descriptor stays open until then.
+    fn take_local(&mut self) -> Poll {
+        self.handle_local(Wake::Ring);
+        self.worked_at = Some(Instant::now());
+        self.finish(false);
+        Poll::Worked
+    }
+
     /// POLL doorbells are only counted, in bulk, whenever the worker runs.
     fn drain_poll(&self) {
         if let Ok(n) = self.shared.env.hub.poll.read() {
@@ -626,16 +656,10 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
                 }
             }
         }
-        self.shared.env.send(std::mem::take(&mut self.outgoing));
-        // QPs that waited for room try again on each poll of the backlog,
-        // or once it is gone.
-        if self.deferred && (data == TIMER_EVENT || !self.channel_backlogged()) {
-            self.deferred = false;
-            if let Err(e) = self.kick.write(1) {
-                error!("pvrdma: failed to resume QPs with work: {e}");
-            }
+        if data_path {
+            self.worked_at = Some(Instant::now());
         }
-        self.rearm_timer();
+        self.finish(data == TIMER_EVENT);
     }
 }
 
@@ -646,5 +670,38 @@ impl<M: GuestAddressSpace> Stoppable for Worker<M> {
 
     fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// Busy-polls for `busy_poll` after data-path work: frames in the
+    /// same-host rings are taken from shared memory (their producers do
+    /// not kick a consumer that has not announced a sleep), everything
+    /// else the loop finds without sleeping; the CPU is yielded between
+    /// looks. Then the rings are told we sleep, and the loop sleeps.
+    fn before_wait(&mut self) -> Poll {
+        let shared = Arc::clone(&self.shared);
+        let local = shared.env.wire.local.as_ref();
+        if local.is_some_and(|l| l.pending()) {
+            return self.take_local();
+        }
+        let spin = shared.env.config.busy_poll;
+        // QPs waiting for room in a peer's ring wait for the consumer:
+        // polling would only take CPU from it (the timer comes back).
+        let polling = !self.deferred && self.worked_at.is_some_and(|t| t.elapsed() < spin);
+        if polling {
+            let yielded = Instant::now();
+            std::thread::yield_now();
+            if yielded.elapsed() > shared.env.config.busy_yield {
+                // Other threads want this CPU: sleep, so that a kick wakes
+                // us ahead of them, rather than poll behind them.
+                self.worked_at = None;
+            }
+            return Poll::Spin;
+        }
+        self.worked_at = None;
+        if local.is_some_and(|l| l.prepare_to_sleep()) {
+            // Frames came in as we announced the sleep.
+            return self.take_local();
+        }
+        Poll::Sleep
     }
 }

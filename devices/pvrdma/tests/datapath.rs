@@ -483,6 +483,60 @@ fn same_host_channel_carries_the_traffic_without_the_wire() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Workers that busy-poll after work (`PvrdmaConfig::busy_poll`) take a
+/// ping-pong's frames from their same-host rings without a kick (they
+/// never announce a sleep between messages); workers that do not poll
+/// sleep between messages and are kicked for each frame (the request
+/// and its ACK).
+#[test]
+fn busy_polling_workers_are_not_kicked() {
+    const PINGS: u64 = 40;
+    // The tests's own poll of its CQ sleeps 1 ms between looks: a spin
+    // far longer than that keeps both workers polling all along.
+    for (poll, polling) in [(0, false), (300, true)] {
+        let dir =
+            std::env::temp_dir().join(format!("pvrdma-datapath-poll{poll}-{}", std::process::id()));
+        let config = PvrdmaConfig {
+            local_dir: Some(dir.clone()),
+            busy_poll: std::time::Duration::from_millis(poll),
+            // Polling goes on however long a yield takes on a loaded host.
+            busy_yield: std::time::Duration::from_secs(1),
+            ..PvrdmaConfig::default()
+        };
+        let a = Side::on(
+            SimDriver::with_config_and_mac(&config, MAC_A),
+            GID_A,
+            QpSpec::rc,
+        );
+        let b = Side::on(
+            SimDriver::with_config_and_mac(&config, MAC_B),
+            GID_B,
+            QpSpec::rc,
+        );
+        let (a, b) = connect(a, b);
+        let kicks = || a.sim.metric("roce_local_kicks") + b.sim.metric("roce_local_kicks");
+        let ping = |id| {
+            a.send(id, wr::RDMA_WRITE, &[a.sge(0, 8)], (IOVA, b.key), 0);
+            assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
+        };
+        // The rings are set up and accepted.
+        ping(0);
+        let before = kicks();
+        for id in 1..=PINGS {
+            ping(id);
+        }
+        let kicked = kicks() - before;
+        if polling {
+            assert!(kicked < PINGS / 4, "poll {poll} ms: {kicked} kicks");
+        } else {
+            assert!(kicked >= PINGS, "poll {poll} ms: {kicked} kicks");
+        }
+        assert_eq!(a.sim.metric("roce_tx"), 0, "nothing on the wire");
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Once B accepted A's ring, messages of many MTUs cross it as segments
 /// (a few frames each instead of one per MTU): WRITE, READ and SEND land
 /// intact, and every page they write is marked dirty.

@@ -36,6 +36,23 @@ pub trait Stoppable: MutEventSubscriber {
     /// True once the worker saw its kill eventfd fire: the loop ends after
     /// the current round of events.
     fn stopped(&self) -> bool;
+    /// Called before each wait for events: the worker may do work that
+    /// no descriptor signals (look at shared memory) and says whether the
+    /// loop may sleep. The default always sleeps.
+    fn before_wait(&mut self) -> Poll {
+        Poll::Sleep
+    }
+}
+
+/// What a worker's [`Stoppable::before_wait`] lets the loop do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    /// Nothing to do: sleep until an event.
+    Sleep,
+    /// The worker busy-polls: look for events, but do not sleep.
+    Spin,
+    /// The worker did work: look for events, but do not sleep.
+    Worked,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,16 +154,21 @@ enum Step {
     Ended,
 }
 
-/// One turn of the loop: waits up to `timeout_ms` (-1: for ever) for
-/// events and hands them to the worker.
+/// One turn of the loop: asks the worker whether it may sleep
+/// ([`Stoppable::before_wait`]), then waits up to `timeout_ms` (-1: for
+/// ever), or not at all, for events and hands them to the worker.
 fn step<W: Stoppable>(
     name: &str,
     manager: &mut EventManager<W>,
     id: SubscriberId,
     timeout_ms: i32,
 ) -> Step {
+    let poll = manager
+        .subscriber_mut(id)
+        .map_or(Poll::Sleep, |w| w.before_wait());
+    let timeout_ms = if poll == Poll::Sleep { timeout_ms } else { 0 };
     let handled = match manager.run_with_timeout(timeout_ms) {
-        Ok(n) => n,
+        Ok(n) => n.saturating_add(usize::from(poll == Poll::Worked)),
         Err(e) => {
             error!("{name}: worker event loop failed: {e}");
             return Step::Ended;

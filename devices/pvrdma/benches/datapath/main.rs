@@ -15,7 +15,9 @@
 //! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
 //! moves 512 RDMA WRITEs of 64 KiB on one QP once, no baseline (for
-//! `valgrind --tool=callgrind --separate-threads=yes`).
+//! `valgrind --tool=callgrind --separate-threads=yes`). `poll=US` sets
+//! how long the device workers busy-poll after work (0 for callgrind,
+//! which would count the polling).
 //!
 //! `-- wire` (root) measures the wire path instead: two devices over
 //! TAPs on a bridge against a UDP stream over that bridge ([`wire`]);
@@ -288,8 +290,15 @@ fn main() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("pvrdma-bench-{}", std::process::id()));
+    // `poll=US` sets the workers' busy-poll (`PvrdmaConfig::busy_poll`).
+    let busy_poll = args
+        .iter()
+        .find_map(|a| a.strip_prefix("poll=")?.parse().ok())
+        .map_or(pvrdma::DEFAULT_BUSY_POLL, Duration::from_micros);
+    println!("workers busy-poll for {} us", busy_poll.as_micros());
     let config = PvrdmaConfig {
         local_dir: Some(dir.clone()),
+        busy_poll,
         ..PvrdmaConfig::default()
     };
     let pair = Pair::new(&config);
@@ -378,20 +387,46 @@ fn message_rate(pair: &Pair) {
     }
 }
 
+/// Runs of the eventfd baseline and of the RDMA ping alternate, so that
+/// each ratio compares two measurements taken a moment apart: the
+/// baseline swings from 2 to 30 us between runs on a shared VM.
 fn latency(pair: &Pair) {
-    let lat = median((0..RUNS).map(|_| pair.write_latency()).collect());
-    let efd = median((0..RUNS).map(|_| eventfd_latency()).collect());
-    println!("latency, median of {RUNS} runs of {PINGS}");
+    let kicks = || pair.a.sim.metric("roce_local_kicks") + pair.b.sim.metric("roce_local_kicks");
+    let kicked = kicks();
+    let (mut lat, mut efd, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let e = eventfd_latency().as_secs_f64() * 1e6;
+        let l = pair.write_latency().as_secs_f64() * 1e6;
+        lat.push(l);
+        efd.push(e);
+        ratio.push(l / e);
+    }
+    let each = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!("latency, median of {RUNS} runs of {PINGS}, the two interleaved");
     println!(
-        "  8-byte WRITE_WITH_IMM post -> peer's CQE: {:.1} us",
-        lat.as_secs_f64() * 1e6
+        "  8-byte WRITE_WITH_IMM post -> peer's CQE: {:.1} us  ({})",
+        median(lat.clone()),
+        each(&lat)
     );
     println!(
-        "  eventfd one-way hand-off:                 {:.1} us",
-        efd.as_secs_f64() * 1e6
+        "  eventfd one-way hand-off:                 {:.1} us  ({})",
+        median(efd.clone()),
+        each(&efd)
     );
     println!(
-        "  ratio (RDMA / eventfd):                   {:.1}",
-        lat.as_secs_f64() / efd.as_secs_f64()
+        "  ratio (RDMA / eventfd of the same run):   {:.1}  ({})",
+        median(ratio.clone()),
+        each(&ratio)
+    );
+    // A kick wakes a worker that slept: busy-polling workers need few.
+    let pings = (RUNS * PINGS) as f64;
+    println!(
+        "  same-host kicks per ping, both devices:   {:.2}",
+        (kicks() - kicked) as f64 / pings
     );
 }

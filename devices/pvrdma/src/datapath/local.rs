@@ -304,6 +304,9 @@ struct Peer {
     ring: ShmRing,
     /// Wakes the consumer (written 0, see the module's doc).
     kick: EventFd,
+    /// The consumer said it was going to sleep and frames went in since:
+    /// it is owed a kick, given by [`LocalChannel::notify`].
+    owed: bool,
     /// When we kicked a consumer that has not read since, and where its
     /// tail was then.
     unanswered: Option<(Instant, u64)>,
@@ -333,13 +336,17 @@ impl Peer {
         }
     }
 
-    /// Wakes the consumer, which said it was going to sleep.
-    fn kick(&mut self) {
+    /// Wakes the consumer if it is owed a kick; whether it was.
+    fn notify(&mut self) -> bool {
+        if !std::mem::take(&mut self.owed) {
+            return false;
+        }
         // Adding 0 never blocks, whatever the peer did to the eventfd.
         let _ = self.kick.write(0);
         if self.unanswered.is_none() {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
+        true
     }
 
     /// Whether the backlog holds all it may.
@@ -377,9 +384,7 @@ impl Peer {
     /// once the oldest waited [`ROOM_WAIT`]. Returns the frames dropped.
     fn flush(&mut self, now: Instant) -> usize {
         while let Some(waiting) = self.backlog.front().and_then(|f| self.ring.push(f)) {
-            if waiting {
-                self.kick();
-            }
+            self.owed |= waiting;
             let len = self.backlog.pop_front().map_or(0, |f| f.len());
             self.backlog_bytes = self.backlog_bytes.saturating_sub(len);
             self.since = Some(now);
@@ -578,6 +583,7 @@ impl LocalChannel {
             sock,
             ring,
             kick,
+            owed: false,
             unanswered: None,
             offered: Some(Instant::now()),
             instance,
@@ -638,9 +644,8 @@ impl LocalChannel {
             None
         };
         match pushed {
-            Some(false) => Sent::Local,
-            Some(true) => {
-                peer.kick();
+            Some(waiting) => {
+                peer.owed |= waiting;
                 Sent::Local
             }
             // The first refusal, and a full backlog, ask whether the peer
@@ -707,14 +712,28 @@ impl LocalChannel {
         }
         match peer.ring.push_with(len, write) {
             Ok(Some(waiting)) => {
-                if waiting {
-                    peer.kick();
-                }
+                peer.owed |= waiting;
                 InPlace::Pushed
             }
             Ok(None) => InPlace::Elsewhere,
             Err(NotWritten) => InPlace::NotWritten,
         }
+    }
+
+    /// Kicks the consumers that went to sleep before frames of ours
+    /// reached them. Frames go in as the engine builds them, under the
+    /// state lock; the kicks wait for this call, which the worker makes
+    /// once it is done (the lock released, the CQEs written): a kick that
+    /// wakes a thread costs about 2 us here, and the woken peer (often
+    /// with the ACK of what we just received) would otherwise take the
+    /// CPU before our own CQEs are written and seen.
+    /// Returns how many were kicked.
+    pub(crate) fn notify(&self) -> usize {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers
+            .values_mut()
+            .filter_map(|p| p.notify().then_some(()))
+            .count()
     }
 
     /// Whether frames wait for room in a ring: then the worker comes back
@@ -919,12 +938,11 @@ impl LocalChannel {
                         batch.frames.push(Held::Copied { start: copied, end });
                         copied = end;
                     }
-                    Ok(None) => {
-                        // Announce the sleep; data that raced in is taken.
-                        if !ring.prepare_to_wait(pos) {
-                            break;
-                        }
-                    }
+                    // The worker announces its sleep once it is about to
+                    // ([`LocalChannel::prepare_to_sleep`]), not here: it may
+                    // poll a while first, and a producer kicks only a
+                    // consumer that announced.
+                    Ok(None) => break,
                     Err(e) => {
                         log::warn!("pvrdma: same-host channel: {e}; ring dropped");
                         corrupt.push(*mac);
@@ -944,6 +962,26 @@ impl LocalChannel {
                 log::warn!("pvrdma: same-host channel: cannot requeue: {e}");
             }
         }
+    }
+
+    /// Whether frames wait in a ring of a peer: a look at shared memory,
+    /// no system call (the worker polls this while it busy-polls).
+    pub(crate) fn pending(&self) -> bool {
+        let inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        inbound.values().any(|r| r.ring.has_data())
+    }
+
+    /// The worker is about to sleep: announces it in every ring of a peer
+    /// (their producers kick from now on, see `ShmRing`) and says whether
+    /// frames came in meanwhile (then it must not sleep, but take them).
+    pub(crate) fn prepare_to_sleep(&self) -> bool {
+        let inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
+        // Every ring is told, not only those before the first with data.
+        let mut data = false;
+        for r in inbound.values() {
+            data |= r.ring.prepare_to_wait();
+        }
+        data
     }
 
     /// Logs every ring's positions: a ring whose consumer sleeps with
@@ -1091,28 +1129,45 @@ mod tests {
         assert!(LocalChannel::bind(&dir, [2, 0, 0, 0, 0, 2], false).is_err());
         // B went to sleep after draining: the next frame kicks it, on the
         // ring's eventfd, edge-triggered as its worker watches it.
+        assert!(!b.pending());
+        assert!(!b.prepare_to_sleep());
         let (kicks, mut watched) = (Kicks::new(), 0);
         kicks.follow(&b, &mut watched);
         assert_eq!(watched, 1, "one ring, one kick");
         kicks.wait(0);
         assert_eq!(kicks.wait(0), 0);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"kick"), Sent::Local);
+        assert_eq!(kicks.wait(0), 0, "the kick waits for notify");
+        a.notify();
         assert_eq!(kicks.wait(1000), 1);
         // Not asleep any more: the next frame needs no kick.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"more"), Sent::Local);
+        a.notify();
         assert_eq!(kicks.wait(0), 0);
+        assert!(b.pending(), "seen without a kick");
         assert_eq!(
             recv(&b, 8, Wake::Ring),
             vec![b"kick".to_vec(), b"more".to_vec()]
         );
+        // A consumer that busy-polls (announces no sleep) is not kicked.
+        assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"polled"), Sent::Local);
+        a.notify();
+        assert_eq!(kicks.wait(0), 0);
+        assert!(b.pending());
+        assert!(b.prepare_to_sleep(), "frames came in: no sleep");
+        recv(&b, 8, Wake::Ring);
+        assert!(!b.prepare_to_sleep());
         // Every kick wakes, though nobody reads the eventfd.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"again"), Sent::Local);
+        a.notify();
         assert_eq!(kicks.wait(1000), 1);
         recv(&b, 8, Wake::Ring);
+        assert!(!b.prepare_to_sleep());
         drop(b);
         // B's socket is gone: A forgets the ring once a kick went
         // unanswered for a while.
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::Local, "kicked");
+        a.notify();
         std::thread::sleep(ANSWER_WAIT * 2);
         assert_eq!(a.send([2, 0, 0, 0, 0, 2], b"x"), Sent::NotLocal, "gone");
         // A stale socket file (its VMM died without cleaning up) is replaced.
@@ -1509,9 +1564,11 @@ mod tests {
         assert_eq!(n, 8);
         // B sleeps: A's next frame kicks, and must come back.
         assert!(recv(&b, 8, Wake::Ring).is_empty());
+        assert!(!b.prepare_to_sleep());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let sent = a.send(to_b, b"two");
+            a.notify();
             tx.send(sent).unwrap();
             drop(a);
         });

@@ -305,12 +305,19 @@ impl ShmRing {
         self.load(TAIL)
     }
 
-    /// Consumer, before sleeping with its cursor at `pos`: announces it
-    /// and says whether data came in meanwhile (then it must not sleep).
-    pub(crate) fn prepare_to_wait(&self, pos: u64) -> bool {
+    /// Consumer, before sleeping with every record read and released:
+    /// announces it and says whether data came in meanwhile (then it must
+    /// not sleep).
+    pub(crate) fn prepare_to_wait(&self) -> bool {
         let _ = self.mem().store(1u64, WAITING, Ordering::SeqCst);
         let head = self.mem().load::<u64>(HEAD, Ordering::SeqCst).unwrap_or(0);
-        head != pos
+        head != self.load(TAIL)
+    }
+
+    /// Consumer: whether records wait past those released (what a peer
+    /// says here is checked when they are read).
+    pub(crate) fn has_data(&self) -> bool {
+        self.load(HEAD) != self.load(TAIL)
     }
 }
 
@@ -439,10 +446,12 @@ mod tests {
         }
         assert_eq!(n, 4, "4 records of 1004 bytes fit 4096");
         while pop(&rx).unwrap().is_some() {}
-        assert!(!rx.prepare_to_wait(rx.tail()), "empty: may sleep");
+        assert!(!rx.has_data());
+        assert!(!rx.prepare_to_wait(), "empty: may sleep");
         assert_eq!(tx.push(&f), Some(true), "the sleeper is kicked");
         assert_eq!(tx.push(&f), Some(false), "once");
-        assert!(rx.prepare_to_wait(rx.tail()), "data: must not sleep");
+        assert!(rx.has_data());
+        assert!(rx.prepare_to_wait(), "data: must not sleep");
     }
 
     #[test]

@@ -349,7 +349,9 @@ impl Wire {
 
     /// Sends frames to a VMM of this host over the same-host channel when
     /// one owns the destination MAC, as they are (unsealed), else sealed
-    /// onto the port's backend.
+    /// onto the port's backend; then kicks the same-host consumers owed a
+    /// kick (see [`LocalChannel::notify`]). Called once the state lock is
+    /// released, after every run of the worker.
     pub(crate) fn send(&self, metrics: &Metrics, frames: Vec<Vec<u8>>) {
         if let Some(local) = self.local.as_ref() {
             // Frames that waited for room go before these.
@@ -388,6 +390,10 @@ impl Wire {
                 }
             }
             recycle(frame);
+        }
+        if let Some(local) = self.local.as_ref() {
+            // These frames', and those the engine put in rings before.
+            metrics.roce_local_kicks.add(local.notify() as u64);
         }
     }
 }
