@@ -87,10 +87,17 @@ if wait_for_line "$OUT/ucx-a-serial.log" 'UCX-(MIGRATION-LOOP|FAIL|DONE)' "$(rem
   grep -q 'UCX-MIGRATION-LOOP running' "$OUT/ucx-a-serial.log"; then
   sleep 4
   migrate_vm ucx ucx-b ucx-b2 "$WORK/b.api" "$MAC_B=tapb2" --disk-dir "$(dirname "$PVRDMA_ROOTFS")"
-  pid_b_last=$VMM_PID
-  wait_for_exit "$pid_b" 30
-  record ucx "b_exit=$EXIT_STATUS"
-  record ucx "b_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/ucx-b-vmm.log" || true)"
+  if grep -q '^mig_send_rc=0$' "$OUT/ucx.env"; then
+    pid_b_last=$VMM_PID
+    wait_for_exit "$pid_b" 30
+    record ucx "b_exit=$EXIT_STATUS"
+    record ucx "b_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/ucx-b-vmm.log" || true)"
+  else
+    # A failed migration leaves B running on its VMM (the tests fail on the return codes): the
+    # receiver goes, B finishes where it is, and the run goes on without waiting for B2.
+    kill "$VMM_PID" 2> /dev/null || true
+    wait_for_exit "$VMM_PID" 10
+  fi
 else
   record ucx "mig_loop=never-started"
 fi
