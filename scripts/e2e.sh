@@ -4,8 +4,8 @@
 # side, in as many lanes as the test host can have CPUs: E2E_LANES, by default one per CPU of this
 # machine, at most 2. A test host has one vCPU (docs: more stall under TCG) and keeps one CPU busy
 # for its whole run, so on CI's two cores two suites at a time take half the time of one after the
-# other. The lanes share the L1 slots (resources/test-host/l1-lock.sh, PVRDMA_L1_SLOTS = lanes); the
-# two-host suite, which needs two CPUs, runs first and alone.
+# other. The lanes share the L1 slots (resources/test-host/l1-lock.sh; PVRDMA_L1_SLOTS, by default
+# the number of lanes); the two-host suite, which needs two CPUs, runs first and alone.
 # Each suite's whole output is printed when it ends; then a summary. Exit status 1 if any failed.
 #
 # Usage: scripts/e2e.sh [SUITE...]   (default: every suite; names as in tests/tests/, e.g. rdma)
@@ -20,7 +20,7 @@ PAIRS=(migration_hosts)
 
 lanes=${E2E_LANES:-$(($(nproc) < 2 ? 1 : 2))}
 [[ $lanes =~ ^[1-9]$ ]] || { echo "e2e.sh: E2E_LANES must be 1-9, got '$lanes'" >&2; exit 2; }
-export PVRDMA_L1_SLOTS=$lanes
+export PVRDMA_L1_SLOTS=${PVRDMA_L1_SLOTS:-$lanes}
 
 # The test binaries, by suite name (cargo builds them if needed).
 declare -A bin

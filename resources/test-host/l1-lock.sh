@@ -5,10 +5,10 @@
 # once (default 1: a shared development machine; scripts/e2e.sh sets one per CPU it gives the
 # suites). Slot 0 is /tmp/pvrdma-vmm-l1.lock, slot N /tmp/pvrdma-vmm-l1.lock.N.
 
-# l1_lock OUT [CPUS]: holds CPUS slots (default 1; a pair of L1s asks for 2, and takes every slot
-# if there are fewer) until the calling script exits; waits up to 1 h. Once it holds them it
-# creates OUT/l1-locked: the e2e harness starts a scenario's time limit there, so that waiting for
-# another suite's L1 does not count against it.
+# l1_lock OUT [CPUS]: holds CPUS slots (default 1; an L1 asks for one per vCPU, a pair of L1s for
+# 2; asking for more than there are takes them all) until the calling script exits; waits up to
+# 1 h. Once it holds them it creates OUT/l1-locked: the e2e harness starts a scenario's time limit
+# there, so that waiting for another suite's L1 does not count against it.
 l1_lock() {
   local out=$1 want=${2:-1} slots=${PVRDMA_L1_SLOTS:-1} deadline fd i
   [[ $slots =~ ^[1-9][0-9]?$ ]] || die "PVRDMA_L1_SLOTS must be a whole number from 1 to 99, got '$slots'"
