@@ -34,15 +34,9 @@ fail() {
   exit 1
 }
 
-# setup_rxe: Soft-RoCE on eth0. The image carries rdma_rxe and crc32_generic without loading them
-# (resources/build-assets.sh, GUEST_EXTRA_MODULES); crc32_generic first: rxe's ICRC needs the
-# "crc32" algorithm and this guest has no /sbin/modprobe for the kernel to ask for it.
+# setup_rxe: Soft-RoCE on eth0 (lib.sh's rxe_up), said with the modules it loaded.
 setup_rxe() {
-  for _m in crc32_generic rdma_rxe; do
-    modprobe "$_m" || fail "modprobe $_m"
-  done
-  [ -d /sys/module/rdma_rxe ] || fail "rdma_rxe is not loaded after modprobe"
-  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0"
+  rxe_up
   say "RXE ok modules=$(for _m in crc32_generic udp_tunnel ip6_udp_tunnel rdma_rxe; do [ -d "/sys/module/$_m" ] && printf '%s,' "$_m"; done) link=$(rdma link show rxe0/1 2> /dev/null | tr -s ' ' | cut -c1-80)"
 }
 

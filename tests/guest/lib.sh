@@ -132,6 +132,20 @@ kernel_log_section() {
 # driver_log: the kernel's last lines about the RDMA and NIC drivers, for a failure report.
 driver_log() { dmesg | grep -E 'rxe|vmw_pvrdma|vmxnet3|infiniband|ib_core' | tail -n 20; }
 
+# rxe_up: Linux Soft-RoCE in this guest, rdma_rxe's rxe0 on eth0 (the Soft-RoCE baselines: a guest
+# with a plain vmxnet3 NIC). The image carries rdma_rxe and crc32_generic without loading them
+# (resources/build-assets.sh, GUEST_EXTRA_MODULES); crc32_generic first: rxe's ICRC needs the
+# "crc32" algorithm and this guest has no /sbin/modprobe for the kernel to ask for it. Fails with
+# a message.
+rxe_up() {
+  for _m in crc32_generic rdma_rxe; do
+    modprobe "$_m" || fail "modprobe $_m"
+  done
+  [ -d /sys/module/rdma_rxe ] || fail "rdma_rxe is not loaded after modprobe"
+  ip link set eth0 up
+  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0"
+}
+
 carrier_up() { [ "$(cat /sys/class/net/eth0/carrier 2> /dev/null)" = 1 ]; }
 port_active() { grep -q ACTIVE "/sys/class/infiniband/$DEV/ports/1/state" 2> /dev/null; }
 

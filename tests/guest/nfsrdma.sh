@@ -7,12 +7,16 @@
 # tree of files with known checksums onto it, unmounts, drops its caches, mounts again and copies
 # the tree back, checking every file against the checksums it took before writing; then unmounts
 # cleanly. The test host checks the same checksums on its side of the export meanwhile.
+# The same script measures the Soft-RoCE baseline: in a guest with a plain vmxnet3 NIC, whose own
+# kernel runs Soft-RoCE (rxe0 on eth0) under rpcrdma.
 # rpcrdma is a kernel RDMA user: it fast-registers its buffers (FRWR, REG_MR), the server RDMA-READs
 # what the client writes and RDMA-WRITEs what it reads, and the client invalidates (LOCAL_INV) or
 # is told to (SEND_WITH_INV).
 # No nfs-common here: busybox's mount hands `-t nfs4` options to the kernel as text (with the
 # server's address as addr=), which is all the kernel's NFSv4 client needs.
 # The scenario prepends:
+#   RDMA_DEV        vmw_pvrdma0 (the device under test; the default), or rxe0 (the baseline: this
+#                   script loads rdma_rxe and adds rxe0 on eth0)
 #   MY_IP HOST_IP   eth0's address and the test host's bridge (the NFS server's address) (/24)
 #   SIG_PORT        TCP port of the test host's signal server: "nfs-ready"/"nfs-failed" (its
 #                   server listens on RDMA, or will not), "nfs-checked" (it checked the tree)
@@ -26,7 +30,7 @@
 # with EIO after minutes instead of hanging the guest in an uninterruptible wait.
 #
 # Output, parsed by tests/tests/nvmeof.rs:
-#   NFSRDMA-GID dev=D idx=N gid=G mtu=M     the RoCE v2 GID of MY_IP on the PVRDMA device
+#   NFSRDMA-GID dev=D idx=N gid=G mtu=M     the RoCE v2 GID of MY_IP on RDMA_DEV
 #   NFSRDMA-MODULES nfsv4=1 rpcrdma=1 ...
 #   NFSRDMA-TREE files=N bytes=B manifest_md5=M   the tree generated in tmpfs, and the MD5 of its
 #                                           manifest (`md5sum` of every file, paths tree/...,
@@ -46,7 +50,7 @@
 #   SECTION-BEGIN nfs-kernel-log ... SECTION-END nfs-kernel-log rc=0
 #   NFSRDMA-DONE ok=1|0, or NFSRDMA-FAIL <why> (the script then ends with status 1)
 
-DEV=vmw_pvrdma0
+DEV=${RDMA_DEV:-vmw_pvrdma0}
 MNT=/mnt/nfs
 say() { echo "NFSRDMA-$*"; }
 kernel_log() {
@@ -71,6 +75,7 @@ mount_nfs() {
   say "MOUNTED n=$1 line=$(nfs_mounted | tr ' ' '|')"
 }
 
+[ "$DEV" = rxe0 ] && rxe_up
 eth0_up_with_gid
 say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
 

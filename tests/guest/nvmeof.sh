@@ -83,15 +83,8 @@ pattern() {
   }'
 }
 
-if [ "$DEV" = rxe0 ]; then
-  # The baseline: Soft-RoCE in this guest. crc32_generic first: rxe's ICRC needs the "crc32"
-  # algorithm and this guest has no /sbin/modprobe for the kernel to ask for it.
-  for m in crc32_generic rdma_rxe; do
-    modprobe "$m" || fail "modprobe $m"
-  done
-  ip link set eth0 up
-  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0"
-fi
+# The baseline: Soft-RoCE in this guest.
+[ "$DEV" = rxe0 ] && rxe_up
 eth0_up_with_gid
 say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
 

@@ -3,9 +3,12 @@
 # shellcheck disable=SC2153 # ROLE, MY_IP...: prepended by the scenario
 # Guest side of tests/scenarios/ucx.sh (issue 14 item 3 and the UCX/MPI part of item 7): UCX and
 # Open MPI over the PVRDMA device, with Debian's ucx-utils and openmpi-bin. Runs in guests A and B
-# (busybox sh, `pvtest=run`), whose --pvrdma slots sit on one bridge of the test host. The
+# (busybox sh, `pvtest=run`), whose --pvrdma slots sit on one bridge of the test host; and in the
+# Soft-RoCE baseline's pair (plain vmxnet3 NICs, RDMA_DEV=rxe0), which runs step 1 only. The
 # scenario prepends:
 #   ROLE            a | b
+#   RDMA_DEV        vmw_pvrdma0 (the device under test; the default), or rxe0 (the baseline: this
+#                   script loads rdma_rxe and adds rxe0 on eth0)
 #   MY_IP           eth0's address (/24); IP_A IP_B HOST_IP: the guests' and the bridge's
 #   SIG_PORT        TCP port of each party's signal server (tests/guest/lib.sh's two-party steps)
 #   LIMIT READY_WAIT RETRY_WAIT GATE_WAIT   the steps' waits (lib.sh)
@@ -19,7 +22,7 @@
 #   RSH_PORT        TCP port of each guest's rsh daemon (Open MPI's launcher, below)
 #
 # 1. ucx_perftest, B serving and A connecting, one two-party step each (lib.sh's `step`), with
-#    UCX_NET_DEVICES=vmw_pvrdma0:1, UCX_IB_GID_INDEX = the RoCE v2 GID of MY_IP, UCX_LOG_LEVEL=info
+#    UCX_NET_DEVICES=RDMA_DEV:1, UCX_IB_GID_INDEX = the RoCE v2 GID of MY_IP, UCX_LOG_LEVEL=info
 #    (UCX then prints the transports each endpoint uses: "ep_cfg[N]: tag(rc_verbs/vmw_pvrdma0:1)"):
 #    tag_lat, tag_bw and ucp_put_bw over RC_TLS, then over UD_TLS.
 # 2. Open MPI over UCX, A launching on A and B: `orterun --mca pml ucx --mca btl self` (no TCP or
@@ -42,7 +45,7 @@
 #   UCX-MIGRATED rounds_before=N                        (A) rounds done when "migrated" came
 #   UCX-DONE role=R, or UCX-FAIL role=R <why> (set-up failure; the script then ends with status 1)
 
-DEV=vmw_pvrdma0
+DEV=${RDMA_DEV:-vmw_pvrdma0}
 SIG_DIR=/tmp/sig
 # ucx_perftest's client says this while its server does not listen yet.
 AGAIN_RE="$AGAIN_RE|connect\\(\\) failed"
@@ -74,6 +77,7 @@ retry 120 ping -c 1 -W 1 "$HOST_IP" || fail "no ping answer from the test host $
 mkdir -p "$SIG_DIR"
 httpd -f -p "$SIG_PORT" -h "$SIG_DIR" &
 
+[ "$DEV" = rxe0 ] && rxe_up
 device_ready
 # UCX and Open MPI live on the image's root disk (/dev/vdb; resources/build-assets.sh keeps them out
 # of the initramfs): its library directory (a superset of the initramfs's), ld.so.cache and Open
@@ -86,8 +90,8 @@ done
 export PATH="$PATH:/mnt/full/usr/bin"
 # UCX's shared-memory transports look for /dev/shm even when UCX_TLS leaves them out.
 mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
-# Every UCX program of this guest (perftest, and the MPI ranks its orted starts) uses the PVRDMA
-# device's port 1 and the RoCE v2 GID of MY_IP, and says which transports it picked.
+# Every UCX program of this guest (perftest, and the MPI ranks its orted starts) uses DEV's port 1
+# and the RoCE v2 GID of MY_IP, and says which transports it picked.
 export UCX_NET_DEVICES="$DEV:1" UCX_IB_GID_INDEX="$GIDX" UCX_LOG_LEVEL=info
 section ucx-info sh -c 'ucx_info -v; ucx_info -d | grep -E "^# +(Memory domain|Transport|Device|Component):"'
 
@@ -107,6 +111,12 @@ perf() {
 }
 # The test host takes both devices' counters now (what arrived, what was dropped and why).
 [ "$ROLE" = a ] && say "PERF-DONE"
+# The Soft-RoCE baseline measures ucx_perftest only: B's server of the last step has ended, so A
+# is done with B.
+if [ "$DEV" = rxe0 ]; then
+  say "DONE role=$ROLE"
+  exit 0
+fi
 
 # Open MPI's launcher between the guests: /tmp/rsh HOST COMMAND... (its options, such as ssh's -x,
 # skipped) sends COMMAND's words as one line to HOST's daemon and relays the output until the

@@ -116,11 +116,13 @@ run_guest() {
 }
 
 # start_receiver NAME SOCKET: a VMM with only an API socket (SOCKET), waiting for a migration; its
-# console in $OUT/NAME-serial.log, its log in $OUT/NAME-vmm.log. Sets VMM_PID once SOCKET exists.
+# console in $OUT/NAME-serial.log, its log in $OUT/NAME-vmm.log. Sets VMM_PID once the VMM says
+# it listens on SOCKET: the socket's file exists between bind and listen, when a connection is
+# refused (seen in a loaded test host: receive-migration failed, "Connection refused").
 start_receiver() {
   "$PVRDMA_VMM_BIN" --api-socket "$2" --serial "file=$OUT/$1-serial.log" > "$OUT/$1-vmm.log" 2>&1 &
   VMM_PID=$!
-  wait_for_path "$2" 30
+  wait_for_line "$OUT/$1-vmm.log" "API listening on $2" 30 "$VMM_PID"
 }
 
 # isolate_network: first call of a scenario that makes bridges and TAPs (l1_bridge, l1_tap). In

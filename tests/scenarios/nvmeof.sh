@@ -25,14 +25,17 @@
 # tree of files (SMALL_FILES of 1-64 KiB, LARGE_FILES of LARGE_MIB) and reads it back over a fresh
 # mount, verified against its manifest of MD5s; this host checks the manifest on its side (md5sum
 # -c of the guest's MANIFEST.md5, and its own manifest of what it holds).
+# With BASELINE_MIB > 0, a guest NB (10.20.0.4, a plain vmxnet3 NIC on tapnb, its own kernel's
+# Soft-RoCE under rpcrdma) then does the same over an emptied export: the NFS baseline.
 # Results: $OUT/nvmeof.env (set-up, the target's MD5s and block headers, VMM exit and panics;
 # B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
 # results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
 # $OUT/nvmeof-a-to-nvmeof-a2-remote.log (send-migration's output: the blackout),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's and nfsd's side), $OUT/rxe-devinfo.txt;
 # $OUT/nfsrdma.env (the NFS server's set-up and check, the NFS guest's VMM exit and panics),
-# $OUT/nfsrdma-{serial,vmm}.log (see tests/guest/nfsrdma.sh), $OUT/nfsrdma-host-manifest.txt and
-# nfsrdma-guest-manifest.txt (this host's MD5s of the export, the guest's MANIFEST.md5),
+# $OUT/nfsrdma{,-b}-{serial,vmm}.log (see tests/guest/nfsrdma.sh; NB's keys prefixed "b."),
+# $OUT/nfsrdma{,-b}-host-manifest.txt and nfsrdma{,-b}-guest-manifest.txt (this host's MD5s of the
+# export, the guest's MANIFEST.md5),
 # $OUT/nfsrdma-mountd.log.
 
 isolate_network
@@ -79,6 +82,8 @@ CFG=/sys/kernel/config/nvmet
 # (another one shows the test failing) and the tree.
 MAC_N=52:54:00:20:00:03
 IP_N=10.20.0.3
+MAC_NB=52:54:00:20:00:04
+IP_NB=10.20.0.4
 NFS_RDMA_PORT=20049
 NFS_MOUNT_PORT=${NFS_MOUNT_PORT:-$NFS_RDMA_PORT}
 NFS_DIR=/srv/pvrdma-nfs-e2e
@@ -343,35 +348,52 @@ fi
 
 # NFS over RDMA: guest N mounts the export, writes its tree and, once this host checked it, reads
 # it back.
-l1_tap tapn br0
-guest_script_disk "$WORK/nfsrdma-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT MY_IP=$IP_N NFS_PORT=$NFS_MOUNT_PORT
+# nfs_guest NAME PREFIX DEV IP NIC...: guest NAME (console $OUT/NAME-serial.log) runs
+# tests/guest/nfsrdma.sh with RDMA_DEV=DEV, MY_IP=IP and the VMM options NIC (its NIC on its own
+# TAP); this host checks what it wrote and records it in nfsrdma.env, keys PREFIX-ed. The export
+# and the "nfs-checked" signal are emptied first: what an earlier guest wrote, or was told, must
+# not pass for this one's.
+nfs_guest() {
+  local name=$1 prefix=$2 dev=$3 ip=$4 start pid
+  shift 4
+  rm -rf "${NFS_DIR:?}/tree" "$NFS_DIR/MANIFEST.md5" "$SIG/nfs-checked"
+  guest_script_disk "$WORK/$name-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT RDMA_DEV=$dev MY_IP=$ip NFS_PORT=$NFS_MOUNT_PORT
 SMALL_FILES=$SMALL_FILES LARGE_FILES=$LARGE_FILES LARGE_MIB=$LARGE_MIB LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT" \
-  "$GUEST_SCRIPTS/nfsrdma.sh"
-run_guest nfsrdma "$WORK/nfsrdma-run.img" --pvrdma "tap=tapn,mac=$MAC_N"
-pid_n=$VMM_PID
+    "$GUEST_SCRIPTS/nfsrdma.sh"
+  run_guest "$name" "$WORK/$name-run.img" "$@"
+  pid=$VMM_PID
+  # This host's side of what the guest wrote: md5sum -c of the guest's manifest over the export,
+  # and this host's own manifest (the same form: `md5sum` of tree/..., sorted) of what it holds.
+  if ((nfs_ready)) && wait_for_line "$OUT/$name-serial.log" 'NFSRDMA-(WRITTEN|FAIL)' "$(remaining)" "$pid" &&
+    grep -q 'NFSRDMA-WRITTEN' "$OUT/$name-serial.log"; then
+    start=$(now_us)
+    (cd "$NFS_DIR" && find tree -type f | LC_ALL=C sort | xargs md5sum) > "$OUT/$name-host-manifest.txt" 2>&1 || true
+    cp "$NFS_DIR/MANIFEST.md5" "$OUT/$name-guest-manifest.txt" 2> /dev/null || true
+    (cd "$NFS_DIR" && md5sum -c MANIFEST.md5) > "$WORK/nfs-check.txt" 2>&1 || true
+    record nfsrdma "${prefix}host_manifest_md5=$(md5sum < "$OUT/$name-host-manifest.txt" | cut -d' ' -f1)" \
+      "${prefix}host_guest_manifest_md5=$( (md5sum < "$NFS_DIR/MANIFEST.md5" 2> /dev/null || echo none) | cut -d' ' -f1)" \
+      "${prefix}host_files=$(find "$NFS_DIR/tree" -type f 2> /dev/null | wc -l)" \
+      "${prefix}host_bytes=$(find "$NFS_DIR/tree" -type f -printf '%s\n' 2> /dev/null | awk '{ s += $1 } END { print s + 0 }')" \
+      "${prefix}host_check_ok=$(grep -c ': OK$' "$WORK/nfs-check.txt")" \
+      "${prefix}host_check_failed=$(grep -vc ': OK$' "$WORK/nfs-check.txt")" \
+      "${prefix}host_check=done" "${prefix}host_check_secs=$(since "$start")"
+  else
+    record nfsrdma "${prefix}host_check=skipped"
+  fi
+  : > "$SIG/nfs-checked"
+  wait_for_line "$OUT/$name-serial.log" 'GUEST-POWEROFF' "$(remaining)" "$pid" || true
+  wait_for_exit "$pid" 60
+  record nfsrdma "${prefix}n_exit=$EXIT_STATUS" "${prefix}n_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/$name-vmm.log" || true)"
+}
 if ((nfs_ready)); then : > "$SIG/nfs-ready"; else : > "$SIG/nfs-failed"; fi
-# This host's side of what the guest wrote: md5sum -c of the guest's manifest over the export,
-# and this host's own manifest (the same form: `md5sum` of tree/..., sorted) of what it holds.
-if ((nfs_ready)) && wait_for_line "$OUT/nfsrdma-serial.log" 'NFSRDMA-(WRITTEN|FAIL)' "$(remaining)" "$pid_n" &&
-  grep -q 'NFSRDMA-WRITTEN' "$OUT/nfsrdma-serial.log"; then
-  start=$(now_us)
-  (cd "$NFS_DIR" && find tree -type f | LC_ALL=C sort | xargs md5sum) > "$OUT/nfsrdma-host-manifest.txt" 2>&1 || true
-  cp "$NFS_DIR/MANIFEST.md5" "$OUT/nfsrdma-guest-manifest.txt" 2> /dev/null || true
-  (cd "$NFS_DIR" && md5sum -c MANIFEST.md5) > "$WORK/nfs-check.txt" 2>&1 || true
-  record nfsrdma "host_manifest_md5=$(md5sum < "$OUT/nfsrdma-host-manifest.txt" | cut -d' ' -f1)" \
-    "host_guest_manifest_md5=$( (md5sum < "$NFS_DIR/MANIFEST.md5" 2> /dev/null || echo none) | cut -d' ' -f1)" \
-    "host_files=$(find "$NFS_DIR/tree" -type f 2> /dev/null | wc -l)" \
-    "host_bytes=$(find "$NFS_DIR/tree" -type f -printf '%s\n' 2> /dev/null | awk '{ s += $1 } END { print s + 0 }')" \
-    "host_check_ok=$(grep -c ': OK$' "$WORK/nfs-check.txt")" \
-    "host_check_failed=$(grep -vc ': OK$' "$WORK/nfs-check.txt")" \
-    "host_check=done" "host_check_secs=$(since "$start")"
-else
-  record nfsrdma "host_check=skipped"
+l1_tap tapn br0
+nfs_guest nfsrdma '' vmw_pvrdma0 "$IP_N" --pvrdma "tap=tapn,mac=$MAC_N"
+# The NFS baseline (with BASELINE_MIB > 0, as NVMe-oF's): guest NB, Soft-RoCE in its own kernel
+# on a plain vmxnet3 NIC, copies the same tree the same way.
+if ((BASELINE_MIB > 0)); then
+  l1_tap tapnb br0
+  nfs_guest nfsrdma-b b. rxe0 "$IP_NB" --net "tap=tapnb,mac=$MAC_NB"
 fi
-: > "$SIG/nfs-checked"
-wait_for_line "$OUT/nfsrdma-serial.log" 'GUEST-POWEROFF' "$(remaining)" "$pid_n" || true
-wait_for_exit "$pid_n" 60
-record nfsrdma "n_exit=$EXIT_STATUS" "n_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nfsrdma-vmm.log" || true)"
 # nfsd's side: its RDMA connections, and anything it complained about.
 record nfsrdma "server_rdma_log_lines=$(dmesg | grep -ciE 'svcrdma|rpcrdma' || true)"
 log "nfsrdma: $(tr '\n' ' ' < "$OUT/nfsrdma.env")"

@@ -48,8 +48,11 @@
 //! target guest reports every chunk's MD5 as it arrived, and the initiator reads back and verifies.
 //!
 //! With `NVMEOF_BASELINE_MIB=N` in the environment the same run then measures the Soft-RoCE
-//! baseline: a second guest with a plain vmxnet3 NIC, Soft-RoCE in its own kernel, writes and
-//! verifies the first N MiB the same way (minutes more at nested speed: not by default).
+//! baselines, each in a guest with a plain vmxnet3 NIC and Soft-RoCE (rxe0) in its own kernel,
+//! checked as the PVRDMA guests are: one writes and verifies the first N MiB of the namespace the
+//! same way (`soft_roce_baseline_when_asked`), another mounts the same NFS export over RDMA and
+//! copies the same tree both ways (`nfs_soft_roce_baseline_when_asked`); the figures are printed
+//! beside the PVRDMA guests' (minutes more at nested speed: not by default).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -130,14 +133,25 @@ struct Suite {
     /// A's console on its first VMM and on A2.
     source: SerialLog,
     destination: SerialLog,
-    /// The NFS/RDMA phase: the test host's results and the NFS guest's console.
+    /// The NFS/RDMA phase: the test host's results, the NFS guest, and its Soft-RoCE baseline
+    /// if it ran.
     nfs_env: KeyValues,
-    nfs: SerialLog,
+    nfs: NfsGuest,
+    nfs_baseline: Option<NfsGuest>,
     /// The Soft-RoCE baseline guest's console and MiB, if it ran.
     baseline: Option<(SerialLog, u64)>,
     /// Guest to guest: the target guest's console, and the initiators' by name.
     target: SerialLog,
     initiators: [(&'static str, SerialLog); 2],
+}
+
+/// A guest of the NFS/RDMA phase (`tests/guest/nfsrdma.sh`).
+struct NfsGuest {
+    /// Its logs' name: `<name>-serial.log`, `<name>-vmm.log`.
+    name: &'static str,
+    /// The prefix of its keys in nfsrdma.env.
+    prefix: &'static str,
+    log: SerialLog,
 }
 
 fn suite() -> &'static Suite {
@@ -206,7 +220,18 @@ fn suite() -> &'static Suite {
             source: suite::serial_log(&outcome, "nvmeof-a-serial.log")?,
             destination: suite::serial_log(&outcome, "nvmeof-a2-serial.log")?,
             nfs_env: suite::key_values(&outcome, "nfsrdma.env")?,
-            nfs: suite::serial_log(&outcome, "nfsrdma-serial.log")?,
+            nfs: NfsGuest {
+                name: "nfsrdma",
+                prefix: "",
+                log: suite::serial_log(&outcome, "nfsrdma-serial.log")?,
+            },
+            // Empty if the run ended before the baseline: then its test fails, not every test.
+            nfs_baseline: (baseline_mib > 0).then(|| NfsGuest {
+                name: "nfsrdma-b",
+                prefix: "b.",
+                log: SerialLog::read(&outcome.file("nfsrdma-b-serial.log"))
+                    .unwrap_or_else(|_| SerialLog::concat(&[])),
+            }),
             baseline,
             target: suite::serial_log(&outcome, "nvmeof-t-serial.log")?,
             initiators: [
@@ -226,8 +251,10 @@ impl Checks for Suite {
         if let Some(why) = self.guest.marker("NVMEOF-FAIL ") {
             msg += &format!("\nthe guest's script failed: {why}");
         }
-        if let Some(why) = self.nfs.marker("NFSRDMA-FAIL ") {
-            msg += &format!("\nthe NFS guest's script failed: {why}");
+        for g in std::iter::once(&self.nfs).chain(&self.nfs_baseline) {
+            if let Some(why) = g.log.marker("NFSRDMA-FAIL ") {
+                msg += &format!("\nthe NFS guest {}'s script failed: {why}", g.name);
+            }
         }
         let logs = [
             "nvmeof-a-serial.log".to_string(),
@@ -236,11 +263,14 @@ impl Checks for Suite {
             "nvmeof-a2-vmm.log".to_string(),
             "nvmeof-a-to-nvmeof-a2-remote.log".to_string(),
             "nvmeof-b-serial.log".to_string(),
+            "nvmeof-b-vmm.log".to_string(),
             "nvmeof-t-serial.log".to_string(),
             "nvmeof-i1-serial.log".to_string(),
             "nvmeof-i2-serial.log".to_string(),
             "nfsrdma-serial.log".to_string(),
             "nfsrdma-vmm.log".to_string(),
+            "nfsrdma-b-serial.log".to_string(),
+            "nfsrdma-b-vmm.log".to_string(),
             "nfsrdma-mountd.log".to_string(),
         ];
         panic!("{}", self.outcome.failure(&msg, &logs, 25))
@@ -256,32 +286,208 @@ impl Suite {
         self.outcome.file(&format!("nvmeof-{g}-vmm.log"))
     }
 
-    fn nfs_env(&self, key: &str) -> &str {
+    /// Result `key` of NFS guest `g` in nfsrdma.env.
+    fn nfs_env(&self, g: &NfsGuest, key: &str) -> &str {
+        let key = format!("{}{key}", g.prefix);
         self.nfs_env
-            .get(key)
+            .get(&key)
             .unwrap_or_else(|| self.fail(&format!("nfsrdma.env has no {key}")))
     }
 
-    /// The rest of the NFS guest's `NFSRDMA-<name> ` line.
-    fn nfs_marker(&self, name: &str) -> &str {
-        self.nfs
+    /// The rest of NFS guest `g`'s `NFSRDMA-<name> ` line.
+    fn nfs_marker<'a>(&self, g: &'a NfsGuest, name: &str) -> &'a str {
+        g.log
             .marker(&format!("NFSRDMA-{name} "))
-            .unwrap_or_else(|| self.fail(&format!("the NFS guest printed no NFSRDMA-{name} line")))
+            .unwrap_or_else(|| {
+                self.fail(&format!(
+                    "the NFS guest {} printed no NFSRDMA-{name} line",
+                    g.name
+                ))
+            })
     }
 
-    /// The NFS guest's section `name`; fails unless it exited 0.
-    fn nfs_section_ok(&self, name: &str) -> String {
-        let section = self
-            .nfs
-            .section(name)
-            .unwrap_or_else(|| self.fail(&format!("the NFS guest never ran its {name}")));
+    /// NFS guest `g`'s section `name`; fails unless it exited 0.
+    fn nfs_section_ok(&self, g: &NfsGuest, name: &str) -> String {
+        let section = g.log.section(name).unwrap_or_else(|| {
+            self.fail(&format!("the NFS guest {} never ran its {name}", g.name))
+        });
         self.expect(section.rc == Some(0), || {
             format!(
-                "the NFS guest's {name} exited {:?}; its output:\n{}",
-                section.rc, section.text
+                "the NFS guest {}'s {name} exited {:?}; its output:\n{}",
+                g.name, section.rc, section.text
             )
         });
         section.text
+    }
+
+    /// Both of NFS guest `g`'s mounts (before writing, and again before reading back) are
+    /// NFSv4.1 over RDMA on the server's port 20049.
+    fn expect_nfs_mounts(&self, g: &NfsGuest) {
+        for n in ["1", "2"] {
+            self.nfs_section_ok(g, &format!("mount-{n}"));
+            let line = g
+                .log
+                .markers("NFSRDMA-MOUNTED ")
+                .into_iter()
+                .find(|l| field(l, "n") == Some(n))
+                .unwrap_or_else(|| {
+                    self.fail(&format!("the NFS guest {} never mounted ({n})", g.name))
+                });
+            let mount = field(line, "line").unwrap_or("").replace('|', " ");
+            for want in [
+                " nfs4 ".to_string(),
+                "vers=4.1".to_string(),
+                "proto=rdma".to_string(),
+                format!("port={NFS_PORT}"),
+                format!("addr={HOST_IP}"),
+            ] {
+                self.expect(mount.contains(&want), || {
+                    format!("{}'s mount {n} has no '{}': '{mount}'", g.name, want.trim())
+                });
+            }
+        }
+    }
+
+    /// The tree NFS guest `g` copied onto the export is, file by file, on the test host: its own
+    /// MD5s of what it holds are the guest's manifest, `md5sum -c` of that manifest passes for
+    /// every file, and the sizes add up. Returns the copy's time (centiseconds).
+    fn expect_nfs_tree_on_the_server(&self, g: &NfsGuest) -> u64 {
+        let tree = self.nfs_marker(g, "TREE");
+        let bytes = nfs_tree_bytes();
+        self.expect(
+            self.num(tree, "files") == NFS_FILES && self.num(tree, "bytes") == bytes,
+            || {
+                format!(
+                    "{}'s tree should be {NFS_FILES} files, {bytes} bytes: '{tree}'",
+                    g.name
+                )
+            },
+        );
+        let written = self.nfs_marker(g, "WRITTEN");
+        self.expect(self.num(written, "files") == NFS_FILES, || {
+            format!("{}'s write: '{written}'", g.name)
+        });
+        self.expect(self.nfs_env(g, "host_check") == "done", || {
+            format!(
+                "the test host did not check what {} wrote to the export",
+                g.name
+            )
+        });
+        let manifest = field(tree, "manifest_md5").unwrap_or("?");
+        for (key, what) in [
+            (
+                "host_guest_manifest_md5",
+                "the guest's MANIFEST.md5 on the export",
+            ),
+            (
+                "host_manifest_md5",
+                "the test host's own MD5s of the export",
+            ),
+        ] {
+            let got = self.nfs_env(g, key);
+            self.expect(got == manifest, || {
+                format!(
+                    "{what} hash to {got}, {}'s manifest to {manifest} (see \
+                     {0}-host-manifest.txt and {0}-guest-manifest.txt)",
+                    g.name
+                )
+            });
+        }
+        for (key, want) in [
+            ("host_files", NFS_FILES),
+            ("host_bytes", bytes),
+            ("host_check_ok", NFS_FILES),
+            ("host_check_failed", 0),
+        ] {
+            let got = self.nfs_env(g, key);
+            self.expect(got.parse::<u64>().ok() == Some(want), || {
+                format!("the test host's {key} of {} is {got}, not {want}", g.name)
+            });
+        }
+        self.num(written, "centis")
+    }
+
+    /// Copied back by NFS guest `g` from a fresh mount with its caches dropped, every file has the
+    /// MD5 the guest took before writing, and the manifest on the export is the guest's. Returns
+    /// the copy's time (centiseconds).
+    fn expect_nfs_tree_read_back(&self, g: &NfsGuest) -> u64 {
+        let read = self.nfs_marker(g, "READ");
+        let bytes = nfs_tree_bytes();
+        let bad = g.log.markers("NFSRDMA-BAD ").join("\n");
+        self.expect(
+            self.num(read, "files") == NFS_FILES
+                && self.num(read, "bytes") == bytes
+                && self.num(read, "ok") == NFS_FILES
+                && self.num(read, "bad") == 0,
+            || {
+                format!(
+                    "{}'s read-back: '{read}'; files that did not match:\n{bad}",
+                    g.name
+                )
+            },
+        );
+        self.expect(field(read, "manifest_same") == Some("1"), || {
+            format!(
+                "the MANIFEST.md5 read back from the export is not {}'s: '{read}'",
+                g.name
+            )
+        });
+        self.num(read, "centis")
+    }
+
+    /// Both of NFS guest `g`'s unmounts succeed and no NFS mount is left; its script ends ok.
+    fn expect_nfs_unmounted(&self, g: &NfsGuest) {
+        self.nfs_section_ok(g, "umount-1");
+        self.nfs_section_ok(g, "umount-2");
+        let line = self.nfs_marker(g, "UNMOUNTED");
+        self.expect(
+            field(line, "rc") == Some("0") && field(line, "gone") == Some("1"),
+            || format!("{}'s last unmount: '{line}'", g.name),
+        );
+        let done = self.nfs_marker(g, "DONE");
+        self.expect(done == "ok=1", || {
+            format!("the NFS guest {}'s script ended with '{done}'", g.name)
+        });
+    }
+
+    /// NFS guest `g`'s kernel reports no server that stopped responding, RPC timeout, I/O error
+    /// or failure about NFS or RPC, and no kernel BUG.
+    fn expect_nfs_kernel_clean(&self, g: &NfsGuest) {
+        let log = g.log.tail(usize::MAX);
+        self.expect(log.contains("SECTION-END nfs-kernel-log rc=0"), || {
+            format!(
+                "the NFS guest {} never printed its kernel log section",
+                g.name
+            )
+        });
+        let bad = nfs_kernel_errors(&log);
+        self.expect(bad.is_empty(), || {
+            format!(
+                "the NFS guest {}'s kernel logged errors:\n{}",
+                g.name,
+                bad.join("\n")
+            )
+        });
+    }
+
+    /// NFS guest `g`'s VMM exits 0 after the guest powers off, without a panic, warning or error
+    /// in its log.
+    fn expect_nfs_vmm_clean(&self, g: &NfsGuest) {
+        for key in ["n_exit", "n_panics"] {
+            let got = self.nfs_env(g, key);
+            self.expect(got == "0", || {
+                format!("the NFS guest {}'s {key} is {got}", g.name)
+            });
+        }
+        let problems = vmm_log_problems(&self.outcome.file(&format!("{}-vmm.log", g.name)))
+            .unwrap_or_else(|e| self.fail(&e.to_string()));
+        self.expect(problems.is_empty(), || {
+            format!(
+                "the NFS guest {}'s VMM logged warnings or errors:\n{}",
+                g.name,
+                problems.join("\n")
+            )
+        });
     }
 
     /// The rest of the guest's `NVMEOF-<name> ` line.
@@ -693,6 +899,10 @@ fn soft_roce_baseline_when_asked() {
         return;
     };
     let mib = *mib;
+    let gid = s.marker_of(log, "GID");
+    s.expect(field(gid, "dev") == Some("rxe0"), || {
+        format!("the baseline guest did not run on Soft-RoCE: '{gid}'")
+    });
     let connected = s.marker_of(log, "CONNECTED");
     s.expect(
         field(connected, "transport") == Some("rdma") && field(connected, "state") == Some("live"),
@@ -730,6 +940,18 @@ fn soft_roce_baseline_when_asked() {
         format!(
             "the baseline guest's kernel logged NVMe-oF errors:\n{}",
             bad.join("\n")
+        )
+    });
+    for key in ["b_exit", "b_panics"] {
+        s.expect(s.env(key) == "0", || {
+            format!("the baseline guest's {key} is {}", s.env(key))
+        });
+    }
+    let problems = vmm_log_problems(&s.vmm_log("b")).unwrap_or_else(|e| s.fail(&e.to_string()));
+    s.expect(problems.is_empty(), || {
+        format!(
+            "the baseline guest's VMM logged warnings or errors:\n{}",
+            problems.join("\n")
         )
     });
     let (bw, br) = (
@@ -982,7 +1204,7 @@ fn nfs_server_exports_over_rdma() {
             s.nfs_env.get("nfs_why")
         )
     });
-    let server = s.nfs_env("nfs_server");
+    let server = s.nfs_env(&s.nfs, "nfs_server");
     s.expect(server.contains(&format!("rdma {NFS_PORT}")), || {
         format!("nfsd does not listen on RDMA port {NFS_PORT}: '{server}'")
     });
@@ -996,27 +1218,7 @@ fn nfs_server_exports_over_rdma() {
 #[test]
 fn nfs_mounts_with_proto_rdma() {
     let s = suite();
-    for n in ["1", "2"] {
-        s.nfs_section_ok(&format!("mount-{n}"));
-        let line = s
-            .nfs
-            .markers("NFSRDMA-MOUNTED ")
-            .into_iter()
-            .find(|l| field(l, "n") == Some(n))
-            .unwrap_or_else(|| s.fail(&format!("the NFS guest never mounted ({n})")));
-        let mount = field(line, "line").unwrap_or("").replace('|', " ");
-        for want in [
-            " nfs4 ".to_string(),
-            "vers=4.1".to_string(),
-            "proto=rdma".to_string(),
-            format!("port={NFS_PORT}"),
-            format!("addr={HOST_IP}"),
-        ] {
-            s.expect(mount.contains(&want), || {
-                format!("mount {n} has no '{}': '{mount}'", want.trim())
-            });
-        }
-    }
+    s.expect_nfs_mounts(&s.nfs);
 }
 
 /// The tree the guest copied onto the export is, file by file, on the test host: its own MD5s
@@ -1025,56 +1227,13 @@ fn nfs_mounts_with_proto_rdma() {
 #[test]
 fn nfs_tree_written_over_rdma_arrives_on_the_server() {
     let s = suite();
-    let tree = s.nfs_marker("TREE");
-    let bytes = nfs_tree_bytes();
-    s.expect(
-        s.num(tree, "files") == NFS_FILES && s.num(tree, "bytes") == bytes,
-        || format!("the guest's tree should be {NFS_FILES} files, {bytes} bytes: '{tree}'"),
-    );
-    let written = s.nfs_marker("WRITTEN");
-    s.expect(s.num(written, "files") == NFS_FILES, || {
-        format!("the guest's write: '{written}'")
-    });
-    s.expect(s.nfs_env("host_check") == "done", || {
-        "the test host did not check the export".into()
-    });
-    let manifest = field(tree, "manifest_md5").unwrap_or("?");
-    for (key, what) in [
-        (
-            "host_guest_manifest_md5",
-            "the guest's MANIFEST.md5 on the export",
-        ),
-        (
-            "host_manifest_md5",
-            "the test host's own MD5s of the export",
-        ),
-    ] {
-        let got = s.nfs_env(key);
-        s.expect(got == manifest, || {
-            format!(
-                "{what} hash to {got}, the guest's manifest to {manifest} (see \
-                 nfsrdma-host-manifest.txt and nfsrdma-guest-manifest.txt)"
-            )
-        });
-    }
-    for (key, want) in [
-        ("host_files", NFS_FILES),
-        ("host_bytes", bytes),
-        ("host_check_ok", NFS_FILES),
-        ("host_check_failed", 0),
-    ] {
-        let got = s.nfs_env(key);
-        s.expect(got.parse::<u64>().ok() == Some(want), || {
-            format!("the test host's {key} is {got}, not {want}")
-        });
-    }
-    let centis = s.num(written, "centis");
+    let centis = s.expect_nfs_tree_on_the_server(&s.nfs);
     e2e::announce(&format!(
         "nfsrdma: wrote {NFS_FILES} files ({:.1} MiB) over NFSv4.1/RDMA (pvrdma -> Soft-RoCE nfsd) \
          in {:.1} s, {:.2} MB/s (cp -r + sync)",
-        bytes as f64 / 1048576.0,
+        nfs_tree_bytes() as f64 / 1048576.0,
         centis as f64 / 100.0,
-        mb_per_s(bytes, centis)
+        mb_per_s(nfs_tree_bytes(), centis)
     ));
 }
 
@@ -1083,26 +1242,13 @@ fn nfs_tree_written_over_rdma_arrives_on_the_server() {
 #[test]
 fn nfs_tree_reads_back_verified() {
     let s = suite();
-    let read = s.nfs_marker("READ");
-    let bytes = nfs_tree_bytes();
-    let bad = s.nfs.markers("NFSRDMA-BAD ").join("\n");
-    s.expect(
-        s.num(read, "files") == NFS_FILES
-            && s.num(read, "bytes") == bytes
-            && s.num(read, "ok") == NFS_FILES
-            && s.num(read, "bad") == 0,
-        || format!("the guest's read-back: '{read}'; files that did not match:\n{bad}"),
-    );
-    s.expect(field(read, "manifest_same") == Some("1"), || {
-        format!("the MANIFEST.md5 read back from the export is not the guest's: '{read}'")
-    });
-    let centis = s.num(read, "centis");
+    let centis = s.expect_nfs_tree_read_back(&s.nfs);
     e2e::announce(&format!(
         "nfsrdma: read and verified {NFS_FILES} files ({:.1} MiB) over NFSv4.1/RDMA in {:.1} s, \
          {:.2} MB/s (cp -r from a fresh mount, caches dropped)",
-        bytes as f64 / 1048576.0,
+        nfs_tree_bytes() as f64 / 1048576.0,
         centis as f64 / 100.0,
-        mb_per_s(bytes, centis)
+        mb_per_s(nfs_tree_bytes(), centis)
     ));
 }
 
@@ -1110,19 +1256,7 @@ fn nfs_tree_reads_back_verified() {
 #[test]
 fn nfs_unmounts_cleanly() {
     let s = suite();
-    s.nfs_section_ok("umount-1");
-    s.nfs_section_ok("umount-2");
-    let line = s.nfs_marker("UNMOUNTED");
-    s.expect(
-        field(line, "rc") == Some("0") && field(line, "gone") == Some("1"),
-        || format!("the last unmount: '{line}'"),
-    );
-    s.expect(s.nfs_marker("DONE") == "ok=1", || {
-        format!(
-            "the NFS guest's script ended with '{}'",
-            s.nfs_marker("DONE")
-        )
-    });
+    s.expect_nfs_unmounted(&s.nfs);
 }
 
 /// The NFS guest's kernel reports no server that stopped responding, RPC timeout, I/O error or
@@ -1130,14 +1264,7 @@ fn nfs_unmounts_cleanly() {
 #[test]
 fn nfs_guest_kernel_logs_no_nfs_error() {
     let s = suite();
-    let log = s.nfs.tail(usize::MAX);
-    s.expect(log.contains("SECTION-END nfs-kernel-log rc=0"), || {
-        "the NFS guest never printed its kernel log section".into()
-    });
-    let bad = nfs_kernel_errors(&log);
-    s.expect(bad.is_empty(), || {
-        format!("the NFS guest's kernel logged errors:\n{}", bad.join("\n"))
-    });
+    s.expect_nfs_kernel_clean(&s.nfs);
 }
 
 /// The NFS guest's VMM exits 0 after the guest powers off, without a panic, warning or error in
@@ -1145,20 +1272,50 @@ fn nfs_guest_kernel_logs_no_nfs_error() {
 #[test]
 fn nfs_vmm_runs_clean() {
     let s = suite();
-    s.expect(s.nfs_env("n_exit") == "0", || {
-        format!("the NFS guest's VMM exited {}", s.nfs_env("n_exit"))
+    s.expect_nfs_vmm_clean(&s.nfs);
+}
+
+/// The NFS Soft-RoCE baseline (only with `NVMEOF_BASELINE_MIB`): a guest whose own kernel runs
+/// Soft-RoCE under rpcrdma (a plain vmxnet3 NIC) mounts the same export with `proto=rdma` and
+/// copies the same tree, checked as the PVRDMA guest's is; both copy times side by side.
+#[test]
+fn nfs_soft_roce_baseline_when_asked() {
+    let s = suite();
+    let Some(b) = &s.nfs_baseline else {
+        e2e::announce(&format!(
+            "nfsrdma: no Soft-RoCE baseline this run (set {BASELINE_ENV}=32 for one)"
+        ));
+        return;
+    };
+    let gid = s.nfs_marker(b, "GID");
+    s.expect(field(gid, "dev") == Some("rxe0"), || {
+        format!("the NFS baseline guest did not run on Soft-RoCE: '{gid}'")
     });
-    s.expect(s.nfs_env("n_panics") == "0", || {
-        "the NFS guest's VMM panicked".into()
-    });
-    let problems = vmm_log_problems(&s.outcome.file("nfsrdma-vmm.log"))
-        .unwrap_or_else(|e| s.fail(&e.to_string()));
-    s.expect(problems.is_empty(), || {
-        format!(
-            "the NFS guest's VMM logged warnings or errors:\n{}",
-            problems.join("\n")
-        )
-    });
+    s.expect_nfs_mounts(b);
+    let (bw, br) = (
+        s.expect_nfs_tree_on_the_server(b),
+        s.expect_nfs_tree_read_back(b),
+    );
+    s.expect_nfs_unmounted(b);
+    s.expect_nfs_kernel_clean(b);
+    s.expect_nfs_vmm_clean(b);
+    let (pw, pr) = (
+        s.num(s.nfs_marker(&s.nfs, "WRITTEN"), "centis"),
+        s.num(s.nfs_marker(&s.nfs, "READ"), "centis"),
+    );
+    let secs = |c: u64| c as f64 / 100.0;
+    e2e::announce(&format!(
+        "nfsrdma, the same tree ({NFS_FILES} files, {:.1} MiB): pvrdma write {:.1} s, read {:.1} \
+         s; Soft-RoCE in the guest write {:.1} s, read {:.1} s; time pvrdma/Soft-RoCE: write \
+         {:.2}, read {:.2} (below 1: pvrdma faster)",
+        nfs_tree_bytes() as f64 / 1048576.0,
+        secs(pw),
+        secs(pr),
+        secs(bw),
+        secs(br),
+        pw as f64 / bw.max(1) as f64,
+        pr as f64 / br.max(1) as f64
+    ));
 }
 
 /// The negative control: the same mount of a port where nothing listens fails (so the mounts that
@@ -1166,7 +1323,7 @@ fn nfs_vmm_runs_clean() {
 #[test]
 fn nfs_mount_of_a_wrong_port_fails() {
     let s = suite();
-    let line = s.nfs_marker("WRONG-PORT");
+    let line = s.nfs_marker(&s.nfs, "WRONG-PORT");
     s.expect(
         field(line, "rc") != Some("0") && field(line, "mounted") == Some("0"),
         || format!("a mount of a port where nothing listens did not fail: '{line}'"),

@@ -28,6 +28,13 @@
 //! the RoCE packet type in `sl` (92fdb6e), every ucx_perftest run failed: UCX's UD dropped every
 //! datagram, so neither rc_v nor ud_v ever connected ("UD endpoint ... unhandled timeout error").
 //!
+//! With `UCX_BASELINE=1` in the environment the same run then measures the Soft-RoCE baseline:
+//! once A and B are gone, two guests with plain vmxnet3 NICs and Soft-RoCE (rxe0) in their own
+//! kernels run the same `ucx_perftest` steps with `UCX_NET_DEVICES=rxe0:1`, checked as A and B's
+//! are (exit status, iterations, UCX's `ep_cfg` lines naming only the transport under test on
+//! rxe0:1); `soft_roce_baseline_when_asked` prints both sets of figures and their ratios (minutes
+//! more at nested speed: not by default). The MPI jobs and the migration are not repeated.
+//!
 //! All tests share ONE run of `tests/scenarios/ucx.sh` (one test-host boot, both guests at once,
 //! each running `tests/guest/ucx.sh`); every program there is bounded by `timeout`.
 
@@ -40,6 +47,10 @@ use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const DEVICE: &str = "vmw_pvrdma0:1";
+/// The Soft-RoCE baseline's device, in its guests' own kernels.
+const RXE_DEVICE: &str = "rxe0:1";
+/// Set to 1, the run ends with the Soft-RoCE baseline.
+const BASELINE_ENV: &str = "UCX_BASELINE";
 const LAT_SIZE: u64 = 64;
 const LAT_ITERS: u64 = 200;
 const BW_SIZE: u64 = 65536;
@@ -77,12 +88,36 @@ impl Tl {
     }
 }
 
+/// The ucx_perftest steps: transport, test (the step's name after the transport's prefix) and the
+/// iterations the client's `Final:` line must count; latency tests report microseconds, the
+/// others MB/s.
+const PERF_STEPS: [(Tl, &str, u64); 6] = [
+    (Tl::Rc, "tag-lat", LAT_ITERS),
+    (Tl::Rc, "tag-bw", BW_ITERS),
+    (Tl::Rc, "put-bw", BW_ITERS),
+    (Tl::Ud, "tag-lat", LAT_ITERS),
+    (Tl::Ud, "tag-bw", BW_ITERS),
+    (Tl::Ud, "put-bw", BW_ITERS),
+];
+
+/// Two guests that ran the ucx_perftest steps, B serving and A connecting, on one RDMA device.
+struct Pair {
+    /// The guests' names in messages ("A" and "B", or the baseline's).
+    names: [&'static str; 2],
+    /// UCX's name of the device and port both used.
+    device: &'static str,
+    a: SerialLog,
+    /// B's console (on its first VMM, then on B2 after the migration).
+    b: SerialLog,
+}
+
 struct Suite {
     outcome: Outcome,
     env: KeyValues,
-    a: SerialLog,
-    /// B's console on its first VMM, then on B2 (after the migration).
-    b: SerialLog,
+    /// A and B, on the PVRDMA device.
+    main: Pair,
+    /// The Soft-RoCE pair, if it ran (UCX_BASELINE=1).
+    baseline: Option<Pair>,
 }
 
 fn suite() -> &'static Suite {
@@ -105,6 +140,12 @@ fn suite() -> &'static Suite {
         if let Ok(skew) = std::env::var(MPI_SKEW_ENV) {
             env.push(("MPI_SKEW", skew));
         }
+        let baseline = match std::env::var(BASELINE_ENV).as_deref() {
+            Ok("1") => true,
+            Ok("0") | Err(_) => false,
+            Ok(v) => return Err(format!("{BASELINE_ENV}={v}: want 1 (or 0)")),
+        };
+        env.push(("BASELINE", u8::from(baseline).to_string()));
         let outcome = suite::run_vmm_scenario(
             "ucx",
             &env,
@@ -117,10 +158,25 @@ fn suite() -> &'static Suite {
         )?;
         let b2 = SerialLog::read(&outcome.file("ucx-b2-serial.log"))
             .unwrap_or_else(|_| SerialLog::concat(&[]));
+        // Empty if the run ended before the baseline: then its test fails, not every test.
+        let maybe_log = |name: &str| {
+            SerialLog::read(&outcome.file(name)).unwrap_or_else(|_| SerialLog::concat(&[]))
+        };
+        let baseline = baseline.then(|| Pair {
+            names: ["RXE-A", "RXE-B"],
+            device: RXE_DEVICE,
+            a: maybe_log("ucx-rxe-a-serial.log"),
+            b: maybe_log("ucx-rxe-b-serial.log"),
+        });
         Ok(Suite {
             env: suite::key_values(&outcome, "ucx.env")?,
-            a: suite::serial_log(&outcome, "ucx-a-serial.log")?,
-            b: SerialLog::concat(&[suite::serial_log(&outcome, "ucx-b-serial.log")?, b2]),
+            main: Pair {
+                names: ["A", "B"],
+                device: DEVICE,
+                a: suite::serial_log(&outcome, "ucx-a-serial.log")?,
+                b: SerialLog::concat(&[suite::serial_log(&outcome, "ucx-b-serial.log")?, b2]),
+            },
+            baseline,
             outcome,
         })
     })
@@ -130,9 +186,11 @@ impl Checks for Suite {
     /// Fails the test with `what`, the guests' set-up failures and the end of the logs.
     fn fail(&self, what: &str) -> ! {
         let mut msg = what.to_string();
-        for (g, log) in [("A", &self.a), ("B", &self.b)] {
-            if let Some(why) = log.marker("UCX-FAIL ") {
-                msg += &format!("\nguest {g}'s script failed: {why}");
+        for pair in std::iter::once(&self.main).chain(&self.baseline) {
+            for (g, log) in pair.names.iter().zip([&pair.a, &pair.b]) {
+                if let Some(why) = log.marker("UCX-FAIL ") {
+                    msg += &format!("\nguest {g}'s script failed: {why}");
+                }
             }
         }
         let logs: Vec<String> = [
@@ -140,6 +198,8 @@ impl Checks for Suite {
             "ucx-b-vmm.log",
             "ucx-b2-vmm.log",
             "ucx-b-to-ucx-b2-remote.log",
+            "ucx-rxe-a-vmm.log",
+            "ucx-rxe-b-vmm.log",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -161,6 +221,15 @@ impl Suite {
         let b2 = self.outcome.file("ucx-b2-vmm.log");
         if b2.exists() {
             logs.push(b2);
+        }
+        // The baseline's, when it ran (soft_roce_baseline_when_asked fails when it did not).
+        if self.baseline.is_some() {
+            for g in ["a", "b"] {
+                let log = self.outcome.file(&format!("ucx-rxe-{g}-vmm.log"));
+                if log.exists() {
+                    logs.push(log);
+                }
+            }
         }
         logs
     }
@@ -188,15 +257,24 @@ impl Suite {
         text
     }
 
-    /// `ucx_perftest -t <test>` over `tl`: both sides exit 0 on the transport under test, and the
-    /// client's final line counts `iters`; returns that line's figures.
+    /// `ucx_perftest -t <test>` over `tl` between A and B: see [`Suite::perftest_of`].
     fn perftest(&self, tl: Tl, test: &str, iters: u64) -> Final {
+        self.perftest_of(&self.main, tl, test, iters)
+    }
+
+    /// `ucx_perftest -t <test>` over `tl` between `pair`'s guests: both sides exit 0 on the
+    /// transport under test on the pair's device, and the client's final line counts `iters`;
+    /// returns that line's figures.
+    fn perftest_of(&self, pair: &Pair, tl: Tl, test: &str, iters: u64) -> Final {
         let step = format!("{}-{test}", tl.prefix());
-        let server = self.step_output(&self.b, "B", &step, "server");
-        let client = self.step_output(&self.a, "A", &step, "client");
-        for (who, text) in [("server", &server), ("client", &client)] {
-            if let Err(e) = uses_only(text, tl, &[tl.name()]) {
-                self.fail(&format!("{step} {who}: {e}\n---- its output ----\n{text}"));
+        let [a, b] = pair.names;
+        let server = self.step_output(&pair.b, b, &step, "server");
+        let client = self.step_output(&pair.a, a, &step, "client");
+        for (who, text) in [(b, &server), (a, &client)] {
+            if let Err(e) = uses_only(text, tl, pair.device, &[tl.name()]) {
+                self.fail(&format!(
+                    "{step} on {who}: {e}\n---- its output ----\n{text}"
+                ));
             }
         }
         let fin = final_line(&client).unwrap_or_else(|| {
@@ -215,6 +293,7 @@ impl Suite {
     /// `MPI-END` line.
     fn mpi_job(&self, name: &str, tl: Tl) -> String {
         let section = self
+            .main
             .a
             .section(&format!("mpi-{name}"))
             .unwrap_or_else(|| self.fail(&format!("the MPI job {name} never started")));
@@ -244,7 +323,7 @@ impl Suite {
                 .filter(|l| l.contains(&format!("[{host}:")))
                 .collect::<Vec<_>>()
                 .join("\n");
-            if let Err(e) = uses_only(&lines, tl, &["self", tl.name()]) {
+            if let Err(e) = uses_only(&lines, tl, DEVICE, &["self", tl.name()]) {
                 self.fail(&show(format!("the rank on {host}: {e}")));
             }
         }
@@ -275,11 +354,11 @@ fn final_line(text: &str) -> Option<Final> {
 }
 
 /// Checks UCX's `ep_cfg[N]: proto(tl/dev tl/dev ...)` lines in `text`: at least one must name
-/// `tl` on the PVRDMA device, and every transport named must be one of `allowed` (on the PVRDMA
-/// device, but `self/memory`). (rc_v's ud_verbs, only its connection set-up, has no lane.)
-fn uses_only(text: &str, tl: Tl, allowed: &[&str]) -> Result<(), String> {
+/// `tl` on `device`, and every transport named must be one of `allowed` (on `device`, but
+/// `self/memory`). (rc_v's ud_verbs, only its connection set-up, has no lane.)
+fn uses_only(text: &str, tl: Tl, device: &str, allowed: &[&str]) -> Result<(), String> {
     let lines: Vec<&str> = text.lines().filter(|l| l.contains("ep_cfg[")).collect();
-    let want = format!("{}/{DEVICE}", tl.name());
+    let want = format!("{}/{device}", tl.name());
     if !lines.iter().any(|l| l.contains(&want)) {
         return Err(format!(
             "UCX printed no endpoint on {want} (its ep_cfg lines: {lines:?})"
@@ -294,7 +373,7 @@ fn uses_only(text: &str, tl: Tl, allowed: &[&str]) -> Result<(), String> {
                 continue;
             };
             let ok = (name == "self" && allowed.contains(&"self"))
-                || (allowed.contains(&name) && dev == DEVICE);
+                || (allowed.contains(&name) && dev == device);
             if !ok {
                 return Err(format!("UCX used {name}/{dev}: {line}"));
             }
@@ -351,6 +430,59 @@ fn ucx_perftest_put_bandwidth_over_ud_verbs() {
     );
 }
 
+/// The Soft-RoCE baseline (only with `UCX_BASELINE=1`): the same ucx_perftest steps between two
+/// guests whose own kernels run Soft-RoCE on plain vmxnet3 NICs, checked as A and B's are (both
+/// sides exit 0, the iterations counted, UCX's endpoints only on the transport under test on
+/// rxe0:1), and both guests end their script and their VMMs exit 0 (their logs are
+/// [`vmm_logs_have_no_panics_warnings_or_errors`]'s). Prints each figure of both pairs and their
+/// ratio.
+#[test]
+fn soft_roce_baseline_when_asked() {
+    let s = suite();
+    let Some(base) = &s.baseline else {
+        eprintln!("ucx: no Soft-RoCE baseline this run (set {BASELINE_ENV}=1 for one)");
+        return;
+    };
+    for (g, role) in [("rxe-a", "a"), ("rxe-b", "b")] {
+        for key in [format!("{g}_exit"), format!("{g}_panics")] {
+            s.expect(s.env(&key) == "0", || {
+                format!("{key}={}, expected 0", s.env(&key))
+            });
+        }
+        let log = if role == "a" { &base.a } else { &base.b };
+        s.expect(
+            log.marker(&format!("UCX-DONE role={role}")).is_some(),
+            || format!("the baseline's guest {g} did not end its script"),
+        );
+        let gid = log.marker("UCX-GID ").unwrap_or("");
+        s.expect(field(gid, "dev") == Some("rxe0"), || {
+            format!("the baseline's guest {g} did not run on Soft-RoCE: '{gid}'")
+        });
+    }
+    let mut rows = Vec::new();
+    for (tl, test, iters) in PERF_STEPS {
+        let ours = s.perftest(tl, test, iters);
+        let theirs = s.perftest_of(base, tl, test, iters);
+        let (unit, ours, theirs) = if iters == LAT_ITERS {
+            ("us", ours.avg_usec, theirs.avg_usec)
+        } else {
+            ("MB/s", ours.mbps, theirs.mbps)
+        };
+        rows.push(format!(
+            "  {:<8} {test:<7}  pvrdma {ours:>10.2} {unit:<4}  Soft-RoCE {theirs:>10.2} {unit:<4}  \
+             pvrdma/Soft-RoCE {:.2}",
+            tl.name(),
+            ours / theirs
+        ));
+    }
+    eprintln!(
+        "UCX ucx_perftest, pvrdma (vmw_pvrdma0:1) against Soft-RoCE in the guests (rxe0:1), same \
+         test host, same run (latency {LAT_SIZE} B: below 1 is pvrdma faster; bandwidth \
+         {BW_SIZE} B: above 1 is pvrdma faster):\n{}",
+        rows.join("\n")
+    );
+}
+
 #[test]
 fn open_mpi_job_over_ucx_rc_verbs_verifies_its_data() {
     let s = suite();
@@ -389,10 +521,12 @@ fn open_mpi_job_runs_verified_across_a_live_migration() {
         "send-migration printed no 'migration completed' line".into()
     });
     let end = s.mpi_job("migration", Tl::Rc);
-    let before: u64 =
-        s.a.marker_field("UCX-MIGRATED", "rounds_before")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| s.fail("guest A never saw the migration happen (no UCX-MIGRATED)"));
+    let before: u64 = s
+        .main
+        .a
+        .marker_field("UCX-MIGRATED", "rounds_before")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| s.fail("guest A never saw the migration happen (no UCX-MIGRATED)"));
     let rounds: u64 = field(&end, "rounds")
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| s.fail(&format!("no rounds in {end}")));
@@ -400,7 +534,7 @@ fn open_mpi_job_runs_verified_across_a_live_migration() {
         format!("{rounds} rounds, {before} before the migration: expected {MIG_AFTER} after it")
     });
     // B finished on the destination.
-    s.expect(s.b.marker("UCX-DONE role=b").is_some(), || {
+    s.expect(s.main.b.marker("UCX-DONE role=b").is_some(), || {
         "guest B did not finish on the destination".into()
     });
     eprintln!("MPI over UCX rc_verbs across B's live migration: {end}; {completed}");
@@ -455,25 +589,37 @@ mod unit {
     fn ep_cfg_lines_name_the_transports_used() {
         let rc =
             "[1.2] [ucx-a:90:0] ucp_worker.c:1763 UCX INFO ep_cfg[1]: tag(rc_verbs/vmw_pvrdma0:1);";
-        assert!(uses_only(rc, Tl::Rc, &["rc_verbs"]).is_ok());
+        assert!(uses_only(rc, Tl::Rc, DEVICE, &["rc_verbs"]).is_ok());
         assert!(
-            uses_only(rc, Tl::Ud, &["ud_verbs"]).is_err(),
+            uses_only(rc, Tl::Ud, DEVICE, &["ud_verbs"]).is_err(),
             "wrong transport"
         );
         let both = "x ep_cfg[0]: tag(rc_verbs/vmw_pvrdma0:1 ud_verbs/vmw_pvrdma0:1)";
         assert!(
-            uses_only(both, Tl::Rc, &["rc_verbs"]).is_err(),
+            uses_only(both, Tl::Rc, DEVICE, &["rc_verbs"]).is_err(),
             "a UD lane in an RC run"
         );
         let tcp = "[1.2] [ucx-a:90:0] ucp_worker.c:1763 UCX INFO ep_cfg[1]: tag(rc_verbs/vmw_pvrdma0:1 tcp/eth0);";
-        assert!(uses_only(tcp, Tl::Rc, &["rc_verbs"]).is_err(), "tcp");
-        let selfie = "x ep_cfg[0]: tag(self/memory0); y ep_cfg[1]: tag(ud_verbs/vmw_pvrdma0:1)";
-        assert!(uses_only(selfie, Tl::Ud, &["self", "ud_verbs"]).is_ok());
         assert!(
-            uses_only(selfie, Tl::Ud, &["ud_verbs"]).is_err(),
+            uses_only(tcp, Tl::Rc, DEVICE, &["rc_verbs"]).is_err(),
+            "tcp"
+        );
+        let selfie = "x ep_cfg[0]: tag(self/memory0); y ep_cfg[1]: tag(ud_verbs/vmw_pvrdma0:1)";
+        assert!(uses_only(selfie, Tl::Ud, DEVICE, &["self", "ud_verbs"]).is_ok());
+        assert!(
+            uses_only(selfie, Tl::Ud, DEVICE, &["ud_verbs"]).is_err(),
             "self not allowed"
         );
-        assert!(uses_only("", Tl::Rc, &["rc_verbs"]).is_err(), "no line");
+        assert!(
+            uses_only("", Tl::Rc, DEVICE, &["rc_verbs"]).is_err(),
+            "no line"
+        );
+        assert!(
+            uses_only(rc, Tl::Rc, RXE_DEVICE, &["rc_verbs"]).is_err(),
+            "the PVRDMA device where Soft-RoCE's is wanted"
+        );
+        let rxe = "x ep_cfg[0]: rma_am(ud_verbs/rxe0:1)";
+        assert!(uses_only(rxe, Tl::Ud, RXE_DEVICE, &["ud_verbs"]).is_ok());
     }
 
     #[test]
