@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Longest first (idle minutes on a 2-core machine), so that the lanes end close together; a suite
 # not listed here starts before these.
-ORDER=(ucx nvmeof migration roce rdma migration_peers snapshot boot net pvrdma)
+ORDER=(ucx nvmeof migration roce rdma migration_peers multi_pvrdma snapshot boot net pvrdma)
 # Suites that run their own pair of test hosts: alone, before the lanes.
 PAIRS=(migration_hosts)
 
