@@ -14,7 +14,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Longest first (idle minutes on a 2-core machine), so that the lanes end close together; a suite
 # not listed here starts before these. (migration_scale's tests are #[ignore]d: it ends at once.)
-ORDER=(ucx nvmeof migration roce rdma migration_peers snapshot boot net pvrdma migration_scale)
+ORDER=(ucx nvmeof migration roce rdma migration_peers multi_pvrdma snapshot boot net pvrdma migration_scale)
 # Suites that run their own pair of test hosts: alone, before the lanes.
 PAIRS=(migration_hosts)
 

@@ -359,6 +359,12 @@ pub struct VmCounters {
 pub struct DeviceCountersInfo {
     /// `"pvrdma"`, `"vmxnet3"` or `"virtio-blk"`.
     pub kind: String,
+    /// Which device of the VM: the option that made it and its index among them, `disk0`,
+    /// `net0`, `pvrdma1` (both functions of a PVRDMA slot; the guest's `vmw_pvrdma1`).
+    pub id: String,
+    /// The port's MAC, for a vmxnet3 NIC or PVRDMA device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
     /// PCI address as the guest's `lspci` shows it, e.g. `"00:03.1"`.
     pub pci: String,
     /// Every counter by name, zeros included; monotonic while the VMM runs (a destination's
@@ -466,6 +472,8 @@ mod tests {
             devices: vec![
                 DeviceCountersInfo {
                     kind: "pvrdma".into(),
+                    id: "pvrdma0".into(),
+                    mac: Some("52:54:00:00:00:10".into()),
                     pci: "00:03.1".into(),
                     counters: [("roce_tx".to_owned(), 7)].into(),
                     qps: Some(vec![QpCountersInfo {
@@ -476,6 +484,8 @@ mod tests {
                 },
                 DeviceCountersInfo {
                     kind: "virtio-blk".into(),
+                    id: "disk0".into(),
+                    mac: None,
                     pci: "00:02.0".into(),
                     counters: [("read_requests".to_owned(), 3)].into(),
                     qps: None,
@@ -488,9 +498,11 @@ mod tests {
             json,
             serde_json::json!({
                 "devices": [
-                    {"kind": "pvrdma", "pci": "00:03.1", "counters": {"roce_tx": 7},
+                    {"kind": "pvrdma", "id": "pvrdma0", "mac": "52:54:00:00:00:10",
+                     "pci": "00:03.1", "counters": {"roce_tx": 7},
                      "qps": [{"qpn": 17, "error": false, "counters": {"completer_retry": 2}}]},
-                    {"kind": "virtio-blk", "pci": "00:02.0", "counters": {"read_requests": 3}}
+                    {"kind": "virtio-blk", "id": "disk0", "pci": "00:02.0",
+                     "counters": {"read_requests": 3}}
                 ],
                 "migration": null
             })

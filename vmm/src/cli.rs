@@ -71,7 +71,8 @@ pub struct Cli {
     /// a log line. Each QP holds an open file: the VMM raises its soft limit to the hard one.
     /// The device's worker busy-polls for US microseconds (default 50, at most 1000, 0: never)
     /// after each piece of work before it sleeps: small messages then need no wake-up.
-    /// At most one per VM.
+    /// Repeatable, up to 4: each device has a slot, MAC, TAP, budgets and QPN and key spaces
+    /// of its own; the guest names them vmw_pvrdma0, vmw_pvrdma1, ... in this order.
     #[arg(
         long,
         value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=..][,local=..][,max_qp=N][,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US]"
@@ -136,9 +137,6 @@ impl Cli {
 
     /// The VM configuration, with the checks that span several options.
     pub fn vm_config(&self) -> Result<VmConfig, ConfigError> {
-        if self.pvrdma.len() > 1 {
-            return Err(ConfigError::TooManyPvrdma);
-        }
         let cfg = VmConfig {
             kernel: self.kernel.clone().ok_or(ConfigError::MissingKernel)?,
             initramfs: self.initramfs.clone(),
@@ -147,7 +145,7 @@ impl Cli {
             memory: self.memory,
             disks: self.disk.clone(),
             nets: self.net.clone(),
-            pvrdma: self.pvrdma.first().cloned(),
+            pvrdma: self.pvrdma.clone(),
             serial: self.serial.clone(),
         };
         cfg.validate()?;
@@ -213,6 +211,44 @@ mod tests {
             let argv = std::iter::once("pvrdma-vmm").chain(args.iter().copied());
             assert!(Cli::try_parse_from(argv).is_err(), "{args:?}");
         }
+    }
+
+    #[test]
+    fn pvrdma_is_repeatable_with_distinct_nics() {
+        let cfg = |devices: &[&str]| {
+            let mut argv = vec!["pvrdma-vmm", "--kernel", "/k"];
+            for d in devices {
+                argv.extend(["--pvrdma", d]);
+            }
+            Cli::try_parse_from(argv).unwrap().vm_config()
+        };
+        let two = cfg(&[
+            "tap=r0,mac=52:54:00:00:00:10",
+            "tap=r1,mac=52:54:00:00:00:11,local=off",
+        ])
+        .unwrap();
+        let taps: Vec<&str> = two.pvrdma.iter().map(|p| p.net.tap.as_str()).collect();
+        assert_eq!(taps, ["r0", "r1"]);
+        assert!(two.pvrdma[1].local.is_none());
+        assert!(matches!(
+            cfg(&["tap=r0,mac=52:54:00:00:00:10", "tap=r0,mac=52:54:00:00:00:11"]),
+            Err(ConfigError::DuplicateTap(t)) if t == "r0"
+        ));
+        assert!(matches!(
+            cfg(&[
+                "tap=r0,mac=52:54:00:00:00:10",
+                "tap=r1,mac=52:54:00:00:00:10"
+            ]),
+            Err(ConfigError::DuplicateMac(_))
+        ));
+        let five: Vec<String> = (0..5)
+            .map(|i| format!("tap=r{i},mac=52:54:00:00:00:1{i}"))
+            .collect();
+        let five: Vec<&str> = five.iter().map(String::as_str).collect();
+        let err = cfg(&five).unwrap_err();
+        assert_eq!(err, ConfigError::TooManyPvrdma { max: 4, got: 5 });
+        assert_eq!(err.to_string(), "at most 4 --pvrdma devices per VM, got 5");
+        assert_eq!(cfg(&five[..4]).unwrap().pvrdma.len(), 4);
     }
 
     #[test]

@@ -46,8 +46,17 @@ pub enum ConfigError {
     Mtu { min: u16, max: u16, got: String },
     #[error("TAP '{0}' is used by more than one NIC")]
     DuplicateTap(String),
-    #[error("only one --pvrdma device per VM is supported")]
-    TooManyPvrdma,
+    #[error("at most {max} --pvrdma devices per VM, got {got}")]
+    TooManyPvrdma { max: usize, got: usize },
+    #[error("MAC {0} is used by more than one NIC")]
+    DuplicateMac(MacAddr),
+    #[error(
+        "the configuration is of version {got} (another pvrdma-vmm release), this one reads \
+         version {CONFIG_VERSION}"
+    )]
+    ConfigVersion { got: u32 },
+    #[error("unreadable configuration: {0}")]
+    ConfigJson(String),
     #[error("--pvrdma budget: {0}")]
     PvrdmaLimits(String),
     #[error("--kernel is required to boot (or --restore a snapshot, or give only --api-socket to receive a migration)")]
@@ -195,7 +204,7 @@ impl FromStr for SerialConfig {
 }
 
 /// A unicast MAC address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct MacAddr(pub [u8; 6]);
 
 impl FromStr for MacAddr {
@@ -443,8 +452,35 @@ pub struct VmConfig {
     pub memory: u64,
     pub disks: Vec<DiskConfig>,
     pub nets: Vec<NetConfig>,
-    pub pvrdma: Option<PvrdmaConfig>,
+    /// The PVRDMA slots in PCI order: the guest names their devices
+    /// vmw_pvrdma0, vmw_pvrdma1, ... Each is its own HCA, with its own QPN
+    /// and key spaces and its own same-host socket (by its MAC).
+    pub pvrdma: Vec<PvrdmaConfig>,
     pub serial: SerialConfig,
+}
+
+/// PVRDMA devices per VM (ESXi allows one). Each takes a PCI slot of the
+/// 32 with its vmxnet3, and worker threads and budgets of its own.
+pub const MAX_PVRDMA: usize = 4;
+
+/// The version of [`VmConfig`]'s JSON in a migration stream and a
+/// snapshot's config.json. 2: `pvrdma` became a list (it was one device
+/// or `null`, and such a configuration carried no version).
+pub const CONFIG_VERSION: u32 = 2;
+
+/// [`VmConfig`] as it is written: with its version in front.
+#[derive(Serialize)]
+struct VersionedConfig<'a> {
+    version: u32,
+    #[serde(flatten)]
+    config: &'a VmConfig,
+}
+
+/// The version of a written [`VmConfig`], read before the rest (0: none).
+#[derive(Deserialize)]
+struct ConfigVersionOnly {
+    #[serde(default)]
+    version: u32,
 }
 
 impl VmConfig {
@@ -464,20 +500,62 @@ impl VmConfig {
         if !self.memory.is_multiple_of(2 << 20) {
             return Err(ConfigError::MemoryAlignment);
         }
-        for net in self.nets.iter().chain(self.pvrdma.iter().map(|p| &p.net)) {
+        if self.pvrdma.len() > MAX_PVRDMA {
+            return Err(ConfigError::TooManyPvrdma {
+                max: MAX_PVRDMA,
+                got: self.pvrdma.len(),
+            });
+        }
+        let nics: Vec<&NetConfig> = self
+            .nets
+            .iter()
+            .chain(self.pvrdma.iter().map(|p| &p.net))
+            .collect();
+        for net in &nics {
             parse_tap_name(&net.tap)?;
         }
-        if let Some(p) = &self.pvrdma {
+        for p in &self.pvrdma {
             p.budget.limits()?;
         }
-        let mut taps: Vec<&str> = self.nets.iter().map(|n| n.tap.as_str()).collect();
-        taps.extend(self.pvrdma.iter().map(|p| p.net.tap.as_str()));
-        taps.sort_unstable();
-        match taps.windows(2).find(|w| w[0] == w[1]) {
-            Some(w) => Err(ConfigError::DuplicateTap(w[0].to_string())),
+        if let Some(tap) = first_duplicate(nics.iter().map(|n| n.tap.as_str())) {
+            return Err(ConfigError::DuplicateTap(tap.to_string()));
+        }
+        // A MAC names a port: its same-host socket, the bridge's forwarding
+        // and a migration's --tap MAC=TAP mapping.
+        match first_duplicate(nics.iter().map(|n| n.mac)) {
+            Some(mac) => Err(ConfigError::DuplicateMac(mac)),
             None => Ok(()),
         }
     }
+
+    /// The JSON a migration stream and a snapshot carry, versioned.
+    pub fn to_json(&self) -> Result<Vec<u8>, ConfigError> {
+        let versioned = VersionedConfig {
+            version: CONFIG_VERSION,
+            config: self,
+        };
+        serde_json::to_vec_pretty(&versioned).map_err(|e| ConfigError::ConfigJson(e.to_string()))
+    }
+
+    /// A configuration from [`Self::to_json`], checked: one of another
+    /// version is refused by its version before its fields are read.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let json = |e: serde_json::Error| ConfigError::ConfigJson(e.to_string());
+        let ConfigVersionOnly { version } = serde_json::from_slice(bytes).map_err(json)?;
+        if version != CONFIG_VERSION {
+            return Err(ConfigError::ConfigVersion { got: version });
+        }
+        let config: Self = serde_json::from_slice(bytes).map_err(json)?;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// The first value that occurs twice.
+fn first_duplicate<T: Ord + Copy>(values: impl Iterator<Item = T>) -> Option<T> {
+    let mut sorted: Vec<T> = values.collect();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 #[cfg(test)]
@@ -587,51 +665,106 @@ mod tests {
             .is_err());
     }
 
-    #[test]
-    fn taps_must_be_distinct() {
-        let net = |tap: &str| NetConfig {
+    fn net(tap: &str, last: u8) -> NetConfig {
+        NetConfig {
             tap: tap.into(),
-            mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            mac: MacAddr([2, 0, 0, 0, 0, last]),
             mtu: None,
-        };
-        let mut cfg = VmConfig {
+        }
+    }
+
+    fn rdma(tap: &str, last: u8) -> PvrdmaConfig {
+        PvrdmaConfig {
+            net: net(tap, last),
+            gid: GidType::RoceV2,
+            local: None,
+            budget: PvrdmaBudget::default(),
+            poll_us: None,
+        }
+    }
+
+    fn vm(nets: Vec<NetConfig>, pvrdma: Vec<PvrdmaConfig>) -> VmConfig {
+        VmConfig {
             kernel: "/k".into(),
             initramfs: None,
             cmdline: String::new(),
             cpus: 1,
             memory: 512 << 20,
             disks: vec![],
-            nets: vec![net("a"), net("b")],
-            pvrdma: Some(PvrdmaConfig {
-                net: net("c"),
-                gid: GidType::RoceV2,
-                local: None,
-                budget: PvrdmaBudget::default(),
-                poll_us: None,
-            }),
+            nets,
+            pvrdma,
             serial: SerialConfig::Off,
-        };
+        }
+    }
+
+    #[test]
+    fn taps_and_macs_must_be_distinct() {
+        let mut cfg = vm(vec![net("a", 1), net("b", 2)], vec![rdma("c", 3)]);
         assert_eq!(cfg.validate(), Ok(()));
-        cfg.pvrdma = Some(PvrdmaConfig {
-            net: net("a"),
-            gid: GidType::RoceV2,
-            local: None,
-            budget: PvrdmaBudget::default(),
-            poll_us: None,
-        });
+        cfg.pvrdma = vec![rdma("a", 3)];
         assert_eq!(cfg.validate(), Err(ConfigError::DuplicateTap("a".into())));
-        // A budget from a migration stream or snapshot is checked as well.
-        cfg.pvrdma = Some(PvrdmaConfig {
-            net: net("c"),
-            gid: GidType::RoceV2,
-            local: None,
-            budget: PvrdmaBudget {
-                max_qp: Some(1),
-                ..PvrdmaBudget::default()
-            },
-            poll_us: None,
-        });
+        cfg.pvrdma = vec![rdma("c", 3), rdma("d", 2)];
+        assert_eq!(
+            cfg.validate(),
+            Err(ConfigError::DuplicateMac(MacAddr([2, 0, 0, 0, 0, 2])))
+        );
+        // A budget from a migration stream or snapshot is checked as well,
+        // on every device.
+        let mut small = rdma("d", 4);
+        small.budget.max_qp = Some(1);
+        cfg.pvrdma = vec![rdma("c", 3), small];
         assert!(matches!(cfg.validate(), Err(ConfigError::PvrdmaLimits(_))));
+    }
+
+    #[test]
+    fn several_pvrdma_devices_up_to_the_maximum() {
+        let devices = |n: u8| (0..n).map(|i| rdma(&format!("r{i}"), 0x10 + i)).collect();
+        let max = u8::try_from(MAX_PVRDMA).unwrap();
+        assert_eq!(vm(vec![], devices(2)).validate(), Ok(()));
+        assert_eq!(vm(vec![], devices(max)).validate(), Ok(()));
+        assert_eq!(
+            vm(vec![], devices(max + 1)).validate(),
+            Err(ConfigError::TooManyPvrdma {
+                max: MAX_PVRDMA,
+                got: MAX_PVRDMA + 1
+            })
+        );
+    }
+
+    #[test]
+    fn config_json_is_versioned() {
+        let cfg = vm(vec![net("a", 1)], vec![rdma("b", 2), rdma("c", 3)]);
+        let json = cfg.to_json().unwrap();
+        let back = VmConfig::from_json(&json).unwrap();
+        assert_eq!(back.to_json().unwrap(), json);
+        assert_eq!(back.pvrdma.len(), 2);
+        // What the release before wrote: no version, one device or null.
+        let mut old: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        old.as_object_mut().unwrap().remove("version");
+        old["pvrdma"] = serde_json::to_value(rdma("b", 2)).unwrap();
+        let old = serde_json::to_vec(&old).unwrap();
+        assert_eq!(
+            VmConfig::from_json(&old).unwrap_err(),
+            ConfigError::ConfigVersion { got: 0 }
+        );
+        let mut future: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        future["version"] = 3.into();
+        let future = serde_json::to_vec(&future).unwrap();
+        assert_eq!(
+            VmConfig::from_json(&future).unwrap_err(),
+            ConfigError::ConfigVersion { got: 3 }
+        );
+        // And a current one is checked like a command line.
+        let dup = vm(vec![net("a", 1)], vec![rdma("b", 1)]);
+        let dup = serde_json::to_vec(&VersionedConfig {
+            version: CONFIG_VERSION,
+            config: &dup,
+        })
+        .unwrap();
+        assert!(matches!(
+            VmConfig::from_json(&dup),
+            Err(ConfigError::DuplicateMac(_))
+        ));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmxnet3::{Vmxnet3, Vmxnet3Config};
 
 use crate::arch::layout;
-use crate::config::{NetConfig, SerialConfig, VmConfig};
+use crate::config::{MacAddr, NetConfig, SerialConfig, VmConfig};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -129,6 +129,11 @@ pub struct DeviceManager {
 struct CounterSource {
     /// `"pvrdma"`, `"vmxnet3"` or `"virtio-blk"`.
     kind: &'static str,
+    /// The option that made it and its index among them: `disk0`, `net0`,
+    /// `pvrdma1` (both functions of a PVRDMA slot).
+    id: String,
+    /// The port's MAC, for a NIC or PVRDMA.
+    mac: Option<MacAddr>,
     slot: u8,
     function: u8,
     handle: Arc<dyn DeviceCounters>,
@@ -146,6 +151,8 @@ impl CounterSource {
         };
         api::DeviceCountersInfo {
             kind: self.kind.to_owned(),
+            id: self.id.clone(),
+            mac: self.mac.map(|m| m.to_string()),
             pci: format!("00:{:02x}.{}", self.slot, self.function),
             counters: named(self.handle.values()),
             qps: self.handle.queue_pairs().map(|qps| {
@@ -270,6 +277,8 @@ impl DeviceManager {
                 .ok_or(DeviceError::NoSlot("virtio-blk"))?;
             counters.push(CounterSource {
                 kind: "virtio-blk",
+                id: format!("disk{index}"),
+                mac: None,
                 slot,
                 function: 0,
                 handle: block.counters(),
@@ -282,16 +291,27 @@ impl DeviceManager {
                 if disk.readonly { " (read-only)" } else { "" }
             );
         }
-        for net in &config.nets {
+        for (index, net) in config.nets.iter().enumerate() {
             let mut bus = crate::lock(&pci);
-            add_vmxnet3(&mut bus, net, false, mem, &hooks, &mut counters)?;
+            let id = format!("net{index}");
+            add_vmxnet3(&mut bus, net, id, false, mem, &hooks, &mut counters)?;
         }
-        if let Some(rdma) = &config.pvrdma {
+        for (index, rdma) in config.pvrdma.iter().enumerate() {
             let mut bus = crate::lock(&pci);
-            // One converged slot: the NIC at function 0 owns the port, PVRDMA
-            // at function 1 follows it (the guest driver pairs them by slot).
-            let (slot, port, tap) =
-                add_vmxnet3(&mut bus, &rdma.net, true, mem, &hooks, &mut counters)?;
+            // One converged slot per device: the NIC at function 0 owns the
+            // port, PVRDMA at function 1 follows it (the guest driver pairs
+            // them by slot). Each device is its own HCA: QPNs, keys and the
+            // same-host socket (named by the MAC) are its own.
+            let id = format!("pvrdma{index}");
+            let (slot, port, tap) = add_vmxnet3(
+                &mut bus,
+                &rdma.net,
+                id.clone(),
+                true,
+                mem,
+                &hooks,
+                &mut counters,
+            )?;
             let cfg = pvrdma::PvrdmaConfig {
                 gid_type: rdma.gid,
                 limits: rdma.budget.limits()?,
@@ -306,15 +326,17 @@ impl DeviceManager {
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;
+            log::info!("PVRDMA {id} ({:?}) at 00:{slot:02x}.1", rdma.gid);
             counters.push(CounterSource {
                 kind: "pvrdma",
+                id,
+                mac: Some(rdma.net.mac),
                 slot,
                 function: 1,
                 handle: dev.counters(),
             });
             bus.add_device(slot, 1, Arc::new(Mutex::new(dev)))
                 .map_err(DeviceError::Pci)?;
-            log::info!("PVRDMA ({:?}) at 00:{slot:02x}.1", rdma.gid);
         }
 
         Ok(Self {
@@ -378,11 +400,12 @@ impl DeviceManager {
 }
 
 /// Adds a vmxnet3 NIC on `net`'s TAP as function 0 of a new slot, with its
-/// counters; returns the slot and the port it publishes (for a PVRDMA
-/// function beside it).
+/// counters under `id`; returns the slot and the port it publishes (for a
+/// PVRDMA function beside it).
 fn add_vmxnet3(
     bus: &mut PciBus,
     net: &NetConfig,
+    id: String,
     multifunction: bool,
     mem: &Arc<GuestMemory>,
     hooks: &DeviceHooks,
@@ -403,6 +426,8 @@ fn add_vmxnet3(
     let slot = bus.next_free_slot().ok_or(DeviceError::NoSlot("vmxnet3"))?;
     counters.push(CounterSource {
         kind: "vmxnet3",
+        id,
+        mac: Some(net.mac),
         slot,
         function: 0,
         handle: nic.metrics(),
@@ -448,22 +473,25 @@ mod tests {
 
     #[test]
     fn counter_sources_read_as_the_api_shows_them() {
-        let source = |kind, slot, function, qps| CounterSource {
+        let source = |kind, id: &str, slot, function, qps| CounterSource {
             kind,
+            id: id.to_owned(),
+            mac: (kind == "pvrdma").then_some(MacAddr([2, 0, 0, 0, 0, 0x10])),
             slot,
             function,
             handle: Arc::new(Fake { qps }),
         };
         let json = serde_json::to_value([
-            source("virtio-blk", 1, 0, false).read(),
-            source("pvrdma", 0x1f, 1, true).read(),
+            source("virtio-blk", "disk0", 1, 0, false).read(),
+            source("pvrdma", "pvrdma1", 0x1f, 1, true).read(),
         ])
         .unwrap();
         assert_eq!(
             json,
             serde_json::json!([
-                {"kind": "virtio-blk", "pci": "00:01.0", "counters": {"frames": 3}},
-                {"kind": "pvrdma", "pci": "00:1f.1", "counters": {"frames": 3},
+                {"kind": "virtio-blk", "id": "disk0", "pci": "00:01.0", "counters": {"frames": 3}},
+                {"kind": "pvrdma", "id": "pvrdma1", "mac": "02:00:00:00:00:10", "pci": "00:1f.1",
+                 "counters": {"frames": 3},
                  "qps": [{"qpn": 18, "error": true, "counters": {"retry_exceeded": 1}}]}
             ])
         );

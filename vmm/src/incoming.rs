@@ -193,7 +193,7 @@ mod tests {
                 readonly: false,
             }],
             nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
-            pvrdma: None,
+            pvrdma: Vec::new(),
             serial: SerialConfig::Tty,
         }
     }

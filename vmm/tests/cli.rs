@@ -112,9 +112,26 @@ fn bad_values_are_one_line_errors_with_usage_exit_code() {
                 "--pvrdma",
                 "tap=t0,mac=02:00:00:00:00:01",
                 "--pvrdma",
-                "tap=t1,mac=02:00:00:00:00:02",
+                "tap=t1,mac=02:00:00:00:00:01",
             ],
-            "only one --pvrdma device per VM",
+            "MAC 02:00:00:00:00:01 is used by more than one NIC",
+        ),
+        (
+            &[
+                "--kernel",
+                "/k",
+                "--pvrdma",
+                "tap=t0,mac=02:00:00:00:00:01",
+                "--pvrdma",
+                "tap=t1,mac=02:00:00:00:00:02",
+                "--pvrdma",
+                "tap=t2,mac=02:00:00:00:00:03",
+                "--pvrdma",
+                "tap=t3,mac=02:00:00:00:00:04",
+                "--pvrdma",
+                "tap=t4,mac=02:00:00:00:00:05",
+            ],
+            "at most 4 --pvrdma devices per VM, got 5",
         ),
     ];
     for (args, needle) in cases {

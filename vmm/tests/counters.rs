@@ -48,7 +48,7 @@ fn device_manager_reads_every_disk_in_pci_order() {
             },
         ],
         nets: Vec::new(),
-        pvrdma: None,
+        pvrdma: Vec::new(),
         serial: SerialConfig::Off,
     };
     let mem = Arc::new(create_guest_memory(config.memory).unwrap());

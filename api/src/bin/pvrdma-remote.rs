@@ -66,7 +66,8 @@ enum Command {
     ///
     /// Per PVRDMA function its data path (RoCE frames on the wire and over the same-host
     /// channel, commands, doorbells, completions, errors) and each connected QP's transport
-    /// counters; per vmxnet3 NIC and virtio-blk disk its counters. Read while the VM runs.
+    /// counters; per vmxnet3 NIC and virtio-blk disk its counters. Each device is labelled by
+    /// its id (`pvrdma0`, `pvrdma1`, `net0`, `disk0`) and PCI address. Read while the VM runs.
     Counters,
     /// Pause the VM.
     Pause,

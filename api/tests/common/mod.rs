@@ -103,12 +103,16 @@ pub fn test_counters(migration: Option<MigrationInfo>) -> VmCounters {
         devices: vec![
             DeviceCountersInfo {
                 kind: "virtio-blk".into(),
+                id: "disk0".into(),
+                mac: None,
                 pci: "00:01.0".into(),
                 counters: named(&[("read_requests", 12), ("read_bytes", 6144)]),
                 qps: None,
             },
             DeviceCountersInfo {
                 kind: "pvrdma".into(),
+                id: "pvrdma0".into(),
+                mac: Some("52:54:00:00:00:10".into()),
                 pci: "00:02.1".into(),
                 counters: named(&[("roce_tx", 40), ("roce_local_tx", 0)]),
                 qps: Some(vec![QpCountersInfo {

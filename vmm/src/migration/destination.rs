@@ -195,8 +195,8 @@ fn build_target<T: Target>(
     payload: &[u8],
     host: &HostSettings,
 ) -> Result<(T, VmConfig), MigrationError> {
-    let mut config: VmConfig =
-        serde_json::from_slice(payload).map_err(|e| MigrationError::Config(e.to_string()))?;
+    let mut config =
+        VmConfig::from_json(payload).map_err(|e| MigrationError::Config(e.to_string()))?;
     host.apply(&mut config).map_err(MigrationError::Config)?;
     let target = T::build(config.clone()).map_err(MigrationError::Build)?;
     Ok((target, config))
@@ -345,11 +345,7 @@ mod tests {
     fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
         protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
         protocol::read_response(stream)?;
-        protocol::send_request(
-            stream,
-            Command::Config,
-            &serde_json::to_vec(config).unwrap(),
-        )?;
+        protocol::send_request(stream, Command::Config, &config.to_json().unwrap())?;
         protocol::read_response(stream)?;
         let mut table = MemoryRangeTable::default();
         table.push(1 << 20, PAGE_SIZE);

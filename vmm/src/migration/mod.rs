@@ -209,7 +209,7 @@ pub(crate) mod test_target {
             memory,
             disks: Vec::new(),
             nets: vec![NetConfig::from_str(&format!("tap=tap-src,mac={MAC}")).unwrap()],
-            pvrdma: None,
+            pvrdma: Vec::new(),
             serial: SerialConfig::Tty,
         }
     }

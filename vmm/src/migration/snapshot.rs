@@ -36,8 +36,9 @@ pub fn write_snapshot(
 ) -> Result<(), MigrationError> {
     std::fs::create_dir_all(dir).map_err(file_error(dir))?;
     let path = dir.join(SNAPSHOT_CONFIG);
-    let json =
-        serde_json::to_vec_pretty(config).map_err(|e| MigrationError::Config(e.to_string()))?;
+    let json = config
+        .to_json()
+        .map_err(|e| MigrationError::Config(e.to_string()))?;
     std::fs::write(&path, json).map_err(file_error(&path))?;
     let path = dir.join(SNAPSHOT_MEMORY);
     let mut file = std::fs::File::create(&path).map_err(file_error(&path))?;
@@ -59,12 +60,7 @@ pub fn write_snapshot(
 pub fn read_snapshot_config(dir: &Path) -> Result<VmConfig, MigrationError> {
     let path = dir.join(SNAPSHOT_CONFIG);
     let bytes = std::fs::read(&path).map_err(file_error(&path))?;
-    let config: VmConfig =
-        serde_json::from_slice(&bytes).map_err(|e| MigrationError::Config(e.to_string()))?;
-    config
-        .validate()
-        .map_err(|e| MigrationError::Config(e.to_string()))?;
-    Ok(config)
+    VmConfig::from_json(&bytes).map_err(|e| MigrationError::Config(e.to_string()))
 }
 
 /// Loads the snapshot in `dir` into a VM built from its configuration.

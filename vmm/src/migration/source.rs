@@ -327,7 +327,9 @@ impl Outgoing {
             .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
         url.check_plaintext(tls.is_some(), params.allow_plaintext)
             .map_err(|e| ActionError::BadRequest(crate::error_chain(&e)))?;
-        let config = serde_json::to_vec(&guest.config)
+        let config = guest
+            .config
+            .to_json()
             .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
         let (requests_tx, requests) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
