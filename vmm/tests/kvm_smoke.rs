@@ -527,7 +527,7 @@ fn vcpu_state_moves_to_another_vm() {
     program(&mem);
     let mut fd = long_mode_vcpu(&vm, &mem, LONG_MODE_ENTRY);
     assert_eq!(run_once(&mut fd), out(SERIAL_PORT, b'A'));
-    state::complete_io(&mut fd);
+    state::complete_io(&mut fd, |_| false);
     let saved = state::save(&fd, vm.msr_list()).expect("save");
     let json = serde_json::to_vec(&saved).expect("encode");
     drop((fd, vm));

@@ -46,7 +46,9 @@ pub struct VmSnapshot {
 }
 
 const VM_ID: &str = "vm";
-const VM_VERSION: u32 = 2;
+/// 3: vCPUs carry their debug registers and TSC rate (postcard has no
+/// defaults, so version 2 snapshots are refused by name).
+const VM_VERSION: u32 = 3;
 
 impl VmSnapshot {
     pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
