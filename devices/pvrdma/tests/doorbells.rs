@@ -240,6 +240,28 @@ fn link_follows_the_vmxnet3_port() {
     assert_eq!(query(&mut sim), 4, "ACTIVE");
 }
 
+/// A paused device (a migration's switch-over) writes no guest memory: a
+/// link change meanwhile is reported once it resumes.
+#[test]
+fn a_link_change_while_paused_waits_for_resume() {
+    use vm_migration::Pausable;
+    let sim = ready();
+    sim.device().pause().unwrap();
+    sim.port.set_carrier(false);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(sim.metric("link_change"), 0);
+    assert_eq!(sim.async_events(), vec![]);
+    sim.device().resume().unwrap();
+    assert!(sim.wait_until(|s| s.metric("link_change") == 1));
+    assert_eq!(
+        sim.async_events(),
+        vec![Eqe {
+            event_type: event::PORT_ERR,
+            info: 1
+        }]
+    );
+}
+
 #[test]
 fn link_changes_before_activation_are_not_reported() {
     let mut sim = SimDriver::new();
