@@ -36,7 +36,7 @@ OTHER_GRACE=${OTHER_GRACE:-60}
 mkdir -p "$out/l1-a" "$out/l1-b" "$out/share"
 rm -f "$out/l1-a/l1-stalled" "$out/l1-b/l1-stalled"
 
-l1_lock "$out"
+l1_lock "$out" 2
 # free_udp_port: a UDP port of loopback nobody listens on (the L1s bind theirs a moment later).
 free_udp_port() {
   local p i

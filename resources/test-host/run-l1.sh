@@ -74,8 +74,8 @@ rm -f "$out/l1-rc" "$out/l1-stalled" "$out/qemu-l1.stderr"
 STALL_LIMIT=${STALL_LIMIT:-180}
 SOFTLOCKUP_LIMIT=${SOFTLOCKUP_LIMIT:-120}
 
-# L1 takes most of a CPU per vCPU for its whole run: one at a time per machine (or one pair).
-((lock == 0)) || l1_lock "$out"
+# L1 takes most of a CPU per vCPU for its whole run: it waits for a free L1 slot per vCPU (l1-lock.sh).
+((lock == 0)) || l1_lock "$out" "$smp"
 
 log "L1: smp=$smp mem=${mem}M timeout=${timeout}s script=$script out=$out${link:+ link=$link}${share:+ share=$share}"
 t0=${EPOCHREALTIME/./}

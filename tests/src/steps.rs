@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Results of the guests' step protocol (`tests/guest/lib.sh`, used by `tests/guest/rdma.sh` and
 //! `tests/guest/roce.sh`): one side of a program run between two parties, from its
-//! `RDMA-RESULT` line and its output section; what rping's client sends; and the counters a
-//! PVRDMA device logs when its VMM exits.
+//! `RDMA-RESULT` line and its output section; the checks of such runs ([`StepChecks`]); what
+//! rping's client sends; and the counters a PVRDMA device logs when its VMM exits.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 
 use crate::results::{field, SerialLog};
+use crate::suite::Checks;
 
 /// One side of one program run, as recorded by whoever ran it.
 pub struct StepRun {
@@ -57,6 +59,104 @@ impl StepRun {
                 format!(" ({})", self.why)
             }
         )
+    }
+}
+
+/// One party of the step protocol: a guest, or the test host.
+pub trait Party: Copy + Display {
+    /// The IPv4 address its programs use (their GID is its IPv4-mapped form).
+    fn ip(self) -> &'static str;
+}
+
+/// The checks of step runs, for the suites whose guests run the step protocol.
+pub trait StepChecks: Checks {
+    type Party: Party;
+
+    /// `party`'s `side` ("server" or "client") of `step`; fails the test if it never ran.
+    fn run(&self, step: &str, party: Self::Party, side: &str) -> StepRun;
+
+    /// `side` of `step` from the console `log`; fails the test, with the console's end, without
+    /// its `RDMA-RESULT` line.
+    fn run_in(&self, log: &SerialLog, what: String, step: &str, side: &str) -> StepRun {
+        StepRun::from_guest(log, what.clone(), step, side).unwrap_or_else(|| {
+            self.fail(&format!(
+                "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
+                log.tail(15)
+            ))
+        })
+    }
+
+    /// Both sides of `step`, each of which must have exited 0.
+    fn both_succeed(&self, step: &str, server: Self::Party, client: Self::Party) -> [StepRun; 2] {
+        let runs = [
+            self.run(step, server, "server"),
+            self.run(step, client, "client"),
+        ];
+        if runs.iter().any(|r| r.rc != Some(0)) {
+            let mut msg = format!("{step}: both sides must exit 0");
+            for run in &runs {
+                msg += &format!("\n---- {} ----\n{}", run.summary(), run.text.trim_end());
+            }
+            self.fail(&msg);
+        }
+        runs
+    }
+
+    /// Fails the test with `what` and `run`'s output unless `cond`.
+    fn expect_in(&self, run: &StepRun, cond: bool, what: impl FnOnce() -> String) {
+        if !cond {
+            self.fail(&format!(
+                "{}: {}\n---- its output ----\n{}",
+                run.what,
+                what(),
+                run.text.trim_end()
+            ));
+        }
+    }
+
+    /// An rdma-core pingpong (`-c`) between `server` and `client`: both exit 0, count `iters`
+    /// exchanges of `size` bytes each way, report no invalid data and talked to the peer's
+    /// IPv4-mapped GID on each of their `qps` QPs.
+    fn pingpong(
+        &self,
+        step: &str,
+        server: Self::Party,
+        client: Self::Party,
+        iters: u64,
+        size: u64,
+        qps: usize,
+    ) {
+        let runs = self.both_succeed(step, server, client);
+        for (run, peer) in runs.iter().zip([client, server]) {
+            let bytes = size * iters * 2;
+            for want in [format!("{bytes} bytes in "), format!("{iters} iters in ")] {
+                self.expect_in(run, run.text.lines().any(|l| l.starts_with(&want)), || {
+                    format!("no '{want}...' line")
+                });
+            }
+            self.expect_in(run, !run.text.contains("invalid data"), || {
+                "the received data did not verify".to_string()
+            });
+            let gid = format!("GID ::ffff:{}", peer.ip());
+            let remote = run
+                .text
+                .lines()
+                .filter(|l| l.trim_start().starts_with("remote address:"))
+                .filter(|l| l.trim_end().ends_with(&gid))
+                .count();
+            self.expect_in(run, remote == qps, || {
+                format!("expected {qps} 'remote address: ... {gid}' line(s), found {remote}")
+            });
+        }
+    }
+
+    /// `rping -v -V -C count -S size` between `server` and `client` ([`rping_problem`]).
+    fn rping(&self, step: &str, server: Self::Party, client: Self::Party, count: u64, size: usize) {
+        let [server, client] = self.both_succeed(step, server, client);
+        let count = usize::try_from(count).unwrap_or(usize::MAX);
+        if let Some((run, why)) = rping_problem(&server, &client, count, size) {
+            self.expect_in(run, false, || why);
+        }
     }
 }
 

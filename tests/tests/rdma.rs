@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::steps::{rping_problem, StepRun as Run};
+use e2e::steps::{self, Party as _, StepChecks, StepRun as Run};
 use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
@@ -65,7 +65,7 @@ enum Party {
     Host,
 }
 
-impl Party {
+impl steps::Party for Party {
     fn ip(self) -> &'static str {
         match self {
             Self::A => IP_A,
@@ -84,21 +84,6 @@ impl fmt::Display for Party {
             Self::C => "guest C",
             Self::Host => "the test host's Soft-RoCE",
         })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Server,
-    Client,
-}
-
-impl Side {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Server => "server",
-            Self::Client => "client",
-        }
     }
 }
 
@@ -158,31 +143,19 @@ impl Checks for Suite {
     }
 }
 
-impl Suite {
-    fn guest(&self, g: Party) -> &SerialLog {
-        match g {
-            Party::B => &self.b,
-            Party::C => &self.c,
-            _ => &self.a,
-        }
-    }
+impl StepChecks for Suite {
+    type Party = Party;
 
-    fn vmm_log(&self, g: &str) -> PathBuf {
-        self.outcome.file(&format!("rdma-{g}-vmm.log"))
-    }
-
-    /// `party`'s `side` of `step`.
-    fn run(&self, step: &str, party: Party, side: Side) -> Run {
-        let what = format!("{party} as {} of {step}", side.name());
+    fn run(&self, step: &str, party: Party, side: &str) -> Run {
+        let what = format!("{party} as {side} of {step}");
         if party == Party::Host {
-            let key = |k: &str| self.env.get(&format!("{step}.{}.{k}", side.name()));
+            let key = |k: &str| self.env.get(&format!("{step}.{side}.{k}"));
             let raw_rc = key("rc").unwrap_or_else(|| {
                 self.fail(&format!(
-                    "{what}: never recorded (no {step}.{}.rc in rdma.env)",
-                    side.name()
+                    "{what}: never recorded (no {step}.{side}.rc in rdma.env)"
                 ))
             });
-            let log = format!("rdma-host-{step}-{}.log", side.name());
+            let log = format!("rdma-host-{step}-{side}.log");
             let text = std::fs::read_to_string(self.outcome.file(&log)).unwrap_or_default();
             return Run {
                 rc: raw_rc.parse().ok(),
@@ -194,77 +167,21 @@ impl Suite {
                 what,
             };
         }
-        let log = self.guest(party);
-        Run::from_guest(log, what.clone(), step, side.name()).unwrap_or_else(|| {
-            self.fail(&format!(
-                "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
-                log.tail(15)
-            ))
-        })
+        self.run_in(self.guest(party), what, step, side)
     }
+}
 
-    /// Both sides of `step`, each of which must have exited 0.
-    fn both_succeed(&self, step: &str, server: Party, client: Party) -> [Run; 2] {
-        let runs = [
-            self.run(step, server, Side::Server),
-            self.run(step, client, Side::Client),
-        ];
-        let failed: Vec<&Run> = runs.iter().filter(|r| r.rc != Some(0)).collect();
-        if !failed.is_empty() {
-            let mut msg = format!("{step}: both sides must exit 0");
-            for run in &runs {
-                msg += &format!("\n---- {} ----\n{}", run.summary(), run.text.trim_end());
-            }
-            self.fail(&msg);
-        }
-        runs
-    }
-
-    fn expect_in(&self, run: &Run, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&format!(
-                "{}: {}\n---- its output ----\n{}",
-                run.what,
-                what(),
-                run.text.trim_end()
-            ));
+impl Suite {
+    fn guest(&self, g: Party) -> &SerialLog {
+        match g {
+            Party::B => &self.b,
+            Party::C => &self.c,
+            _ => &self.a,
         }
     }
 
-    /// An rdma-core pingpong between `server` and `client`: both exit 0, count `iters`
-    /// exchanges of `size` bytes each way, report no invalid data (-c) and talked to the peer's
-    /// IPv4-mapped GID on each of their `qps` QPs.
-    fn pingpong(
-        &self,
-        step: &str,
-        server: Party,
-        client: Party,
-        iters: u64,
-        size: u64,
-        qps: usize,
-    ) {
-        let runs = self.both_succeed(step, server, client);
-        for (run, peer) in runs.iter().zip([client, server]) {
-            let bytes = size * iters * 2;
-            for want in [format!("{bytes} bytes in "), format!("{iters} iters in ")] {
-                self.expect_in(run, run.text.lines().any(|l| l.starts_with(&want)), || {
-                    format!("no '{want}...' line")
-                });
-            }
-            self.expect_in(run, !run.text.contains("invalid data"), || {
-                "the received data did not verify".to_string()
-            });
-            let gid = format!("GID ::ffff:{}", peer.ip());
-            let remote = run
-                .text
-                .lines()
-                .filter(|l| l.trim_start().starts_with("remote address:"))
-                .filter(|l| l.trim_end().ends_with(&gid))
-                .count();
-            self.expect_in(run, remote == qps, || {
-                format!("expected {qps} 'remote address: ... {gid}' line(s), found {remote}")
-            });
-        }
+    fn vmm_log(&self, g: &str) -> PathBuf {
+        self.outcome.file(&format!("rdma-{g}-vmm.log"))
     }
 
     /// A perftest program between `server` and `client`: both exit 0 and exchanged the peer's
@@ -512,12 +429,7 @@ fn udaddy_between_guests() {
 /// what it read; both must be exactly what rping's client generates.
 #[test]
 fn rping_over_rdma_cm_verifies_its_data_between_guests() {
-    let s = suite();
-    let [server, client] = s.both_succeed("rping", Party::A, Party::B);
-    let count = usize::try_from(PING_COUNT).unwrap_or(usize::MAX);
-    if let Some((run, why)) = rping_problem(&server, &client, count, RPING_SIZE) {
-        s.expect_in(run, false, || why);
-    }
+    suite().rping("rping", Party::A, Party::B, PING_COUNT, RPING_SIZE);
 }
 
 #[test]

@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::steps::{device_counters, rping_problem, StepRun};
+use e2e::steps::{self, device_counters, Party as _, StepChecks, StepRun};
 use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
@@ -49,17 +49,7 @@ enum Guest {
 
 const GUESTS: [Guest; 5] = [Guest::A, Guest::B, Guest::C, Guest::D, Guest::E];
 
-impl Guest {
-    fn name(self) -> &'static str {
-        match self {
-            Self::A => "a",
-            Self::B => "b",
-            Self::C => "c",
-            Self::D => "d",
-            Self::E => "e",
-        }
-    }
-
+impl steps::Party for Guest {
     /// The address its programs use: eth0's for the RoCE v1 pair, eth0.100's for the others.
     fn ip(self) -> &'static str {
         match self {
@@ -68,6 +58,18 @@ impl Guest {
             Self::C => "10.117.0.3",
             Self::D => "10.117.0.4",
             Self::E => "10.117.0.5",
+        }
+    }
+}
+
+impl Guest {
+    fn name(self) -> &'static str {
+        match self {
+            Self::A => "a",
+            Self::B => "b",
+            Self::C => "c",
+            Self::D => "d",
+            Self::E => "e",
         }
     }
 
@@ -142,6 +144,19 @@ impl Checks for Suite {
     }
 }
 
+impl StepChecks for Suite {
+    type Party = Guest;
+
+    fn run(&self, step: &str, party: Guest, side: &str) -> StepRun {
+        self.run_in(
+            self.guest(party),
+            format!("{party} as {side} of {step}"),
+            step,
+            side,
+        )
+    }
+}
+
 impl Suite {
     fn guest(&self, g: Guest) -> &SerialLog {
         &self.logs[GUESTS.iter().position(|&x| x == g).unwrap_or(0)]
@@ -174,74 +189,6 @@ impl Suite {
         })
     }
 
-    /// `party`'s `side` ("server" or "client") of `step`.
-    fn run(&self, step: &str, party: Guest, side: &str) -> StepRun {
-        let what = format!("{party} as {side} of {step}");
-        let log = self.guest(party);
-        StepRun::from_guest(log, what.clone(), step, side).unwrap_or_else(|| {
-            self.fail(&format!(
-                "{what}: never recorded (no RDMA-RESULT line); the end of its console:\n{}",
-                log.tail(15)
-            ))
-        })
-    }
-
-    /// Both sides of `step`, each of which must have exited 0.
-    fn both_succeed(&self, step: &str, server: Guest, client: Guest) -> [StepRun; 2] {
-        let runs = [
-            self.run(step, server, "server"),
-            self.run(step, client, "client"),
-        ];
-        if runs.iter().any(|r| r.rc != Some(0)) {
-            let mut msg = format!("{step}: both sides must exit 0");
-            for run in &runs {
-                msg += &format!("\n---- {} ----\n{}", run.summary(), run.text.trim_end());
-            }
-            self.fail(&msg);
-        }
-        runs
-    }
-
-    fn expect_in(&self, run: &StepRun, cond: bool, what: impl FnOnce() -> String) {
-        if !cond {
-            self.fail(&format!(
-                "{}: {}\n---- its output ----\n{}",
-                run.what,
-                what(),
-                run.text.trim_end()
-            ));
-        }
-    }
-
-    /// An rdma-core pingpong: both exit 0, count `iters` exchanges of `size` bytes each way,
-    /// report no invalid data (-c) and talked to the peer's IPv4-mapped GID.
-    fn pingpong(&self, step: &str, server: Guest, client: Guest, size: u64) {
-        let runs = self.both_succeed(step, server, client);
-        for (run, peer) in runs.iter().zip([client, server]) {
-            let bytes = size * PP_ITERS * 2;
-            for want in [
-                format!("{bytes} bytes in "),
-                format!("{PP_ITERS} iters in "),
-            ] {
-                self.expect_in(run, run.text.lines().any(|l| l.starts_with(&want)), || {
-                    format!("no '{want}...' line")
-                });
-            }
-            self.expect_in(run, !run.text.contains("invalid data"), || {
-                "the received data did not verify".to_string()
-            });
-            let gid = format!("GID ::ffff:{}", peer.ip());
-            let remote = run
-                .text
-                .lines()
-                .filter(|l| l.trim_start().starts_with("remote address:"))
-                .any(|l| l.trim_end().ends_with(&gid));
-            self.expect_in(run, remote, || {
-                format!("no 'remote address: ... {gid}' line")
-            });
-        }
-    }
-
     /// The IB CM message counters `g` printed after `step` (its `RDMA-CM` line), less those of
     /// its previous `RDMA-CM` line: what its kernel's CM sent and received during `step`.
     fn cm(&self, g: Guest, step: &str) -> BTreeMap<String, u64> {
@@ -271,16 +218,6 @@ impl Suite {
             });
         }
         now
-    }
-
-    /// rping over rdma_cm: the client verifies every echo (-V) and prints it (-v), the server
-    /// prints what it read; both must be exactly what rping's client generates.
-    fn rping(&self, step: &str, server: Guest, client: Guest) {
-        let [server, client] = self.both_succeed(step, server, client);
-        let count = usize::try_from(PING_COUNT).unwrap_or(usize::MAX);
-        if let Some((run, why)) = rping_problem(&server, &client, count, RPING_SIZE) {
-            self.expect_in(run, false, || why);
-        }
     }
 }
 
@@ -371,7 +308,7 @@ fn vmm_logs_have_no_panics_warnings_or_errors() {
 
 #[test]
 fn ibv_rc_pingpong_over_roce_v1() {
-    suite().pingpong("v1-rc", Guest::A, Guest::B, RC_SIZE);
+    suite().pingpong("v1-rc", Guest::A, Guest::B, PP_ITERS, RC_SIZE, 1);
 }
 
 /// rping over rdma_cm on RoCE v1 GIDs: the CM MADs go over RoCE v1 too (the server's kernel
@@ -379,7 +316,7 @@ fn ibv_rc_pingpong_over_roce_v1() {
 #[test]
 fn rping_over_roce_v1_verifies_its_data() {
     let s = suite();
-    s.rping("v1-rping", Guest::A, Guest::B);
+    s.rping("v1-rping", Guest::A, Guest::B, PING_COUNT, RPING_SIZE);
     let cm = s.cm(Guest::A, "v1-rping");
     s.expect(cm["rx_req"] > 0 && cm["tx_rep"] > 0, || {
         format!("A's CM should have answered B's REQ with a REP: {cm:?}")
@@ -430,22 +367,22 @@ fn the_roce_v1_pair_sends_ethertype_0x8915_and_no_udp_4791() {
 
 #[test]
 fn ibv_rc_pingpong_over_a_vlan_on_the_wire() {
-    suite().pingpong("vlan-wire-rc", Guest::C, Guest::D, RC_SIZE);
+    suite().pingpong("vlan-wire-rc", Guest::C, Guest::D, PP_ITERS, RC_SIZE, 1);
 }
 
 #[test]
 fn ibv_ud_pingpong_over_a_vlan_on_the_wire() {
-    suite().pingpong("vlan-wire-ud", Guest::C, Guest::D, UD_SIZE);
+    suite().pingpong("vlan-wire-ud", Guest::C, Guest::D, PP_ITERS, UD_SIZE, 1);
 }
 
 #[test]
 fn ibv_rc_pingpong_over_a_vlan_on_the_same_host_channel() {
-    suite().pingpong("vlan-local-rc", Guest::D, Guest::E, RC_SIZE);
+    suite().pingpong("vlan-local-rc", Guest::D, Guest::E, PP_ITERS, RC_SIZE, 1);
 }
 
 #[test]
 fn ibv_ud_pingpong_over_a_vlan_on_the_same_host_channel() {
-    suite().pingpong("vlan-local-ud", Guest::D, Guest::E, UD_SIZE);
+    suite().pingpong("vlan-local-ud", Guest::D, Guest::E, PP_ITERS, UD_SIZE, 1);
 }
 
 /// Every RoCE frame between C and D on the bridge carried the 802.1Q tag of VLAN 100 (RoCE v2
@@ -548,7 +485,7 @@ fn rping_over_a_vlan_is_dropped_by_the_guest_kernels_cm() {
         let client_run = s.run(step, client, "client");
         let server_run = s.run(step, server, "server");
         if client_run.rc == Some(0) && server_run.rc == Some(0) {
-            s.rping(step, server, client);
+            s.rping(step, server, client, PING_COUNT, RPING_SIZE);
             continue;
         }
         s.expect_in(

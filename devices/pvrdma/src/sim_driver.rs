@@ -34,6 +34,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod ib;
 mod verbs;
+pub use verbs::RcPath;
 mod work;
 use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};
@@ -154,7 +155,11 @@ pub struct SimDriver {
     config: PvrdmaConfig,
     pub mem: Mem,
     pub port: Arc<Port>,
+    /// The simulated wire; unused when the device has another backend
+    /// ([`SimDriver::with_backend`]).
     pub wire: Arc<SimWire>,
+    /// What the device sends through: `wire`, or a real one.
+    backend: Arc<dyn FrameBackend>,
     pub msi: Arc<MockMsi>,
     pub ioevents: Arc<MockIoEvents>,
     pub bus: PciBus,
@@ -270,12 +275,12 @@ impl FrameBackend for SimWire {
 fn plug(
     config: &PvrdmaConfig,
     port: &Arc<Port>,
-    wire: &Arc<SimWire>,
+    backend: &Arc<dyn FrameBackend>,
     mem: &Mem,
     hooks: DeviceHooks,
 ) -> (Arc<Mutex<Pvrdma<Mem>>>, PciBus, [u64; 3]) {
     let dev = Arc::new(Mutex::new(
-        Pvrdma::new(config, port.clone(), wire.clone(), mem.clone(), hooks).expect("device"),
+        Pvrdma::new(config, port.clone(), backend.clone(), mem.clone(), hooks).expect("device"),
     ));
     let mut bus = PciBus::new((0xc000_0000, 0x1000_0000), (0x1_0000_0000, 0x1_0000_0000));
     let placed = bus
@@ -325,7 +330,7 @@ impl SimDriver {
         // The new device registers no doorbell before its restore, so the
         // old one (paused) may go only when it is replaced; a same-host
         // channel would need the old one gone first (not used here).
-        let (dev, bus, bars) = plug(&self.config, &self.port, &self.wire, &self.mem, hooks);
+        let (dev, bus, bars) = plug(&self.config, &self.port, &self.backend, &self.mem, hooks);
         assert_eq!(self.bars, bars, "the same BARs");
         self.bus = bus;
         self.dev = dev;
@@ -382,6 +387,35 @@ impl SimDriver {
     /// [`Self::with_config_and_mac`] with `mem_size` bytes of guest memory
     /// instead of [`MEM_SIZE`] (thousands of QPs need more).
     pub fn with_memory(config: &PvrdmaConfig, mac: [u8; 6], mem_size: u64) -> Self {
+        let wire = Arc::new(SimWire::unconnected());
+        Self::plugged(config, mac, mem_size, wire.clone(), wire)
+    }
+
+    /// [`Self::with_config_and_mac`] sending through `backend` (a TAP, for
+    /// the wire benchmark) instead of the simulated wire. Nothing reads
+    /// the backend for the device: whoever does offers the frames it
+    /// receives to `port` ([`Port::steer_to_rdma`]), as the NIC would.
+    pub fn with_backend(
+        config: &PvrdmaConfig,
+        mac: [u8; 6],
+        backend: Arc<dyn FrameBackend>,
+    ) -> Self {
+        Self::plugged(
+            config,
+            mac,
+            MEM_SIZE,
+            Arc::new(SimWire::unconnected()),
+            backend,
+        )
+    }
+
+    fn plugged(
+        config: &PvrdmaConfig,
+        mac: [u8; 6],
+        mem_size: u64,
+        wire: Arc<SimWire>,
+        backend: Arc<dyn FrameBackend>,
+    ) -> Self {
         let mem: Mem = Arc::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
                 .expect("guest memory"),
@@ -394,13 +428,13 @@ impl SimDriver {
             msi: msi.clone(),
             ioevents: ioevents.clone(),
         };
-        let wire = Arc::new(SimWire::unconnected());
-        let (dev, bus, bars) = plug(config, &port, &wire, &mem, hooks);
+        let (dev, bus, bars) = plug(config, &port, &backend, &mem, hooks);
         let mut sim = Self {
             config: config.clone(),
             mem,
             port,
             wire,
+            backend,
             msi,
             ioevents,
             bus,

@@ -101,7 +101,7 @@ mod load {
 
     use pvrdma::sim_driver::endpoint::{GID_A, GID_B, MAC_A, MAC_B, RIGHTS};
     use pvrdma::sim_driver::ib::wr;
-    use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
+    use pvrdma::sim_driver::{QpSpec, RcPath, SimCq, SimDriver, SimQp};
     use pvrdma::PvrdmaConfig;
     use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
 
@@ -202,11 +202,15 @@ mod load {
             let (qa, qb) = (a.qps[q].0.clone(), b.qps[q].0.clone());
             let psn = (q as u32 + 1) * 0x10_0000 - 64;
             // nvmet-rdma's initiator depth: the device's maximum.
+            let depth = RcPath {
+                rd_atomic: 16,
+                ..RcPath::default()
+            };
             a.sim
-                .connect_rc_depth(qa.handle, 0, (GID_B, MAC_B), qb.qpn, (psn, psn + 7), 16)
+                .connect_rc_with(qa.handle, 0, (GID_B, MAC_B), qb.qpn, (psn, psn + 7), depth)
                 .expect("A to RTS");
             b.sim
-                .connect_rc_depth(qb.handle, 0, (GID_A, MAC_A), qa.qpn, (psn + 7, psn), 16)
+                .connect_rc_with(qb.handle, 0, (GID_A, MAC_A), qa.qpn, (psn + 7, psn), depth)
                 .expect("B to RTS");
         }
         let pattern = |seed: u64| -> Vec<u8> {

@@ -34,11 +34,27 @@ pub(crate) const INBOX_FRAMES: usize = 1024;
 /// Default hop limit / TTL of RoCE v2 packets (rxe's).
 const DEFAULT_HOP_LIMIT: u8 = 64;
 
+/// Buffers the inbox keeps for the next frames (see [`Queue::spare`]).
+const SPARE_FRAMES: usize = 64;
+/// The largest buffer kept: a jumbo frame's (RoCE at a 4096-byte path MTU
+/// in an Ethernet MTU of 9000) and then some.
+const SPARE_CAPACITY: usize = 16 << 10;
+
+#[derive(Debug, Default)]
+struct Queue {
+    frames: VecDeque<Vec<u8>>,
+    /// Buffers of frames the worker is done with ([`Inbox::give_back`]):
+    /// [`Inbox::offer`] copies the next frames into them instead of
+    /// allocating a buffer per frame on the NIC's thread.
+    spare: Vec<Vec<u8>>,
+}
+
 /// RoCE frames steered to the device, for the worker.
 #[derive(Debug)]
 pub(crate) struct Inbox {
-    frames: Mutex<VecDeque<Vec<u8>>>,
-    /// Signalled when a frame is queued.
+    queue: Mutex<Queue>,
+    /// Signalled when the queue stops being empty; the worker watches it
+    /// edge-triggered and never reads it.
     pub(crate) evt: EventFd,
     /// The guest driver has activated the device: until then (and after
     /// RESET) RoCE frames go to the NIC like any other.
@@ -52,7 +68,7 @@ pub(crate) struct Inbox {
 impl Inbox {
     pub(crate) fn new(metrics: Arc<Metrics>) -> std::io::Result<Self> {
         Ok(Self {
-            frames: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             evt: EventFd::new(EFD_NONBLOCK)?,
             open: AtomicBool::new(false),
             discard: AtomicBool::new(false),
@@ -63,10 +79,7 @@ impl Inbox {
     pub(crate) fn set_open(&self, open: bool) {
         self.open.store(open, Ordering::Release);
         if !open {
-            self.frames
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+            self.lock().frames.clear();
         }
     }
 
@@ -91,12 +104,19 @@ impl Inbox {
         Some(keep)
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Takes a copy of `frame` (the NIC's receive buffer) if it is RoCE
     /// and the device is active; true if taken (queued, or dropped).
     pub(crate) fn offer(&self, frame: &[u8]) -> bool {
         let claimed = self.claims(frame);
         if claimed == Some(true) {
-            self.push(frame.to_vec());
+            let mut queue = self.lock();
+            let mut buf = queue.spare.pop().unwrap_or_default();
+            buf.extend_from_slice(frame);
+            self.queue_frame(queue, buf);
         }
         claimed.is_some()
     }
@@ -105,23 +125,23 @@ impl Inbox {
     pub(crate) fn set_discard(&self, discard: bool) {
         self.discard.store(discard, Ordering::Release);
         if discard {
-            self.frames
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+            self.lock().frames.clear();
         }
     }
 
     /// Queues a frame for the worker (also the loopback path).
     pub(crate) fn push(&self, frame: Vec<u8>) {
-        let mut frames = self.frames.lock().unwrap_or_else(PoisonError::into_inner);
-        if frames.len() >= INBOX_FRAMES {
+        self.queue_frame(self.lock(), frame);
+    }
+
+    fn queue_frame(&self, mut queue: std::sync::MutexGuard<'_, Queue>, frame: Vec<u8>) {
+        if queue.frames.len() >= INBOX_FRAMES {
             self.metrics.roce_rx_dropped.inc();
             return;
         }
-        let was_empty = frames.is_empty();
-        frames.push_back(frame);
-        drop(frames);
+        let was_empty = queue.frames.is_empty();
+        queue.frames.push_back(frame);
+        drop(queue);
         // The worker drains the whole queue per wake-up: one wake-up per
         // batch, not per frame.
         if was_empty {
@@ -133,17 +153,29 @@ impl Inbox {
 
     /// Up to `max` queued frames, oldest first.
     pub(crate) fn take(&self, max: usize) -> Vec<Vec<u8>> {
-        let mut frames = self.frames.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = frames.len().min(max);
-        frames.drain(..n).collect()
+        let mut queue = self.lock();
+        let n = queue.frames.len().min(max);
+        queue.frames.drain(..n).collect()
+    }
+
+    /// Frames from [`Inbox::take`] the worker is done with: their buffers
+    /// hold the next ones.
+    pub(crate) fn give_back(&self, frames: Vec<Vec<u8>>) {
+        let mut queue = self.lock();
+        for mut buf in frames {
+            if queue.spare.len() >= SPARE_FRAMES {
+                break;
+            }
+            if buf.capacity() <= SPARE_CAPACITY {
+                buf.clear();
+                queue.spare.push(buf);
+            }
+        }
     }
 
     /// Frames still queued.
     pub(crate) fn is_empty(&self) -> bool {
-        self.frames
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        self.lock().frames.is_empty()
     }
 }
 

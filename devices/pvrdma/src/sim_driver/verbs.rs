@@ -4,6 +4,25 @@
 
 use super::*;
 
+/// What [`SimDriver::connect_rc_with`] sets besides the addressing.
+#[derive(Clone, Copy, Debug)]
+pub struct RcPath {
+    /// RDMA READs and atomics outstanding each way (`max_rd_atomic`,
+    /// `max_dest_rd_atomic`).
+    pub rd_atomic: u8,
+    /// The IB MTU enum (3: 1024 bytes, 5: 4096; the port's MTU caps it).
+    pub path_mtu: u8,
+}
+
+impl Default for RcPath {
+    fn default() -> Self {
+        Self {
+            rd_atomic: 4,
+            path_mtu: 3,
+        }
+    }
+}
+
 impl SimDriver {
     pub fn create_uc(&mut self, uar_index: u32) -> Result<u32, Failure> {
         let pfn64 = (self.bars[BAR_UAR] >> 12) + u64::from(uar_index);
@@ -229,19 +248,21 @@ impl SimDriver {
         peer_qpn: u32,
         psns: (u32, u32),
     ) -> Result<(), Failure> {
-        self.connect_rc_depth(qp, sgid_index, peer, peer_qpn, psns, 4)
+        self.connect_rc_with(qp, sgid_index, peer, peer_qpn, psns, RcPath::default())
     }
 
-    /// [`Self::connect_rc`] with `rd_atomic` RDMA READs and atomics
-    /// outstanding each way (`max_rd_atomic`, `max_dest_rd_atomic`).
-    pub fn connect_rc_depth(
+    /// [`Self::connect_rc`] with the READ depth and path MTU of `path`.
+    pub fn connect_rc_with(
         &mut self,
         qp: u32,
         sgid_index: u8,
         (dgid, dmac): ([u8; 16], [u8; 6]),
         peer_qpn: u32,
         (sq_psn, rq_psn): (u32, u32),
-        rd_atomic: u8,
+        RcPath {
+            rd_atomic,
+            path_mtu,
+        }: RcPath,
     ) -> Result<(), Failure> {
         let init = QpAttr {
             qp_state: qp_state::INIT,
@@ -264,7 +285,7 @@ impl SimDriver {
         ah.grh.sgid_index = sgid_index;
         let rtr = QpAttr {
             qp_state: qp_state::RTR,
-            path_mtu: 3,
+            path_mtu: path_mtu.into(),
             dest_qp_num: peer_qpn,
             rq_psn,
             max_dest_rd_atomic: rd_atomic,

@@ -16,16 +16,22 @@
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
 //! moves 512 RDMA WRITEs of 64 KiB on one QP once, no baseline (for
 //! `valgrind --tool=callgrind --separate-threads=yes`).
+//!
+//! `-- wire` (root) measures the wire path instead: two devices over
+//! TAPs on a bridge against a UDP stream over that bridge ([`wire`]);
+//! `-- wire profile` moves 512 WRITEs of 64 KiB over it once.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use pvrdma::sim_driver::endpoint::{GID_A, GID_B, IOVA, MAC_A, MAC_B, RIGHTS};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::{QpSpec, SimCq, SimDriver, SimQp};
+use pvrdma::sim_driver::{QpSpec, RcPath, SimCq, SimDriver, SimQp};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
 use vmm_sys_util::eventfd::EventFd;
+
+mod wire;
 
 /// Runs of each measurement; the median is reported.
 const RUNS: usize = 5;
@@ -49,8 +55,8 @@ struct Side {
 }
 
 impl Side {
-    fn new(config: &PvrdmaConfig, mac: [u8; 6], gid: [u8; 16]) -> Self {
-        let mut sim = SimDriver::with_config_and_mac(config, mac);
+    /// Sets up `sim` (not yet probed) with GID `gid`.
+    fn new(mut sim: SimDriver, gid: [u8; 16]) -> Self {
         sim.probe().expect("probe");
         sim.bind_gid(0, gid, 2).expect("bind");
         let pd = sim.create_pd(0).expect("pd");
@@ -121,17 +127,26 @@ struct Pair {
 }
 
 impl Pair {
+    /// Two devices of `config` over the same-host channel.
     fn new(config: &PvrdmaConfig) -> Self {
-        let mut a = Side::new(config, MAC_A, GID_A);
-        let mut b = Side::new(config, MAC_B, GID_B);
+        let a = SimDriver::with_config_and_mac(config, MAC_A);
+        let b = SimDriver::with_config_and_mac(config, MAC_B);
+        Self::connected(a, b, RcPath::default())
+    }
+
+    /// Drivers `a` (of MAC_A) and `b` (of MAC_B), their QPs connected
+    /// with `path`.
+    fn connected(a: SimDriver, b: SimDriver, path: RcPath) -> Self {
+        let mut a = Side::new(a, GID_A);
+        let mut b = Side::new(b, GID_B);
         for i in 0..QPS {
             let (qa, qb) = (a.qps[i].qpn, b.qps[i].qpn);
             let (ha, hb) = (a.qps[i].handle, b.qps[i].handle);
             a.sim
-                .connect_rc(ha, 0, (GID_B, MAC_B), qb, (0x10, 0x20))
+                .connect_rc_with(ha, 0, (GID_B, MAC_B), qb, (0x10, 0x20), path)
                 .expect("A to RTS");
             b.sim
-                .connect_rc(hb, 0, (GID_A, MAC_A), qa, (0x20, 0x10))
+                .connect_rc_with(hb, 0, (GID_A, MAC_A), qa, (0x20, 0x10), path)
                 .expect("B to RTS");
         }
         Pair {
@@ -267,6 +282,11 @@ fn eventfd_latency() -> Duration {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "wire") {
+        wire::run(args.iter().any(|a| a == "profile"));
+        return;
+    }
     let dir = std::env::temp_dir().join(format!("pvrdma-bench-{}", std::process::id()));
     let config = PvrdmaConfig {
         local_dir: Some(dir.clone()),
