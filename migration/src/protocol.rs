@@ -11,7 +11,10 @@
 //! All integers little-endian. `Start` carries [`PROTOCOL_VERSION`];
 //! `Config` the VM configuration (JSON); `Memory` a [`MemoryRangeTable`]
 //! then the bytes of its ranges in order; `State` the VM's state (a
-//! snapshot's bytes); `Complete` hands the VM over; `Abandon` tells the
+//! snapshot's bytes); `Complete` hands the VM over: the source stopped it
+//! for good before sending it, and the destination runs it once it read
+//! it, whether or not its answer reaches the source (so the source
+//! resumes the VM only on an explicit refusal); `Abandon` tells the
 //! destination to drop what it built. The destination never trusts a
 //! length: each command has a ceiling and payloads are read incrementally,
 //! so memory use follows the bytes that actually arrive.
@@ -25,8 +28,9 @@
 use std::io::{self, Read, Write};
 
 const MAGIC: [u8; 8] = *b"PVRDMAMG";
-/// Bumped on any change to the framing or a command's payload.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Bumped on any change to the framing, a command's payload or meaning
+/// (2: `Complete` commits both sides, and needs `State` first).
+pub const PROTOCOL_VERSION: u32 = 2;
 const HEADER_LEN: usize = 24;
 
 /// Largest configuration a destination reads.
@@ -473,8 +477,8 @@ mod tests {
             Err(ProtocolError::Magic)
         ));
         assert!(matches!(
-            check_start(&2u32.to_le_bytes()),
-            Err(ProtocolError::Version(2))
+            check_start(&1u32.to_le_bytes()),
+            Err(ProtocolError::Version(1))
         ));
         // A declared length with fewer bytes behind it is an EOF, not a hang.
         let mut short = header(Command::State as u32, 100).to_vec();

@@ -238,7 +238,8 @@ impl migration::Target for Machine {
     /// Puts KVM's and the devices' state back. Devices are paused first and
     /// stay so until [`Vmm::start`]: nothing may reach the network or guest
     /// memory before the source has handed the VM over.
-    fn restore(&mut self, state: &VmSnapshot) -> Result<(), String> {
+    fn restore(&mut self, state: &[u8]) -> Result<(), String> {
+        let state = VmSnapshot::from_bytes(state).map_err(|e| crate::error_chain(&e))?;
         if state.vcpus.len() != self.vcpu_fds.len() {
             return Err(format!(
                 "{} vCPU states for {} vCPUs",

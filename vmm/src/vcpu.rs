@@ -222,7 +222,7 @@ impl Drop for VcpuHandle {
 
 /// Parks while a pause is requested, saving the vCPU's state when asked.
 /// Returns false when the thread must end.
-fn wait_while_paused(control: &Control, fd: &mut VcpuFd, msrs: &[u32]) -> bool {
+fn wait_while_paused(control: &Control, fd: &mut VcpuFd, bus: &IoBus, msrs: &[u32]) -> bool {
     let mut state = control.lock();
     while state.pause_requested && !state.exit_requested {
         if !state.paused {
@@ -231,7 +231,7 @@ fn wait_while_paused(control: &Control, fd: &mut VcpuFd, msrs: &[u32]) -> bool {
         }
         if state.save_requested {
             state.save_requested = false;
-            arch::state::complete_io(fd);
+            arch::state::complete_io(fd, |exit| serve_io(bus, exit).is_ok());
             state.saved = Some(arch::state::save(fd, msrs).map_err(|e| crate::error_chain(&e)));
             control.changed.notify_all();
             continue;
@@ -245,29 +245,39 @@ fn wait_while_paused(control: &Control, fd: &mut VcpuFd, msrs: &[u32]) -> bool {
     !state.exit_requested
 }
 
+/// Serves a port or MMIO exit on the device buses; any other exit comes
+/// back.
+fn serve_io<'a>(bus: &IoBus, exit: VcpuExit<'a>) -> Result<(), VcpuExit<'a>> {
+    match exit {
+        VcpuExit::IoIn(port, data) => bus.pio_read(port, data),
+        VcpuExit::IoOut(port, data) => bus.pio_write(port, data),
+        VcpuExit::MmioRead(addr, data) => bus.mmio_read(addr, data),
+        VcpuExit::MmioWrite(addr, data) => bus.mmio_write(addr, data),
+        other => return Err(other),
+    }
+    Ok(())
+}
+
 fn run(id: u8, mut fd: VcpuFd, bus: &IoBus, exits: &ExitReporter, control: &Control, msrs: &[u32]) {
     crate::sandbox::enter(crate::sandbox::Kind::Vcpu);
-    while wait_while_paused(control, &mut fd, msrs) {
-        match fd.run() {
-            Ok(VcpuExit::IoIn(port, data)) => bus.pio_read(port, data),
-            Ok(VcpuExit::IoOut(port, data)) => bus.pio_write(port, data),
-            Ok(VcpuExit::MmioRead(addr, data)) => bus.mmio_read(addr, data),
-            Ok(VcpuExit::MmioWrite(addr, data)) => bus.mmio_write(addr, data),
-            Ok(VcpuExit::Shutdown) => {
+    while wait_while_paused(control, &mut fd, bus, msrs) {
+        match fd.run().map(|exit| serve_io(bus, exit)) {
+            Ok(Ok(())) => {}
+            Ok(Err(VcpuExit::Shutdown)) => {
                 log::error!("vcpu{id}: guest triple fault");
                 exits.report(VcpuExitReason::TripleFault);
                 return;
             }
-            Ok(VcpuExit::Hlt) => {
+            Ok(Err(VcpuExit::Hlt)) => {
                 // With the in-kernel LAPIC this only follows an INIT; nothing to do.
             }
-            Ok(exit @ (VcpuExit::FailEntry(..) | VcpuExit::InternalError)) => {
+            Ok(Err(exit @ (VcpuExit::FailEntry(..) | VcpuExit::InternalError))) => {
                 let msg = format!("vcpu{id}: KVM could not run the guest: {exit:?}");
                 log::error!("{msg}");
                 exits.report(VcpuExitReason::Error(msg));
                 return;
             }
-            Ok(other) => log::warn!("vcpu{id}: unexpected exit {other:?}"),
+            Ok(Err(other)) => log::warn!("vcpu{id}: unexpected exit {other:?}"),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => {
                 let msg = format!("vcpu{id}: KVM_RUN failed: {e}");

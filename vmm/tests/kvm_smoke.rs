@@ -527,7 +527,7 @@ fn vcpu_state_moves_to_another_vm() {
     program(&mem);
     let mut fd = long_mode_vcpu(&vm, &mem, LONG_MODE_ENTRY);
     assert_eq!(run_once(&mut fd), out(SERIAL_PORT, b'A'));
-    state::complete_io(&mut fd);
+    state::complete_io(&mut fd, |_| false);
     let saved = state::save(&fd, vm.msr_list()).expect("save");
     let json = serde_json::to_vec(&saved).expect("encode");
     drop((fd, vm));
@@ -561,6 +561,44 @@ fn vcpu_state_moves_to_another_vm() {
         Exit::MmioWrite(MMIO_ADDR, 0x1122_3344_5566_7788u64.to_le_bytes().to_vec()),
         "with its registers"
     );
+}
+
+/// A load that straddles two MMIO pages exits once per page, the second
+/// time while KVM completes the first: saving the vCPU after its first exit
+/// serves the second (`complete_io`), so the saved vCPU is past the load
+/// with all its bytes, not halfway with a part only KVM knew of.
+#[test]
+fn saving_finishes_a_split_mmio_access() {
+    use vmm::arch::state;
+
+    let (mem, vm) = new_vm();
+    let at = MMIO_ADDR + 0xffc;
+    let mut code = vec![0xb9]; //                  mov ecx, at
+    code.extend(u32::try_from(at).unwrap().to_le_bytes());
+    code.extend([0x48, 0x8b, 0x19]); //            mov rbx, [rcx]
+    code.extend(lm_print(b"B"));
+    code.extend(HALT_LOOP);
+    write_code(&mem, LONG_MODE_ENTRY, &code);
+    let mut fd = long_mode_vcpu(&vm, &mem, LONG_MODE_ENTRY);
+    assert_eq!(run_once(&mut fd), Exit::MmioRead(at, 4));
+    let mut parts = Vec::new();
+    state::complete_io(&mut fd, |exit| match exit {
+        VcpuExit::MmioRead(addr, data) => {
+            data.fill(0x11);
+            parts.push((addr, data.len()));
+            true
+        }
+        _ => false,
+    });
+    assert_eq!(parts, [(MMIO_ADDR + 0x1000, 4)]);
+    let saved = state::save(&fd, vm.msr_list()).expect("save");
+    assert_eq!(
+        saved.rip(),
+        LONG_MODE_ENTRY + 8,
+        "the load is complete when saved"
+    );
+    assert_eq!(fd.get_regs().unwrap().rbx, 0x1111_1111_ffff_ffff);
+    assert_eq!(run_once(&mut fd), out(SERIAL_PORT, b'B'));
 }
 
 /// The VM-wide KVM state (PICs, IOAPIC, PIT, clock) of one VM, put into

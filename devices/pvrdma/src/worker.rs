@@ -460,6 +460,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         };
         self.busy.extend(all);
         self.handle_timer_or_kick(true);
+        self.handle_link();
     }
 
     /// Arms the timer for the earliest engine deadline (or, while frames
@@ -501,10 +502,18 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
+    /// Reports a change of the port's link, unless paused: a paused
+    /// device writes no guest memory (a migration's last pass is over), so
+    /// a change meanwhile is reported at [`Self::handle_kick_all`].
     fn handle_link(&self) {
         let mem = self.mem.memory();
         let mut state = self.shared.lock();
-        if !state.active {
+        if !state.active
+            || self
+                .shared
+                .paused
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
             return;
         }
         if let Some(session) = state.session.as_mut() {

@@ -10,11 +10,11 @@
 //! thread re-enters once with `immediate_exit` set first ([`complete_io`]).
 
 use kvm_bindings::{
-    kvm_clock_data, kvm_fpu, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
-    kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
+    kvm_clock_data, kvm_debugregs, kvm_fpu, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
+    kvm_msr_entry, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
     KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
 };
-use kvm_ioctls::{VcpuFd, VmFd};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -27,19 +27,23 @@ pub enum StateError {
     Msrs(usize, usize),
 }
 
-/// Everything KVM keeps of one vCPU. XSAVE and XCRs are optional: a host
-/// without them saves the legacy FPU state instead.
+/// Everything KVM keeps of one vCPU, in the order [`save`] reads it. XSAVE
+/// and XCRs are optional: a host without them saves the legacy FPU state
+/// instead. The TSC rate is the guest's (KVM_GET_TSC_KHZ), so that another
+/// host can keep it. Untrusted on restore: KVM checks every field.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VcpuState {
+    mp_state: kvm_mp_state,
     regs: kvm_regs,
     sregs: kvm_sregs,
     #[serde(with = "fpu_bytes")]
     fpu: kvm_fpu,
     xsave: Option<kvm_xsave>,
     xcrs: Option<kvm_xcrs>,
+    debugregs: kvm_debugregs,
     lapic: kvm_lapic_state,
+    tsc_khz: Option<u32>,
     msrs: Vec<kvm_msr_entry>,
-    mp_state: kvm_mp_state,
     events: kvm_vcpu_events,
 }
 
@@ -88,11 +92,21 @@ impl VcpuState {
     }
 }
 
+/// Most exits one instruction can still make once its first completes: a
+/// string I/O or MMIO instruction exits once per page or fragment.
+const MAX_IO_EXITS: usize = 4096;
+
 /// Finishes an I/O exit's instruction without running the guest further.
-pub fn complete_io(fd: &mut VcpuFd) {
+/// A string or split access exits again for its next part: `serve` gets
+/// each such exit and says whether it served it (an I/O exit).
+pub fn complete_io(fd: &mut VcpuFd, mut serve: impl FnMut(VcpuExit<'_>) -> bool) {
     fd.set_kvm_immediate_exit(1);
-    // EINTR is the expected answer; anything else leaves nothing pending.
-    let _ = fd.run();
+    for _ in 0..MAX_IO_EXITS {
+        // EINTR is the expected end: nothing is left half done.
+        if !fd.run().is_ok_and(&mut serve) {
+            break;
+        }
+    }
     fd.set_kvm_immediate_exit(0);
 }
 
@@ -121,30 +135,71 @@ fn get_msrs(fd: &VcpuFd, list: &[u32]) -> Result<Vec<kvm_msr_entry>, StateError>
 }
 
 /// Saves vCPU `fd`'s state, with the MSRs of `msr_list` (KVM's index list).
+///
+/// The order is Firecracker's and cloud-hypervisor's: KVM_GET_MP_STATE
+/// first, as it makes KVM take pending INIT/SIPI into the vCPU and LAPIC
+/// (read after it, they agree with it); KVM_GET_VCPU_EVENTS last, as the
+/// other reads may still queue an event.
 pub fn save(fd: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, StateError> {
+    let mp_state = fd
+        .get_mp_state()
+        .map_err(|e| StateError::Get("MP state", e))?;
+    let regs = fd.get_regs().map_err(|e| StateError::Get("registers", e))?;
+    let sregs = fd
+        .get_sregs()
+        .map_err(|e| StateError::Get("special registers", e))?;
+    let fpu = fd.get_fpu().map_err(|e| StateError::Get("FPU", e))?;
+    let xsave = fd.get_xsave().ok();
+    let xcrs = fd.get_xcrs().ok();
+    let debugregs = fd
+        .get_debug_regs()
+        .map_err(|e| StateError::Get("debug registers", e))?;
+    let lapic = fd.get_lapic().map_err(|e| StateError::Get("LAPIC", e))?;
+    let tsc_khz = fd.get_tsc_khz().ok().filter(|&khz| khz != 0);
+    let msrs = get_msrs(fd, msr_list)?;
+    let events = fd
+        .get_vcpu_events()
+        .map_err(|e| StateError::Get("events", e))?;
     Ok(VcpuState {
-        regs: fd.get_regs().map_err(|e| StateError::Get("registers", e))?,
-        sregs: fd
-            .get_sregs()
-            .map_err(|e| StateError::Get("special registers", e))?,
-        fpu: fd.get_fpu().map_err(|e| StateError::Get("FPU", e))?,
-        xsave: fd.get_xsave().ok(),
-        xcrs: fd.get_xcrs().ok(),
-        lapic: fd.get_lapic().map_err(|e| StateError::Get("LAPIC", e))?,
-        msrs: get_msrs(fd, msr_list)?,
-        mp_state: fd
-            .get_mp_state()
-            .map_err(|e| StateError::Get("MP state", e))?,
-        events: fd
-            .get_vcpu_events()
-            .map_err(|e| StateError::Get("events", e))?,
+        mp_state,
+        regs,
+        sregs,
+        fpu,
+        xsave,
+        xcrs,
+        debugregs,
+        lapic,
+        tsc_khz,
+        msrs,
+        events,
     })
 }
 
+/// The TSC-deadline MSR: KVM arms the LAPIC timer from it against the
+/// guest TSC, so it is written after the LAPIC (its mode) and the TSC.
+const MSR_IA32_TSC_DEADLINE: u32 = 0x6e0;
+
+/// `msrs` in the order KVM must take them: the TSC deadline last.
+fn restore_order(msrs: &[kvm_msr_entry]) -> Vec<kvm_msr_entry> {
+    let (deadline, mut rest): (Vec<_>, Vec<_>) =
+        msrs.iter().partition(|m| m.index == MSR_IA32_TSC_DEADLINE);
+    rest.extend(deadline);
+    rest
+}
+
 /// Puts `s` into vCPU `fd`, which must have its CPUID set already.
+///
+/// The order is Firecracker's and QEMU's constraints together: MP state
+/// first; the TSC rate before anything reads the guest TSC; special
+/// registers (which carry the APIC base) before the LAPIC; the LAPIC
+/// before the MSRs (the TSC deadline counts only in TSC-deadline mode);
+/// the events last, as the other writes clear or queue events.
 pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     fd.set_mp_state(s.mp_state)
         .map_err(|e| StateError::Set("MP state", e))?;
+    if let Some(khz) = s.tsc_khz {
+        set_tsc_khz(fd, khz);
+    }
     fd.set_regs(&s.regs)
         .map_err(|e| StateError::Set("registers", e))?;
     fd.set_sregs(&s.sregs)
@@ -158,16 +213,35 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     if let Some(xcrs) = &s.xcrs {
         fd.set_xcrs(xcrs).map_err(|e| StateError::Set("XCRs", e))?;
     }
+    fd.set_debug_regs(&s.debugregs)
+        .map_err(|e| StateError::Set("debug registers", e))?;
     fd.set_lapic(&s.lapic)
         .map_err(|e| StateError::Set("LAPIC", e))?;
-    let msrs = Msrs::from_entries(&s.msrs).map_err(|_| StateError::Msrs(0, s.msrs.len()))?;
+    let entries = restore_order(&s.msrs);
+    let msrs = Msrs::from_entries(&entries).map_err(|_| StateError::Msrs(0, entries.len()))?;
     let n = fd.set_msrs(&msrs).map_err(|e| StateError::Set("MSRs", e))?;
-    if n != s.msrs.len() {
-        return Err(StateError::Msrs(n, s.msrs.len()));
+    if n != entries.len() {
+        return Err(StateError::Msrs(n, entries.len()));
     }
     fd.set_vcpu_events(&s.events)
         .map_err(|e| StateError::Set("events", e))?;
     Ok(())
+}
+
+/// Gives the guest its source's TSC rate. A host that cannot scale the
+/// TSC to it refuses; the guest then keeps running at this host's rate,
+/// as under QEMU: kvmclock follows, timers the guest programs in TSC
+/// ticks run faster or slower by the ratio.
+fn set_tsc_khz(fd: &VcpuFd, khz: u32) {
+    if fd.get_tsc_khz().is_ok_and(|here| here == khz) {
+        return;
+    }
+    if let Err(e) = fd.set_tsc_khz(khz) {
+        log::warn!(
+            "The guest's TSC ran at {khz} kHz, this host's runs at {} kHz and KVM cannot scale it ({e})",
+            fd.get_tsc_khz().unwrap_or(0)
+        );
+    }
 }
 
 /// What KVM keeps of the VM besides its vCPUs: the in-kernel PICs and
@@ -218,4 +292,130 @@ pub fn restore_vm(fd: &VmFd, s: &VmState) -> Result<(), StateError> {
     fd.set_clock(&clock)
         .map_err(|e| StateError::Set("clock", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+    use kvm_ioctls::Kvm;
+
+    use super::*;
+
+    const MSR_STAR: u32 = 0xc000_0081;
+    const MSR_LSTAR: u32 = 0xc000_0082;
+    const MSR_CSTAR: u32 = 0xc000_0083;
+    const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
+    const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+    const MSR_IA32_SYSENTER_EIP: u32 = 0x176;
+    const MSR_IA32_CR_PAT: u32 = 0x277;
+    const MSR_IA32_TSC: u32 = 0x10;
+
+    /// A VM with its irqchip and one vCPU with KVM's CPUID, and the MSR
+    /// index list.
+    fn vcpu(kvm: &Kvm) -> (VmFd, VcpuFd) {
+        let vm = kvm.create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let fd = vm.create_vcpu(0).unwrap();
+        fd.set_cpuid2(&kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap())
+            .unwrap();
+        (vm, fd)
+    }
+
+    fn msr_map(s: &VcpuState) -> BTreeMap<u32, u64> {
+        s.msrs
+            .iter()
+            .filter(|m| m.index != MSR_IA32_TSC)
+            .map(|m| (m.index, m.data))
+            .collect()
+    }
+
+    /// State a guest kernel keeps in the vCPU (GS bases and the syscall
+    /// MSRs of the swapgs dance, debug registers, an NMI mask) survives
+    /// save, restore into a fresh vCPU and save again: every field the
+    /// restore drops shows as a difference.
+    #[test]
+    fn a_restored_vcpu_saves_what_its_source_saved() {
+        let kvm = Kvm::new().unwrap();
+        let list = kvm.get_msr_index_list().unwrap().as_slice().to_vec();
+        let (_vm_a, a) = vcpu(&kvm);
+        let mut regs = a.get_regs().unwrap();
+        regs.rip = 0x1234;
+        regs.rax = 0x5eed;
+        a.set_regs(&regs).unwrap();
+        let mut sregs = a.get_sregs().unwrap();
+        sregs.gs.base = 0xffff_8d8e_4ec0_0000;
+        sregs.fs.base = 0x7ff0_9571_7e00;
+        sregs.cr2 = 0xfffe_0000_1ff8;
+        a.set_sregs(&sregs).unwrap();
+        let msrs: Vec<kvm_msr_entry> = [
+            (MSR_KERNEL_GS_BASE, 0xffff_8d8e_4ec1_0000),
+            (MSR_STAR, 0x0023_0010_0000_0000),
+            (MSR_LSTAR, 0xffff_ffff_b300_0000),
+            (MSR_CSTAR, 0xffff_ffff_b300_1000),
+            (MSR_SYSCALL_MASK, 0x0004_7700),
+            (MSR_IA32_SYSENTER_EIP, 0xffff_ffff_b300_2000),
+            (MSR_IA32_CR_PAT, 0x0007_0106_0007_0106),
+        ]
+        .into_iter()
+        .map(|(index, data)| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        })
+        .collect();
+        assert_eq!(
+            a.set_msrs(&Msrs::from_entries(&msrs).unwrap()).unwrap(),
+            msrs.len()
+        );
+        let mut debugregs = a.get_debug_regs().unwrap();
+        debugregs.db[0] = 0xffff_ffff_b300_3000;
+        debugregs.dr7 = 0x0000_0401;
+        a.set_debug_regs(&debugregs).unwrap();
+        let mut events = a.get_vcpu_events().unwrap();
+        events.nmi.masked = 1;
+        a.set_vcpu_events(&events).unwrap();
+
+        let saved = save(&a, &list).unwrap();
+        for m in &msrs {
+            assert_eq!(
+                msr_map(&saved).get(&m.index),
+                Some(&m.data),
+                "{:#x}",
+                m.index
+            );
+        }
+        let (_vm_b, b) = vcpu(&kvm);
+        restore(&b, &saved).unwrap();
+        let again = save(&b, &list).unwrap();
+
+        assert_eq!(format!("{:?}", again.regs), format!("{:?}", saved.regs));
+        assert_eq!(format!("{:?}", again.sregs), format!("{:?}", saved.sregs));
+        assert_eq!(again.debugregs.db, saved.debugregs.db);
+        assert_eq!(again.debugregs.dr7, saved.debugregs.dr7);
+        assert_eq!(msr_map(&again), msr_map(&saved));
+        assert_eq!(again.events.nmi.masked, 1);
+        assert_eq!(again.mp_state.mp_state, saved.mp_state.mp_state);
+        assert_eq!(again.tsc_khz, saved.tsc_khz);
+        assert_eq!(format!("{:?}", again.xcrs), format!("{:?}", saved.xcrs));
+    }
+
+    /// The TSC deadline goes after the TSC whatever order KVM listed them in.
+    #[test]
+    fn the_tsc_deadline_is_restored_last() {
+        let entry = |index| kvm_msr_entry {
+            index,
+            ..Default::default()
+        };
+        let order: Vec<u32> = restore_order(&[
+            entry(MSR_STAR),
+            entry(MSR_IA32_TSC_DEADLINE),
+            entry(MSR_IA32_TSC),
+        ])
+        .iter()
+        .map(|m| m.index)
+        .collect();
+        assert_eq!(order, [MSR_STAR, MSR_IA32_TSC, MSR_IA32_TSC_DEADLINE]);
+    }
 }

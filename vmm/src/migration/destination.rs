@@ -18,8 +18,7 @@ use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    copy_range, start_info, tls_files, update, MigrationError, Progress, Target, VmSnapshot,
-    CHUNK_BYTES,
+    copy_range, start_info, tls_files, update, MigrationError, Progress, Target, CHUNK_BYTES,
 };
 use crate::config::{SerialConfig, VmConfig};
 use crate::incoming::HostSettings;
@@ -112,7 +111,10 @@ fn read_start(stream: &mut dyn Stream) -> Result<(), ProtocolError> {
         .map_err(ProtocolError::Io)
 }
 
-/// The rest of a migration, after its `Start`.
+/// The rest of a migration, after its `Start`. Returns the VM once the
+/// source's `Complete` came after its state: the source has then stopped
+/// the VM for good, so it runs here even if the answer does not reach the
+/// source. A connection that ends before that, or an `Abandon`, drops it.
 fn receive_from<T: Target>(
     stream: &mut dyn Stream,
     host: &HostSettings,
@@ -121,6 +123,7 @@ fn receive_from<T: Target>(
     update(progress, |i| i.status = MigrationStatus::Active);
     let started = Instant::now();
     let mut target: Option<(T, VmConfig)> = None;
+    let mut restored = false;
     loop {
         let guest_bytes = target.as_ref().map_or(0, |(_, c)| c.memory);
         let header = protocol::read_request_header(&mut *stream, guest_bytes)?;
@@ -151,34 +154,40 @@ fn receive_from<T: Target>(
                 let payload = header.payload(&mut *stream)?;
                 let t0 = Instant::now();
                 match target.as_mut() {
-                    Some((t, _)) => VmSnapshot::from_bytes(&payload)
-                        .map_err(|e| MigrationError::Restore(crate::error_chain(&e)))
-                        .and_then(|s| t.restore(&s).map_err(MigrationError::Restore))
-                        .map(|()| {
-                            log::info!(
-                                "Restored {} bytes of VM state in {} ms",
-                                payload.len(),
-                                t0.elapsed().as_millis()
-                            )
-                        }),
+                    Some((t, _)) => {
+                        t.restore(&payload)
+                            .map_err(MigrationError::Restore)
+                            .map(|()| {
+                                restored = true;
+                                log::info!(
+                                    "Restored {} bytes of VM state in {} ms",
+                                    payload.len(),
+                                    t0.elapsed().as_millis()
+                                )
+                            })
+                    }
                     None => Err(MigrationError::Config(
                         "state before the configuration".into(),
                     )),
                 }
             }
-            Command::Complete => {
-                if let Some(t) = target.take() {
-                    protocol::send_response(&mut *stream, Ok(())).map_err(ProtocolError::from)?;
+            Command::Complete => match target.take().filter(|_| restored) {
+                Some(t) => {
+                    // The source stopped the VM for good before sending
+                    // this: it runs here, answer or not.
+                    if let Err(e) = protocol::send_response(&mut *stream, Ok(())) {
+                        log::warn!("The source may not hear that the VM runs here: {e}");
+                    }
                     update(progress, |i| {
                         i.status = MigrationStatus::Completed;
                         i.total_ms = started.elapsed().as_millis() as u64;
                     });
                     return Ok(t);
                 }
-                Err(MigrationError::Config(
-                    "complete before the configuration".into(),
-                ))
-            }
+                None => Err(MigrationError::Config(
+                    "complete before the VM's state".into(),
+                )),
+            },
             Command::Abandon => return Err(MigrationError::Abandoned),
             Command::Config => Err(MigrationError::Config("configuration sent twice".into())),
         };
@@ -324,25 +333,25 @@ fn start_receiver(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::io::Write as _;
     use std::net::TcpStream;
-    use std::sync::{Arc, Mutex};
 
-    use api::MigrationDirection;
     use vm_memory::GuestAddress;
     use vm_migration::test_pki;
     use vm_migration::transport::MigrationUrl;
 
-    use super::super::test_target::{config, Memory, MAC};
-    use super::super::{start_info, PAGE_SIZE};
+    use super::super::test_target::{config, host, progress, Memory};
+    use super::super::PAGE_SIZE;
     use super::*;
-    use crate::config::SerialConfig;
 
-    /// A source's whole conversation: its configuration, one page of
-    /// `0xab` at 1 MiB, the hand-over. The destination's refusal, if
-    /// any, is the error.
-    fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
+    /// A source's conversation up to its state: its configuration, one
+    /// page of `0xab` at 1 MiB, then the state unless `state` is false. The
+    /// destination's refusal, if any, is the error.
+    fn send_vm(
+        stream: &mut dyn Stream,
+        config: &VmConfig,
+        state: bool,
+    ) -> Result<(), ProtocolError> {
         protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Config, &config.to_json().unwrap())?;
@@ -354,26 +363,73 @@ mod tests {
         stream.write_all(&[0xab; PAGE_SIZE as usize])?;
         stream.flush()?;
         protocol::read_response(stream)?;
+        if state {
+            protocol::send_request(stream, Command::State, b"the VM's state")?;
+            protocol::read_response(stream)?;
+        }
+        Ok(())
+    }
+
+    /// A source's whole conversation: [`send_vm`] and the hand-over.
+    fn migrate(stream: &mut dyn Stream, config: &VmConfig) -> Result<(), ProtocolError> {
+        send_vm(stream, config, true)?;
         protocol::send_request(stream, Command::Complete, &[])?;
         protocol::read_response(stream)
     }
 
-    fn host() -> HostSettings {
-        HostSettings {
-            taps: [(MAC.to_owned(), "tap-dst".to_owned())].into(),
-            disks: BTreeMap::new(),
-            disk_dirs: Vec::new(),
-            max_memory: 256 << 20,
-            serial: SerialConfig::Off,
-        }
+    type Receiver<'s> =
+        std::thread::ScopedJoinHandle<'s, Result<(Memory, VmConfig), MigrationError>>;
+
+    /// A destination on a fresh Unix socket, receiving in a thread of
+    /// `scope`, and a connection of a source to it.
+    fn destination<'s>(
+        scope: &'s std::thread::Scope<'s, '_>,
+        name: &str,
+    ) -> (Receiver<'s>, Box<dyn Stream>) {
+        let path = std::env::temp_dir().join(format!("mig-{name}-{}.sock", std::process::id()));
+        let url = MigrationUrl::Unix(path);
+        let listener = url.listen(None).unwrap();
+        let receiver = scope.spawn(move || receive::<Memory>(&listener, &host(), &progress()));
+        (receiver, url.connect(None).unwrap())
     }
 
-    fn progress() -> Progress {
-        Arc::new(Mutex::new(Some(start_info(
-            MigrationDirection::Receive,
-            "tcp:",
-            MigrationStatus::Listening,
-        ))))
+    /// A source that goes away after the state, before `Complete`,
+    /// leaves the destination nothing to run.
+    #[test]
+    fn no_complete_no_vm() {
+        std::thread::scope(|scope| {
+            let (receiver, mut s) = destination(scope, "no-complete");
+            send_vm(&mut *s, &config(64 << 20), true).unwrap();
+            drop(s);
+            assert!(receiver.join().unwrap().is_err());
+        });
+    }
+
+    /// `Complete` before the state is refused: the destination would run
+    /// a VM that never ran there.
+    #[test]
+    fn complete_needs_the_state() {
+        std::thread::scope(|scope| {
+            let (receiver, mut s) = destination(scope, "no-state");
+            send_vm(&mut *s, &config(64 << 20), false).unwrap();
+            protocol::send_request(&mut *s, Command::Complete, &[]).unwrap();
+            let e = protocol::read_response(&mut *s).unwrap_err().to_string();
+            assert!(e.contains("complete before the VM's state"), "{e}");
+            assert!(receiver.join().unwrap().is_err());
+        });
+    }
+
+    /// Once it read `Complete` the destination runs the VM even if its
+    /// answer cannot reach the source: the source stopped for good.
+    #[test]
+    fn complete_runs_the_vm_whatever_becomes_of_the_answer() {
+        std::thread::scope(|scope| {
+            let (receiver, mut s) = destination(scope, "lost-answer");
+            send_vm(&mut *s, &config(64 << 20), true).unwrap();
+            protocol::send_request(&mut *s, Command::Complete, &[]).unwrap();
+            drop(s);
+            assert!(receiver.join().unwrap().is_ok());
+        });
     }
 
     /// Peers without the right certificate, with the wrong CA, in plain

@@ -11,8 +11,18 @@
 //! and disk reads all write guest memory behind KVM's back) — until the
 //! expected blackout fits the asked downtime. Then the control loop pauses
 //! the VM and saves its state, the last dirty pages and the state go
-//! across, and `Complete` hands the VM over. Any failure before that
-//! answer resumes the VM on the source.
+//! across, and `Complete` hands the VM over.
+//!
+//! Never both: the destination runs the VM only once it has read
+//! `Complete`, which the source sends only after the destination restored
+//! the state, and from which on the source never resumes the VM by
+//! itself. A failure before `Complete` leaves the destination nothing to
+//! run and resumes the VM on the source; a failure after it (no answer)
+//! leaves the source unable to tell whether the destination runs the VM,
+//! so it stays paused there with a [`MigrationError::InDoubt`] error for
+//! the operator, who resumes it (`vm.resume`) only if the destination
+//! does not run it. A destination that does not read the whole of
+//! `Complete` drops the VM.
 //!
 //! The roles have a module each: [`source`] (pre-copy and the switch-over),
 //! [`destination`] (receive, build, restore) and [`snapshot`] (the files of
@@ -46,7 +56,9 @@ pub struct VmSnapshot {
 }
 
 const VM_ID: &str = "vm";
-const VM_VERSION: u32 = 2;
+/// 3: vCPUs carry their debug registers and TSC rate (postcard has no
+/// defaults, so version 2 snapshots are refused by name).
+const VM_VERSION: u32 = 3;
 
 impl VmSnapshot {
     pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
@@ -86,6 +98,11 @@ pub enum MigrationError {
     Restore(String),
     #[error("The source abandoned the migration")]
     Abandoned,
+    #[error(
+        "The destination may run the VM: it got the hand-over, its answer did not come back. \
+         The VM stays paused here; if the destination does not run it, resume it here"
+    )]
+    InDoubt(#[source] ProtocolError),
     #[error("Snapshot I/O on {0} failed")]
     File(String, #[source] std::io::Error),
 }
@@ -168,8 +185,8 @@ pub trait Target: Sized {
     /// Builds the VM (memory, KVM, devices) without running it.
     fn build(config: VmConfig) -> Result<Self, String>;
     fn memory(&self) -> &GuestMemory;
-    /// Restores a [`VmSnapshot`]; the VM stays stopped.
-    fn restore(&mut self, state: &VmSnapshot) -> Result<(), String>;
+    /// Restores a [`VmSnapshot`] from its bytes; the VM stays stopped.
+    fn restore(&mut self, state: &[u8]) -> Result<(), String>;
 }
 
 /// A VM that is only its memory, and a configuration for it: what the
@@ -178,8 +195,14 @@ pub trait Target: Sized {
 pub(crate) mod test_target {
     use std::str::FromStr;
 
-    use super::{Target, VmSnapshot};
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use api::{MigrationDirection, MigrationStatus};
+
+    use super::{start_info, Progress, Target};
     use crate::config::{NetConfig, SerialConfig, VmConfig};
+    use crate::incoming::HostSettings;
     use crate::memory::GuestMemory;
 
     pub(crate) struct Memory(GuestMemory);
@@ -193,12 +216,31 @@ pub(crate) mod test_target {
         fn memory(&self) -> &GuestMemory {
             &self.0
         }
-        fn restore(&mut self, _: &VmSnapshot) -> Result<(), String> {
+        fn restore(&mut self, _: &[u8]) -> Result<(), String> {
             Ok(())
         }
     }
 
     pub(crate) const MAC: &str = "52:54:00:00:00:01";
+
+    /// A destination host that maps [`MAC`]'s TAP and takes up to 256 MiB.
+    pub(crate) fn host() -> HostSettings {
+        HostSettings {
+            taps: [(MAC.to_owned(), "tap-dst".to_owned())].into(),
+            disks: BTreeMap::new(),
+            disk_dirs: Vec::new(),
+            max_memory: 256 << 20,
+            serial: SerialConfig::Off,
+        }
+    }
+
+    pub(crate) fn progress() -> Progress {
+        Arc::new(Mutex::new(Some(start_info(
+            MigrationDirection::Receive,
+            "tcp:",
+            MigrationStatus::Listening,
+        ))))
+    }
 
     pub(crate) fn config(memory: u64) -> VmConfig {
         VmConfig {

@@ -8,7 +8,7 @@ use std::path::Path;
 use api::{ActionError, ApiResponse, ResponseBody};
 use vm_memory::Bytes;
 
-use super::{all_ranges, copy_range, MigrationError, Target, VmSnapshot, CHUNK_BYTES};
+use super::{all_ranges, copy_range, MigrationError, Target, CHUNK_BYTES};
 use crate::config::{SerialConfig, VmConfig};
 use crate::machine::{Guest, Machine, VmmError};
 use crate::memory::GuestMemory;
@@ -93,9 +93,7 @@ pub fn restore_snapshot<T: Target>(dir: &Path, target: &mut T) -> Result<(), Mig
     }
     let path = dir.join(SNAPSHOT_STATE);
     let bytes = std::fs::read(&path).map_err(file_error(&path))?;
-    let state = VmSnapshot::from_bytes(&bytes)
-        .map_err(|e| MigrationError::Restore(crate::error_chain(&e)))?;
-    target.restore(&state).map_err(MigrationError::Restore)
+    target.restore(&bytes).map_err(MigrationError::Restore)
 }
 
 /// `vm.snapshot`: writes the paused `guest` into the directory of

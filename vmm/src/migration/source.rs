@@ -106,8 +106,33 @@ fn send_memory(
 pub enum SourceRequest {
     /// Pause the VM (vCPUs, then devices) and answer with its state.
     Switchover(Sender<Result<Vec<u8>, String>>),
-    /// The migration ended: `Ok` = the destination runs the VM now.
-    Finished(Result<(), String>),
+    /// The migration ended.
+    Finished(Ended),
+}
+
+/// How an outgoing migration ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The destination runs the VM.
+    HandedOver,
+    /// The destination cannot run the VM: it goes on here.
+    Failed(String),
+    /// The destination may run the VM ([`MigrationError::InDoubt`]): it
+    /// stays paused here.
+    InDoubt(String),
+}
+
+/// Hands the paused, restored VM over: `Complete`, then its answer. From
+/// the first byte of `Complete` on the destination may run the VM, so only
+/// its refusal lets the source resume it; a lost answer is in doubt.
+fn hand_over(stream: &mut dyn Stream) -> Result<(), MigrationError> {
+    protocol::send_request(stream, Command::Complete, &[])
+        .map_err(|e| MigrationError::InDoubt(e.into()))?;
+    match protocol::read_response(stream) {
+        Ok(()) => Ok(()),
+        Err(e @ ProtocolError::Refused(_)) => Err(e.into()),
+        Err(e) => Err(MigrationError::InDoubt(e)),
+    }
 }
 
 /// The sending thread's end of the control loop.
@@ -155,44 +180,50 @@ impl Source {
     /// Runs the whole migration; the result goes to the control loop.
     pub fn run(self) {
         let started = Instant::now();
-        let result = self.migrate(started);
+        let ended = self.migrate(started);
         if let Err(e) = self.vm.set_dirty_logging(&self.mem, false) {
             log::warn!("Failed to turn dirty logging off: {e}");
         }
         let total_ms = started.elapsed().as_millis() as u64;
         update(&self.progress, |i| {
             i.total_ms = total_ms;
-            match &result {
-                Ok(()) => i.status = MigrationStatus::Completed,
-                Err(e) => {
+            match &ended {
+                Ended::HandedOver => i.status = MigrationStatus::Completed,
+                Ended::Failed(e) | Ended::InDoubt(e) => {
                     i.status = MigrationStatus::Failed;
                     i.error = Some(e.clone());
                 }
             }
         });
-        match &result {
-            Ok(()) => log::info!("Migration to {} completed in {total_ms} ms", self.url),
-            Err(e) => log::error!("Migration to {} failed: {e}", self.url),
+        match &ended {
+            Ended::HandedOver => log::info!("Migration to {} completed in {total_ms} ms", self.url),
+            Ended::Failed(e) | Ended::InDoubt(e) => {
+                log::error!("Migration to {} failed: {e}", self.url)
+            }
         }
-        self.control.send(SourceRequest::Finished(result));
+        self.control.send(SourceRequest::Finished(ended));
     }
 
-    fn migrate(&self, started: Instant) -> Result<(), String> {
-        let mut stream = self
-            .url
-            .connect(self.tls.as_ref())
-            .map_err(|e| MigrationError::Connect(self.url.to_string(), e))
-            .map_err(|e| crate::error_chain(&e))?;
+    fn migrate(&self, started: Instant) -> Ended {
+        let mut stream = match self.url.connect(self.tls.as_ref()) {
+            Ok(stream) => stream,
+            Err(e) => {
+                let e = MigrationError::Connect(self.url.to_string(), e);
+                return Ended::Failed(crate::error_chain(&e));
+            }
+        };
         let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
         let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
-        let result = self.precopy_and_switch(&mut *stream, started);
-        if let Err(e) = &result {
-            // Best effort: the destination drops what it built.
-            let _ = protocol::send_request(&mut *stream, Command::Abandon, &[]);
-            let _ = stream.shutdown();
-            return Err(crate::error_chain(e));
+        match self.precopy_and_switch(&mut *stream, started) {
+            Ok(()) => Ended::HandedOver,
+            Err(e @ MigrationError::InDoubt(_)) => Ended::InDoubt(crate::error_chain(&e)),
+            Err(e) => {
+                // Best effort: the destination drops what it built.
+                let _ = protocol::send_request(&mut *stream, Command::Abandon, &[]);
+                let _ = stream.shutdown();
+                Ended::Failed(crate::error_chain(&e))
+            }
         }
-        Ok(())
     }
 
     fn precopy_and_switch(
@@ -259,8 +290,7 @@ impl Source {
         protocol::send_request(stream, Command::State, &state).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
         let restored = blackout.elapsed();
-        protocol::send_request(stream, Command::Complete, &[]).map_err(ProtocolError::from)?;
-        protocol::read_response(stream)?;
+        hand_over(stream)?;
         let done = blackout.elapsed();
         let downtime = done.as_millis() as u64;
         // Where the blackout went, to tell what to make faster: logged,
@@ -403,18 +433,26 @@ impl Outgoing {
                     self.paused_vm = !was_paused && guest.paused;
                     let _ = reply.send(result);
                 }
-                SourceRequest::Finished(result) => {
+                SourceRequest::Finished(ended) => {
                     if let Some(t) = self.thread.take() {
                         let _ = t.join();
                     }
-                    if result.is_err() && self.paused_vm {
+                    if matches!(ended, Ended::Failed(_)) && self.paused_vm {
                         if let Err(e) = guest.resume_vm() {
                             log::error!("Failed to resume the VM after the failed migration: {e}");
                         } else {
                             log::info!("VM resumed after the failed migration");
                         }
                     }
-                    return Some(result);
+                    if matches!(ended, Ended::InDoubt(_)) {
+                        log::error!(
+                            "The VM stays paused: resume it here (vm.resume) only if the destination does not run it"
+                        );
+                    }
+                    return Some(match ended {
+                        Ended::HandedOver => Ok(()),
+                        Ended::Failed(e) | Ended::InDoubt(e) => Err(e),
+                    });
                 }
             }
         }
@@ -432,5 +470,172 @@ impl Outgoing {
         self.cancel.store(true, Ordering::Release);
         log::info!("Migration cancel requested");
         Ok(ResponseBody::Empty)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{self, Read, Write};
+    use std::net::Shutdown;
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    use vm_migration::transport::MigrationUrl;
+
+    use super::super::destination::receive;
+    use super::super::test_target::{config, host, progress, Memory};
+    use super::*;
+
+    const MEMORY: u64 = 64 << 20;
+
+    /// Where the connection between source and destination is cut.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Cut {
+        /// Nowhere.
+        Never,
+        /// Before the (first) request with this command reaches the
+        /// destination.
+        Request(Command),
+        /// Before the destination's answer to it reaches the source.
+        Answer(Command),
+    }
+
+    fn unix_path(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("mig-cut-{name}-{}.sock", std::process::id()))
+    }
+
+    /// Forwards requests from `source` to `destination` and answers back,
+    /// closing both connections at `cut`.
+    fn proxy(source: UnixStream, destination: UnixStream, cut: Cut) {
+        let (sent, answered) = mpsc::channel();
+        let ends = Arc::new((
+            source.try_clone().unwrap(),
+            destination.try_clone().unwrap(),
+        ));
+        let close = move || {
+            let _ = ends.0.shutdown(Shutdown::Both);
+            let _ = ends.1.shutdown(Shutdown::Both);
+        };
+        let (mut from_source, mut to_source) = (source.try_clone().unwrap(), source);
+        let (mut from_dest, mut to_dest) = (destination.try_clone().unwrap(), destination);
+        let close_requests = close.clone();
+        let requests = std::thread::spawn(move || -> io::Result<()> {
+            loop {
+                let Ok(h) = protocol::read_request_header(&mut from_source, u64::MAX) else {
+                    return Ok(());
+                };
+                if cut == Cut::Request(h.command) {
+                    close_requests();
+                    return Ok(());
+                }
+                let _ = sent.send(h.command);
+                protocol::send_request_header(&mut to_dest, h.command, h.length)?;
+                io::copy(&mut (&mut from_source).take(h.length), &mut to_dest)?;
+            }
+        });
+        // Answers: a 24-byte header whose last 8 bytes are the length of
+        // the message after it.
+        for command in answered {
+            let mut header = [0u8; 24];
+            if from_dest.read_exact(&mut header).is_err() {
+                break;
+            }
+            if cut == Cut::Answer(command) {
+                close();
+                break;
+            }
+            let length = u64::from_le_bytes(header[16..].try_into().unwrap());
+            let forwarded = to_source
+                .write_all(&header)
+                .and_then(|()| io::copy(&mut (&mut from_dest).take(length), &mut to_source));
+            if forwarded.is_err() {
+                break;
+            }
+        }
+        close();
+        let _ = requests.join();
+    }
+
+    /// Migrates a VM of [`MEMORY`] bytes (no vCPU: the control loop is
+    /// played here, its state a few bytes) from a real source to a real
+    /// destination through a connection cut at `cut`. Returns how the
+    /// source ended and whether the destination got a VM to run.
+    fn migrate_through(cut: Cut, name: &str) -> (Ended, bool) {
+        let mem = Arc::new(crate::memory::create_guest_memory(MEMORY).unwrap());
+        let vm = Arc::new(Vm::new(&mem).unwrap());
+        let (to_dest, at_dest) = (unix_path(&format!("{name}-dst")), unix_path(name));
+        let dest_listener = MigrationUrl::Unix(to_dest.clone()).listen(None).unwrap();
+        let _ = std::fs::remove_file(&at_dest);
+        let proxy_listener = UnixListener::bind(&at_dest).unwrap();
+        let (requests_tx, requests) = mpsc::channel();
+        let source = Source {
+            url: MigrationUrl::Unix(at_dest.clone()),
+            tls: None,
+            // One pass is enough.
+            downtime: Duration::from_secs(3600),
+            timeout: Duration::from_secs(60),
+            config: serde_json::to_vec(&config(MEMORY)).unwrap(),
+            mem,
+            vm,
+            progress: progress(),
+            control: ControlLink {
+                requests: requests_tx,
+                wake: EventFd::new(0).unwrap(),
+            },
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        let ended = std::thread::scope(|scope| {
+            let receiver = scope.spawn(|| receive::<Memory>(&dest_listener, &host(), &progress()));
+            scope.spawn(|| {
+                let (source_side, _) = proxy_listener.accept().unwrap();
+                proxy(source_side, UnixStream::connect(&to_dest).unwrap(), cut);
+            });
+            scope.spawn(move || source.run());
+            let ended = loop {
+                match requests.recv().unwrap() {
+                    SourceRequest::Switchover(reply) => {
+                        reply.send(Ok(b"the VM's state".to_vec())).unwrap();
+                    }
+                    SourceRequest::Finished(ended) => break ended,
+                }
+            };
+            (ended, receiver.join().unwrap().is_ok())
+        });
+        let _ = std::fs::remove_file(&at_dest);
+        let _ = std::fs::remove_file(&to_dest);
+        ended
+    }
+
+    /// Wherever the connection is cut, never does the destination run the
+    /// VM while the source resumes it: a cut before `Complete` leaves the
+    /// destination without a VM and the source resumes; from `Complete`
+    /// on, the source cannot tell and stays paused (in doubt), whether the
+    /// destination got it (runs) or not.
+    #[test]
+    fn a_cut_connection_never_runs_the_vm_twice() {
+        use Command::{Complete, Config, Memory as Mem, Start, State};
+        let cases = [
+            (Cut::Never, "HandedOver", true),
+            (Cut::Answer(Start), "Failed", false),
+            (Cut::Request(Config), "Failed", false),
+            (Cut::Answer(Config), "Failed", false),
+            (Cut::Request(Mem), "Failed", false),
+            (Cut::Answer(Mem), "Failed", false),
+            (Cut::Request(State), "Failed", false),
+            (Cut::Answer(State), "Failed", false),
+            (Cut::Request(Complete), "InDoubt", false),
+            (Cut::Answer(Complete), "InDoubt", true),
+        ];
+        let mut wrong = Vec::new();
+        for (i, (cut, source_ends, destination_runs)) in cases.into_iter().enumerate() {
+            let (ended, runs) = migrate_through(cut, &i.to_string());
+            let twice = runs && matches!(ended, Ended::Failed(_));
+            if twice || !format!("{ended:?}").starts_with(source_ends) || runs != destination_runs {
+                let twice = if twice { "RUNS TWICE: " } else { "" };
+                wrong.push(format!(
+                    "{twice}cut {cut:?}: source {ended:?}, destination runs: {runs}"
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }
