@@ -573,7 +573,7 @@ mod tests {
             // One pass is enough.
             downtime: Duration::from_secs(3600),
             timeout: Duration::from_secs(60),
-            config: serde_json::to_vec(&config(MEMORY)).unwrap(),
+            config: config(MEMORY).to_json().unwrap(),
             mem,
             vm,
             progress: progress(),
