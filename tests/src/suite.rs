@@ -7,6 +7,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use api::{DeviceCountersInfo, VmCounters};
+
 use crate::results::{KeyValues, SerialLog};
 use crate::testhost::{self, Hosts, Outcome, Scenario};
 use crate::{assets, binaries};
@@ -214,6 +216,22 @@ impl RemoteSuite {
     pub fn text(&self, name: &str) -> String {
         std::fs::read_to_string(self.outcome.file(name))
             .unwrap_or_else(|e| self.fail(&format!("cannot read {name}: {e}")))
+    }
+
+    /// `vm.counters` as the scenario saved it (`pvrdma-remote counters`, exit status in
+    /// `<key>_counters_rc`) in file `file` of `$OUT`.
+    pub fn counters(&self, key: &str, file: &str) -> VmCounters {
+        self.expect_value(&format!("{key}_counters_rc"), "0");
+        serde_json::from_str(&self.text(file))
+            .unwrap_or_else(|e| self.fail(&format!("{file} is not vm.counters: {e}")))
+    }
+
+    /// Counter `name` of device `d`, which must have it.
+    pub fn counter(&self, d: &DeviceCountersInfo, name: &str) -> u64 {
+        d.counters
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| self.fail(&format!("{} {} has no counter {name}", d.kind, d.id)))
     }
 
     /// The `qpns=[..] keys=[..]` part of the PVRDMA device's line starting with `prefix` (it

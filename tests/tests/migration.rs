@@ -179,13 +179,6 @@ fn no_vmm_panicked() {
 }
 
 /// `pvrdma-remote counters` as saved in `$OUT/migration-NAME-counters.json`.
-fn counters(s: &RemoteSuite, name: &str) -> VmCounters {
-    s.expect_value(&format!("{name}_counters_rc"), "0");
-    let file = format!("migration-{name}-counters.json");
-    serde_json::from_str(&s.text(&file))
-        .unwrap_or_else(|e| s.fail(&format!("{file} is not vm.counters: {e}")))
-}
-
 /// The one device of `kind`, with its PCI address.
 fn device<'a>(s: &RemoteSuite, c: &'a VmCounters, kind: &str, pci: &str) -> &'a DeviceCountersInfo {
     let found: Vec<_> = c.devices.iter().filter(|d| d.kind == kind).collect();
@@ -195,14 +188,6 @@ fn device<'a>(s: &RemoteSuite, c: &'a VmCounters, kind: &str, pci: &str) -> &'a 
     }
 }
 
-/// A counter that must exist.
-fn value(s: &RemoteSuite, d: &DeviceCountersInfo, name: &str) -> u64 {
-    d.counters
-        .get(name)
-        .copied()
-        .unwrap_or_else(|| s.fail(&format!("{} has no counter {name}", d.kind)))
-}
-
 /// B ran pingpong and rping for a while before the counters were read: its PVRDMA function sent
 /// and received RoCE frames (over the same-host channel or the wire; A is on this host) and
 /// completed work, its NIC carried the programs' TCP set-up, its script disk was read and never
@@ -210,7 +195,7 @@ fn value(s: &RemoteSuite, d: &DeviceCountersInfo, name: &str) -> u64 {
 #[test]
 fn counters_show_the_traffic_before_the_migration() {
     let s = suite();
-    let c = counters(s, "b");
+    let c = s.counters("b", "migration-b-counters.json");
     let disk = device(s, &c, "virtio-blk", ".0");
     let nic = device(s, &c, "vmxnet3", ".0");
     let rdma = device(s, &c, "pvrdma", ".1");
@@ -221,11 +206,11 @@ fn counters_show_the_traffic_before_the_migration() {
         ));
     }
     // roce_tx counts the wire only, roce_rx both paths (roce_local_rx is its same-host part).
-    let sent = value(s, rdma, "roce_tx") + value(s, rdma, "roce_local_tx");
-    let received = value(s, rdma, "roce_rx");
-    let cqes = value(s, rdma, "cqe_posted");
+    let sent = s.counter(rdma, "roce_tx") + s.counter(rdma, "roce_local_tx");
+    let received = s.counter(rdma, "roce_rx");
+    let cqes = s.counter(rdma, "cqe_posted");
     // Every pingpong round trip is a SEND each way and its completions.
-    if sent < 100 || received < 100 || cqes < 100 || value(s, rdma, "doorbell_qp") == 0 {
+    if sent < 100 || received < 100 || cqes < 100 || s.counter(rdma, "doorbell_qp") == 0 {
         s.fail(&format!(
             "PVRDMA counters do not show the traffic: {rdma:?}"
         ));
@@ -237,12 +222,12 @@ fn counters_show_the_traffic_before_the_migration() {
     {
         s.fail(&format!("no live QP with transport counters: {qps:?}"));
     }
-    if value(s, nic, "tx_frames") == 0 || value(s, nic, "rx_frames") == 0 {
+    if s.counter(nic, "tx_frames") == 0 || s.counter(nic, "rx_frames") == 0 {
         s.fail(&format!(
             "vmxnet3 counters do not show the TCP set-up: {nic:?}"
         ));
     }
-    if value(s, disk, "read_requests") == 0 || value(s, disk, "write_requests") != 0 {
+    if s.counter(disk, "read_requests") == 0 || s.counter(disk, "write_requests") != 0 {
         s.fail(&format!("the read-only script disk: {disk:?}"));
     }
     match &c.migration {
@@ -266,7 +251,7 @@ fn counters_show_the_traffic_before_the_migration() {
 #[test]
 fn counters_show_the_received_migration() {
     let s = suite();
-    let c = counters(s, "b2");
+    let c = s.counters("b2", "migration-b2-counters.json");
     let rdma = device(s, &c, "pvrdma", ".1");
     if rdma.qps.as_deref().unwrap_or_default().is_empty() {
         s.fail(&format!("B2 serves no restored QP: {rdma:?}"));

@@ -10,7 +10,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use api::{DeviceCountersInfo, VmCounters};
+use api::DeviceCountersInfo;
 use e2e::suite::{self, Checks, RemoteSuite, SetupError};
 use e2e::testhost::Hosts;
 
@@ -171,21 +171,6 @@ fn each_devices_qpns_and_keys_are_unchanged() {
 }
 
 /// `pvrdma-remote counters` as saved in `$OUT/multi-NAME-counters.json`.
-fn counters(s: &RemoteSuite, name: &str) -> VmCounters {
-    s.expect_value(&format!("{name}_counters_rc"), "0");
-    let file = format!("multi-{name}-counters.json");
-    serde_json::from_str(&s.text(&file))
-        .unwrap_or_else(|e| s.fail(&format!("{file} is not vm.counters: {e}")))
-}
-
-/// A counter that must exist.
-fn value(s: &RemoteSuite, d: &DeviceCountersInfo, name: &str) -> u64 {
-    d.counters
-        .get(name)
-        .copied()
-        .unwrap_or_else(|| s.fail(&format!("{} {} has no counter {name}", d.kind, d.id)))
-}
-
 /// On B before the migration and on B2 after the programs: both PVRDMA devices, labelled
 /// pvrdma0 and pvrdma1 with their MACs, each in its own slot beside its vmxnet3, each with
 /// RoCE frames each way and completions of its own.
@@ -193,7 +178,7 @@ fn value(s: &RemoteSuite, d: &DeviceCountersInfo, name: &str) -> u64 {
 fn counters_show_both_devices_with_traffic() {
     let s = suite();
     for name in ["b", "b2"] {
-        let c = counters(s, name);
+        let c = s.counters(name, &format!("multi-{name}-counters.json"));
         let mut slots = Vec::new();
         for (i, mac) in MACS_B.iter().enumerate() {
             let id = format!("pvrdma{i}");
@@ -223,9 +208,9 @@ fn counters_show_both_devices_with_traffic() {
             }
             slots.push(slot(rdma));
             // roce_tx counts the wire only, roce_rx both paths.
-            let sent = value(s, rdma, "roce_tx") + value(s, rdma, "roce_local_tx");
-            let received = value(s, rdma, "roce_rx");
-            let cqes = value(s, rdma, "cqe_posted");
+            let sent = s.counter(rdma, "roce_tx") + s.counter(rdma, "roce_local_tx");
+            let received = s.counter(rdma, "roce_rx");
+            let cqes = s.counter(rdma, "cqe_posted");
             if sent < 100 || received < 100 || cqes < 100 {
                 s.fail(&format!("{name}: {id} shows no traffic: {rdma:?}"));
             }

@@ -1175,7 +1175,7 @@ NFSRDMA-FAIL cp -r onto NFS: cp: write error: I/O error
         assert!(sizes.iter().any(|s| s % 4096 != 0));
         assert_eq!(
             nfs_tree_bytes() - NFS_LARGE_FILES * (NFS_LARGE_MIB << 20),
-            sizes.iter().sum()
+            sizes.iter().sum::<u64>()
         );
     }
 
