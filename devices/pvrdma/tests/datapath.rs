@@ -443,6 +443,13 @@ fn unsupported_send_opcodes_fail_the_qp() {
     }
 }
 
+/// Devices A and B with `config` (its `local_dir` shared), their RC QPs
+/// connected.
+fn same_host_pair(config: &PvrdmaConfig) -> (Side, Side) {
+    let side = |mac, gid| Side::on(SimDriver::with_config_and_mac(config, mac), gid, QpSpec::rc);
+    connect(side(MAC_A, GID_A), side(MAC_B, GID_B))
+}
+
 /// Two devices of one host, their wires not joined: frames reach the peer
 /// over the same-host channel only, found by the destination MAC.
 #[test]
@@ -452,17 +459,7 @@ fn same_host_channel_carries_the_traffic_without_the_wire() {
         local_dir: Some(dir.clone()),
         ..PvrdmaConfig::default()
     };
-    let a = Side::on(
-        SimDriver::with_config_and_mac(&config, MAC_A),
-        GID_A,
-        QpSpec::rc,
-    );
-    let b = Side::on(
-        SimDriver::with_config_and_mac(&config, MAC_B),
-        GID_B,
-        QpSpec::rc,
-    );
-    let (a, b) = connect(a, b);
+    let (a, b) = same_host_pair(&config);
     let data = pattern(20_000, 5);
     a.write(0, &data);
     a.send(
@@ -503,17 +500,7 @@ fn busy_polling_workers_are_not_kicked() {
             busy_yield: std::time::Duration::from_secs(1),
             ..PvrdmaConfig::default()
         };
-        let a = Side::on(
-            SimDriver::with_config_and_mac(&config, MAC_A),
-            GID_A,
-            QpSpec::rc,
-        );
-        let b = Side::on(
-            SimDriver::with_config_and_mac(&config, MAC_B),
-            GID_B,
-            QpSpec::rc,
-        );
-        let (a, b) = connect(a, b);
+        let (a, b) = same_host_pair(&config);
         let kicks = || a.sim.metric("roce_local_kicks") + b.sim.metric("roce_local_kicks");
         let ping = |id| {
             a.send(id, wr::RDMA_WRITE, &[a.sge(0, 8)], (IOVA, b.key), 0);
