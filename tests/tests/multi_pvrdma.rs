@@ -51,13 +51,14 @@ fn lines_after(s: &RemoteSuite, log: &str, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// The QPN in guest `serial`'s line of pingpong `pp` (`pp0`, `pp1`) that starts with `what`
-/// (`local address:` or `remote address:`).
+/// The QPN in guest `serial`'s last line of pingpong `pp` (`pp0`, `pp1`) that starts with `what`
+/// (`local address:` or `remote address:`). The last: a client whose server was not listening
+/// yet tried again (lib.sh's `again`) with a new QP, and only the last attempt connected.
 fn pingpong_qpn(s: &RemoteSuite, serial: &str, pp: &str, what: &str) -> String {
     let text = s.text(serial);
     text.lines()
         .filter_map(|l| l.split_once(&format!("{pp}: ")).map(|(_, rest)| rest))
-        .find(|l| l.trim_start().starts_with(what))
+        .rfind(|l| l.trim_start().starts_with(what))
         .and_then(|l| l.split("QPN ").nth(1))
         .and_then(|q| q.split(',').next())
         .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
