@@ -460,6 +460,68 @@ fn segments_on_the_same_host_channel_and_a_switch_to_the_wire() {
     }
 }
 
+/// A run of same-host requests that each ask for an ACK (a stream of
+/// WRITEs, taken from the ring in one batch) is answered with one ACK,
+/// of the last PSN, when the run ends (`flush`); from a wire each gets
+/// its own, as rxe does. The requester completes all of them either way.
+#[test]
+fn same_host_requests_of_one_run_get_one_ack() {
+    for same_host in [true, false] {
+        let mut w = World::new(0xff_fffe, false);
+        w.same_host = same_host;
+        for n in &mut w.n {
+            n.mem.buf = vec![0; 1 << 16];
+            n.qp.set_segment(if same_host { MAX_SEGMENT } else { 0 });
+        }
+        w.fill(0);
+        for i in 0..4u64 {
+            w.post(0, WrOpcode::RdmaWrite, 200, i * 200, remote(8192 + i * 200));
+        }
+        let flush = |n: &mut Node| {
+            let mut io = Io {
+                mr: &mut n.mem,
+                cq: &mut n.cq,
+                net: &mut n.out,
+                srq: None,
+            };
+            n.qp.flush(0, &mut io, 64);
+        };
+        flush(&mut w.n[0]);
+        let requests = std::mem::take(&mut w.n[0].out.0);
+        assert_eq!(requests.len(), 4);
+        let b = &mut w.n[1];
+        for f in &requests {
+            let pkt = if same_host {
+                parse_unsealed(f).unwrap()
+            } else {
+                parse(f).unwrap()
+            };
+            let mut io = Io {
+                mr: &mut b.mem,
+                cq: &mut b.cq,
+                net: &mut b.out,
+                srq: None,
+            };
+            b.qp.on_packet(&pkt, 0, &mut io);
+        }
+        flush(b);
+        let acks: Vec<u32> = b
+            .out
+            .0
+            .iter()
+            .map(|f| parse(f).unwrap().hdrs.bth.psn.get())
+            .collect();
+        if same_host {
+            assert_eq!(acks, [0x01], "one ACK, of the last PSN");
+        } else {
+            assert_eq!(acks, [0xff_fffe, 0xff_ffff, 0, 1]);
+        }
+        w.run(100);
+        assert_eq!(w.wcs(0, true).len(), 4, "same host: {same_host}");
+        assert_eq!(w.n[1].mem.buf[8192..8992], w.n[0].mem.buf[..800]);
+    }
+}
+
 /// Many small READs outstanding on a lossy link: lost requests and
 /// responses are re-read, every READ completes with the right bytes.
 #[test]
