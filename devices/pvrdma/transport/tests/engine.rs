@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use rdma_transport::net::{Encap, IpInfo, RoceVersion};
-use rdma_transport::packet::{parse, parse_unsealed, seal, Addr};
+use rdma_transport::packet::{parse, parse_unsealed, seal, Addr, Packet};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, QpState, RestoreError, SendEntry};
 use rdma_transport::req::{Remote, SendWqe, MAX_SEGMENT};
@@ -74,6 +74,30 @@ struct Node {
     mem: Mem,
     cq: Cq,
     out: Net,
+}
+
+impl Node {
+    /// Its QP's `flush` over its memory, CQ and outgoing frames.
+    fn flush(&mut self, now: u64) -> usize {
+        let mut io = Io {
+            mr: &mut self.mem,
+            cq: &mut self.cq,
+            net: &mut self.out,
+            srq: None,
+        };
+        self.qp.flush(now, &mut io, 64)
+    }
+
+    /// Its QP's `on_packet`, likewise.
+    fn on_packet(&mut self, pkt: &Packet<'_>, now: u64) {
+        let mut io = Io {
+            mr: &mut self.mem,
+            cq: &mut self.cq,
+            net: &mut self.out,
+            srq: None,
+        };
+        self.qp.on_packet(pkt, now, &mut io);
+    }
 }
 
 fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
@@ -477,16 +501,7 @@ fn same_host_requests_of_one_run_get_one_ack() {
         for i in 0..4u64 {
             w.post(0, WrOpcode::RdmaWrite, 200, i * 200, remote(8192 + i * 200));
         }
-        let flush = |n: &mut Node| {
-            let mut io = Io {
-                mr: &mut n.mem,
-                cq: &mut n.cq,
-                net: &mut n.out,
-                srq: None,
-            };
-            n.qp.flush(0, &mut io, 64);
-        };
-        flush(&mut w.n[0]);
+        w.n[0].flush(0);
         let requests = std::mem::take(&mut w.n[0].out.0);
         assert_eq!(requests.len(), 4);
         let b = &mut w.n[1];
@@ -496,15 +511,9 @@ fn same_host_requests_of_one_run_get_one_ack() {
             } else {
                 parse(f).unwrap()
             };
-            let mut io = Io {
-                mr: &mut b.mem,
-                cq: &mut b.cq,
-                net: &mut b.out,
-                srq: None,
-            };
-            b.qp.on_packet(&pkt, 0, &mut io);
+            b.on_packet(&pkt, 0);
         }
-        flush(b);
+        b.flush(0);
         let acks: Vec<u32> = b
             .out
             .0
