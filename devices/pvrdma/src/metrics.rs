@@ -150,6 +150,10 @@ metrics! {
     roce_loopback,
     /// Frames sent to a VMM of this host over the same-host channel.
     roce_local_tx,
+    /// Of `roce_local_tx`: frames of a same-host QP not built in the ring
+    /// (no room, or frames waited before them), but in a buffer, then
+    /// copied, most into the backlog: a copy more of every byte.
+    roce_local_copied,
     /// Frames for a VMM of this host that had no room for them.
     roce_local_dropped,
     /// Frames received over the same-host channel.

@@ -15,7 +15,8 @@
 //! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
 //! moves 512 RDMA WRITEs of 64 KiB on one QP once, no baseline (for
-//! `valgrind --tool=callgrind --separate-threads=yes`). `poll=US` sets
+//! `valgrind --tool=callgrind --separate-threads=yes`), and prints the
+//! data path's events per WRITE (frames, kicks, doorbells). `poll=US` sets
 //! how long the device workers busy-poll after work (0 for callgrind,
 //! which would count the polling).
 //!
@@ -156,6 +157,22 @@ impl Pair {
             b,
             recvs: std::cell::RefCell::new(vec![0; QPS]),
         }
+    }
+
+    /// The device counters of the data path's events, on A and B: frames
+    /// each way, the same-host peers woken, frames that missed the ring,
+    /// doorbells.
+    fn counters(&self) -> Vec<(&'static str, u64, u64)> {
+        [
+            "roce_local_tx",
+            "roce_local_rx",
+            "roce_local_kicks",
+            "roce_local_copied",
+            "doorbell_qp",
+        ]
+        .into_iter()
+        .map(|n| (n, self.a.sim.metric(n), self.b.sim.metric(n)))
+        .collect()
     }
 
     /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
@@ -308,9 +325,15 @@ fn main() {
         .collect();
     let run = |part: &str| chosen.is_empty() || chosen.iter().any(|c| c == part);
     if chosen.iter().any(|c| c == "profile") {
+        let before = pair.counters();
         let t = pair.transfer(wr::RDMA_WRITE, 64 << 10, 1, 512);
         let rate = f64::from(512u32 << 16) / t.as_secs_f64();
         println!("WRITE 64 KiB, 1 QP, once: {:.0} MiB/s", mib(rate));
+        println!("per WRITE, A / B:");
+        for ((name, a0, b0), (_, a1, b1)) in before.iter().zip(pair.counters()) {
+            let per = |x: u64, x0: &u64| (x - x0) as f64 / 512.0;
+            println!("  {name:<18} {:.2} / {:.2}", per(a1, a0), per(b1, b0));
+        }
         drop(pair);
         let _ = std::fs::remove_dir_all(&dir);
         return;

@@ -65,7 +65,11 @@ impl Clock {
 pub(crate) const BUDGET: usize = 64;
 /// The same towards a same-host peer, whose packets are segments of up
 /// to 32 KiB: 256 KiB per call, so that one call cannot overflow the
-/// peer's ring and backlog (several MiB) on its own.
+/// peer's ring and backlog (several MiB) on its own. While frames to the
+/// peer wait for room in its ring, none: the QP waits (the worker defers
+/// it until the backlog drains) instead of building more segments in
+/// buffers for the backlog, a copy more each (the QPs' windows,
+/// `req::SEGMENT_WINDOW` each, can add up to more than the ring holds).
 const SEGMENT_BUDGET: usize = 8;
 
 /// Why the worker runs a QP.
@@ -389,10 +393,18 @@ pub(crate) fn run_qp<M: GuestMemory>(
     gids.sync(&env.port);
     // Towards a VMM of this host, whole segments instead of MTU packets.
     let dst_mac = engine.attrs().addr.dst_mac;
-    let same_host =
-        qp.qp_type == qp_type::RC && env.wire.local.as_ref().is_some_and(|l| l.has_ring(dst_mac));
+    let local = env
+        .wire
+        .local
+        .as_ref()
+        .filter(|_| qp.qp_type == qp_type::RC);
+    let same_host = local.is_some_and(|l| l.has_ring(dst_mac));
     engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
-    let budget = if same_host { SEGMENT_BUDGET } else { BUDGET };
+    let budget = match local {
+        Some(l) if same_host && l.backlogged_to(dst_mac) => 0,
+        _ if same_host => SEGMENT_BUDGET,
+        _ => BUDGET,
+    };
     let mut done = Completions::default();
     if matches!(input, Input::Kick) && !engine.is_error() {
         // What the guest claims to have posted must make sense: a bad

@@ -216,6 +216,7 @@ impl PacketSink for Frames<'_> {
         match local.send(mac, &frame) {
             Sent::Local => {
                 metrics.roce_local_tx.inc();
+                metrics.roce_local_copied.inc();
             }
             // The peer left since the run began: the frame may be a
             // segment, which no wire takes; RC resends it as MTU packets.

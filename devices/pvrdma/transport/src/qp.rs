@@ -7,7 +7,8 @@
 //!
 //! The device's worker calls [`Qp::on_packet`] for each frame addressed to
 //! the QP, [`Qp::on_timer`] when time passes and [`Qp::flush`] with a work
-//! budget to push queued packets out; no call does more than its budget
+//! budget to push queued packets out (after every run of packets: it
+//! sends the ACK they are owed); no call does more than its budget
 //! (or one packet's worth) of work, and nothing grows on a peer's say-so.
 #![deny(
     clippy::unwrap_used,
@@ -26,7 +27,7 @@ use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
 use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet};
-use crate::psn::Psn;
+use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
@@ -219,6 +220,11 @@ pub struct Qp {
     /// Most payload bytes per packet we send ([`Qp::set_segment`]); not
     /// saved: the device sets it for every call from where the peer is.
     segment: u32,
+    /// The ACK of the same-host requests received since the last
+    /// [`Qp::flush`], which sends it ([`Qp::owe_ack`]); not saved: the
+    /// device flushes after every run of packets, under the lock a save
+    /// takes.
+    owed_ack: Option<Headers>,
     /// Transport counters.
     pub metrics: Metrics,
 }
@@ -328,6 +334,7 @@ impl Qp {
             rq: RecvRing::default(),
             error: false,
             segment: 0,
+            owed_ack: None,
             metrics: Metrics::default(),
         }
     }
@@ -377,6 +384,7 @@ impl Qp {
             rq: RecvRing(state.rq.into()),
             error: state.error,
             segment: 0,
+            owed_ack: None,
             metrics: state.metrics,
         };
         if outstanding && !qp.error && !qp.attrs.ud {
@@ -497,11 +505,41 @@ impl Qp {
         };
         match respond(&mut self.resp, &ra, &mut cx, pkt) {
             RespOut::Nothing => {}
+            RespOut::Reply(h) if pkt.same_host => self.owe_ack(io.net, h),
             RespOut::Reply(h) => emit(io.net, &self.attrs.addr, &h, &[]),
             RespOut::Fatal(h) => {
+                self.pay_ack(io.net);
                 emit(io.net, &self.attrs.addr, &h, &[]);
                 self.set_error();
             }
+        }
+    }
+
+    /// Holds the plain ACK `h` of a same-host request until the end of
+    /// the run of packets ([`Qp::flush`]): a later one replaces it, as
+    /// ACKs are cumulative, so a batch of messages from the ring (a
+    /// stream of WRITEs asks for an ACK on each) costs one ACK, one frame
+    /// for the requester to take and one completer pass. Anything else
+    /// (a NAK, an atomic's ACK, an older PSN's re-ACK) goes out in order,
+    /// after the ACK held.
+    fn owe_ack(&mut self, net: &mut dyn PacketSink, h: Headers) {
+        let plain = h.bth.opcode == crate::opcode::Opcode::RcAcknowledge as u8
+            && matches!(h.aeth, Some(a) if matches!(a.syndrome, Syndrome::Ack { .. }));
+        let newer = |o: &Headers| psn_compare(h.bth.psn, o.bth.psn) != std::cmp::Ordering::Less;
+        if plain && self.owed_ack.as_ref().is_none_or(newer) {
+            if self.owed_ack.replace(h).is_some() {
+                inc(&mut self.metrics.ack_deferred);
+            }
+            return;
+        }
+        self.pay_ack(net);
+        emit(net, &self.attrs.addr, &h, &[]);
+    }
+
+    /// Sends the ACK held by [`Qp::owe_ack`], if any.
+    fn pay_ack(&mut self, net: &mut dyn PacketSink) {
+        if let Some(h) = self.owed_ack.take() {
+            emit(net, &self.attrs.addr, &h, &[]);
         }
     }
 
@@ -619,11 +657,14 @@ impl Qp {
         }
     }
 
-    /// Does up to `budget` units of queued work: responses owed to the
+    /// Sends the ACK owed to the same-host requests received since the
+    /// last call, whatever the budget; then does up to `budget` units of
+    /// queued work: responses owed to the
     /// peer (READ data, atomic ACKs, an ACK held behind them), then new or
     /// retransmitted request packets; in the error
     /// state, flushes WQEs instead. Returns the work done (0 = idle).
     pub fn flush(&mut self, now: u64, io: &mut Io<'_>, budget: usize) -> usize {
+        self.pay_ack(io.net);
         let mut work = 0usize;
         while work < budget {
             let did = if self.error {

@@ -27,9 +27,15 @@ use crate::verbs::{WcStatus, WrOpcode};
 /// Most PSNs in flight without an ACK (rxe's `RXE_MAX_UNACKED_PSNS`):
 /// bounds the retransmission work one timeout can cause.
 pub const MAX_UNACKED_PSNS: u32 = 128;
-/// Request an ACK at least every this many PSNs of a long message
-/// (rxe sets AckReq on the last packet and when the window fills up).
-pub const ACK_REQ_EVERY: u32 = MAX_UNACKED_PSNS / 2;
+/// Most payload bytes in flight without an ACK while the QP sends
+/// segments (its peer is on the same-host channel): 128 PSNs of 1 KiB
+/// are two 64 KiB messages, so a stream went in lock-step with its ACKs
+/// (the sender's worker idle until the receiver's had placed a message
+/// and ACKed it). A wider window lets the sender run ahead into the
+/// ring; it is still a window of PSNs, of MTU packets, so retransmission
+/// and a switch to the wire (where the window is rxe's again) are
+/// unchanged, and a timeout resends at most this much.
+pub const SEGMENT_WINDOW: u32 = 1 << 20;
 /// Most payload bytes of a segment: a packet of the same-host channel
 /// that carries several path MTUs of its message at once (a multiple of
 /// every MTU, and its frame stays within an IP datagram). It stands for
@@ -201,12 +207,27 @@ pub fn segment_len(segment: u32, mtu: u32) -> u32 {
     seg.checked_div(mtu).unwrap_or(1).saturating_mul(mtu)
 }
 
+/// The PSNs a QP of `a` may have in flight without an ACK:
+/// [`MAX_UNACKED_PSNS`], or [`SEGMENT_WINDOW`] bytes' worth of MTU packets
+/// while it sends segments. An AckReq goes out at least every half of it
+/// (rxe sets AckReq on a message's last packet and when the window fills
+/// up).
+pub fn window(a: &ReqAttrs) -> u32 {
+    let mtu = a.mtu.clamp(256, 4096);
+    if segment_len(a.segment, mtu) > mtu {
+        MAX_UNACKED_PSNS.max(SEGMENT_WINDOW.checked_div(mtu).unwrap_or(0))
+    } else {
+        MAX_UNACKED_PSNS
+    }
+}
+
 /// Plans the next packet of `wqe` and advances `st` as if it were sent.
 pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
     if matches!(wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr) {
         return ReqStep::Local;
     }
-    if !a.ud && st.psn.distance_from(st.una) >= MAX_UNACKED_PSNS {
+    let window = window(a);
+    if !a.ud && st.psn.distance_from(st.una) >= window {
         return ReqStep::WindowFull;
     }
     let mtu = a.mtu.clamp(256, 4096);
@@ -230,7 +251,7 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
     // segment those of the MTU packets it stands for.
     let psns = read_psns(if is_read { rest } else { payload_len }, mtu);
     st.since_ack_req = st.since_ack_req.saturating_add(psns);
-    let ack_req = !a.ud && (done || st.since_ack_req >= ACK_REQ_EVERY);
+    let ack_req = !a.ud && (done || st.since_ack_req >= window.div_ceil(2));
     if ack_req {
         st.since_ack_req = 0;
     }
@@ -468,7 +489,7 @@ mod tests {
     }
 
     /// Towards a same-host peer: segments of whole MTUs, each taking the
-    /// PSNs of the MTU packets it stands for, AckReq by PSNs.
+    /// PSNs of the MTU packets it stands for; AckReq on the last.
     #[test]
     fn segments_take_the_psns_of_their_mtus() {
         let mut st = ReqState::default();
@@ -499,7 +520,7 @@ mod tests {
             got,
             [
                 (RcRdmaWriteFirst as u8, 0, 32 << 10, false),
-                (RcRdmaWriteMiddle as u8, 32, 32 << 10, true),
+                (RcRdmaWriteMiddle as u8, 32, 32 << 10, false),
                 (RcRdmaWriteLast as u8, 64, 6 << 10, true),
             ]
         );
@@ -507,6 +528,49 @@ mod tests {
         assert_eq!(segment_len(0, 1024), 1024);
         assert_eq!(segment_len(5000, 4096), 4096);
         assert_eq!(segment_len(u32::MAX, 4096), MAX_SEGMENT);
+    }
+
+    /// How far ahead of its ACKs a QP may run: 128 PSNs on a wire (two
+    /// 64 KiB messages at MTU 1024), [`SEGMENT_WINDOW`] bytes of them
+    /// while it sends segments, with an AckReq every half window of a
+    /// long message; a QP whose peer leaves the channel with more in
+    /// flight waits until the ACKs bring it back under rxe's window.
+    #[test]
+    fn segments_have_a_window_of_bytes() {
+        let seg = ReqAttrs {
+            segment: MAX_SEGMENT,
+            ..RC
+        };
+        for (a, psns) in [(RC, MAX_UNACKED_PSNS), (seg, SEGMENT_WINDOW / 1024)] {
+            let mut st = ReqState::default();
+            let w = wqe(WrOpcode::RdmaWrite, 4 << 20);
+            let mut ack_reqs = vec![];
+            while let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &a) {
+                if hdrs.bth.ack_req {
+                    ack_reqs.push(st.psn.get());
+                }
+            }
+            assert_eq!(st.psn.get(), psns, "{a:?}");
+            assert_eq!(ack_reqs, [psns / 2, psns], "{a:?}");
+            assert_eq!(window(&a), psns);
+        }
+        assert_eq!(window(&ReqAttrs { mtu: 4096, ..seg }), 256);
+        assert_eq!(window(&ReqAttrs { mtu: 256, ..seg }), 4096);
+        // The peer moved off the channel with 1 MiB in flight.
+        let mut st = ReqState {
+            psn: Psn::new(1024),
+            ..ReqState::default()
+        };
+        let w = wqe(WrOpcode::RdmaWrite, 1 << 20);
+        assert_eq!(req_step(&mut st, &w, &RC), ReqStep::WindowFull);
+        st.una = Psn::new(1024 - 127);
+        assert!(matches!(
+            req_step(&mut st, &w, &RC),
+            ReqStep::Packet {
+                payload_len: 1024,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
 use rdma_transport::net::{Encap, IpInfo, RoceVersion};
-use rdma_transport::packet::{parse, parse_unsealed, seal, Addr};
+use rdma_transport::packet::{parse, parse_unsealed, seal, Addr, Packet};
 use rdma_transport::psn::Psn;
 use rdma_transport::qp::{Io, Qp, QpAttrs, QpState, RestoreError, SendEntry};
 use rdma_transport::req::{Remote, SendWqe, MAX_SEGMENT};
@@ -74,6 +74,30 @@ struct Node {
     mem: Mem,
     cq: Cq,
     out: Net,
+}
+
+impl Node {
+    /// Its QP's `flush` over its memory, CQ and outgoing frames.
+    fn flush(&mut self, now: u64) -> usize {
+        let mut io = Io {
+            mr: &mut self.mem,
+            cq: &mut self.cq,
+            net: &mut self.out,
+            srq: None,
+        };
+        self.qp.flush(now, &mut io, 64)
+    }
+
+    /// Its QP's `on_packet`, likewise.
+    fn on_packet(&mut self, pkt: &Packet<'_>, now: u64) {
+        let mut io = Io {
+            mr: &mut self.mem,
+            cq: &mut self.cq,
+            net: &mut self.out,
+            srq: None,
+        };
+        self.qp.on_packet(pkt, now, &mut io);
+    }
 }
 
 fn attrs(me: u8, peer: u8, psn: u32, peer_psn: u32) -> QpAttrs {
@@ -457,6 +481,53 @@ fn segments_on_the_same_host_channel_and_a_switch_to_the_wire() {
         assert_eq!(b[460_000..463_000], a[260_001..263_001]);
         assert!(w.largest > 1024, "segments crossed");
         assert!(w.largest <= MAX_SEGMENT as usize);
+    }
+}
+
+/// A run of same-host requests that each ask for an ACK (a stream of
+/// WRITEs, taken from the ring in one batch) is answered with one ACK,
+/// of the last PSN, when the run ends (`flush`); from a wire each gets
+/// its own, as rxe does. The requester completes all of them either way.
+#[test]
+fn same_host_requests_of_one_run_get_one_ack() {
+    for same_host in [true, false] {
+        let mut w = World::new(0xff_fffe, false);
+        w.same_host = same_host;
+        for n in &mut w.n {
+            n.mem.buf = vec![0; 1 << 16];
+            n.qp.set_segment(if same_host { MAX_SEGMENT } else { 0 });
+        }
+        w.fill(0);
+        for i in 0..4u64 {
+            w.post(0, WrOpcode::RdmaWrite, 200, i * 200, remote(8192 + i * 200));
+        }
+        w.n[0].flush(0);
+        let requests = std::mem::take(&mut w.n[0].out.0);
+        assert_eq!(requests.len(), 4);
+        let b = &mut w.n[1];
+        for f in &requests {
+            let pkt = if same_host {
+                parse_unsealed(f).unwrap()
+            } else {
+                parse(f).unwrap()
+            };
+            b.on_packet(&pkt, 0);
+        }
+        b.flush(0);
+        let acks: Vec<u32> = b
+            .out
+            .0
+            .iter()
+            .map(|f| parse(f).unwrap().hdrs.bth.psn.get())
+            .collect();
+        if same_host {
+            assert_eq!(acks, [0x01], "one ACK, of the last PSN");
+        } else {
+            assert_eq!(acks, [0xff_fffe, 0xff_ffff, 0, 1]);
+        }
+        w.run(100);
+        assert_eq!(w.wcs(0, true).len(), 4, "same host: {same_host}");
+        assert_eq!(w.n[1].mem.buf[8192..8992], w.n[0].mem.buf[..800]);
     }
 }
 
