@@ -10,6 +10,7 @@ pub mod device_manager;
 pub mod incoming;
 pub mod ioevents;
 pub mod kvm;
+pub mod logging;
 pub mod machine;
 pub mod memory;
 pub mod migration;

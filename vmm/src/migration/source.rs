@@ -274,7 +274,9 @@ impl Source {
         }
 
         // Stop-and-copy: the control loop pauses the VM and saves it (and
-        // refuses cancels from now on).
+        // refuses cancels from now on). Until the hand-over is answered
+        // nothing is logged (see `crate::logging`).
+        let quiet = crate::logging::hold();
         let blackout = Instant::now();
         let (reply, answer) = mpsc::channel();
         self.control.send(SourceRequest::Switchover(reply));
@@ -292,6 +294,7 @@ impl Source {
         let restored = blackout.elapsed();
         hand_over(stream)?;
         let done = blackout.elapsed();
+        drop(quiet);
         let downtime = done.as_millis() as u64;
         // Where the blackout went, to tell what to make faster: logged,
         // and kept for vm.info and vm.counters.
