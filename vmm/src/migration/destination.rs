@@ -168,6 +168,7 @@ fn receive_from<T: Target>(
                 quiet.get_or_insert_with(crate::logging::hold);
                 let payload = header.payload(&mut *stream)?;
                 let t0 = Instant::now();
+                let cpu0 = crate::thread_cpu_time();
                 match target.as_mut() {
                     Some((t, _)) => {
                         t.restore(&payload)
@@ -175,9 +176,10 @@ fn receive_from<T: Target>(
                             .map(|()| {
                                 restored = true;
                                 log::info!(
-                                    "Restored {} bytes of VM state in {} ms",
+                                    "Restored {} bytes of VM state in {} ms ({} ms of CPU)",
                                     payload.len(),
-                                    t0.elapsed().as_millis()
+                                    t0.elapsed().as_millis(),
+                                    crate::thread_cpu_time().saturating_sub(cpu0).as_millis()
                                 )
                             })
                     }
