@@ -173,6 +173,30 @@ impl Vm {
     pub fn flush_ioevents(&self) -> io::Result<()> {
         self.ioevents.flush().map(drop)
     }
+
+    /// Keeps the devices' MSI route changes in the VMM's table until
+    /// [`Self::commit_routes`]: a restore installs every function's routes
+    /// with one KVM_SET_GSI_ROUTING (a grace period each, in the blackout
+    /// of a migration) instead of one per function.
+    pub fn hold_routes(&self) {
+        self.routes.lock().holding = true;
+    }
+
+    /// Installs the routes changed since [`Self::hold_routes`], if any, in
+    /// one update; changes are made at once again from now on.
+    pub fn commit_routes(&self) -> io::Result<()> {
+        let mut state = self.routes.lock();
+        state.holding = false;
+        if std::mem::take(&mut state.stale) {
+            self.routes.commit_locked(&mut state)?;
+        }
+        Ok(())
+    }
+
+    /// KVM_SET_GSI_ROUTING calls made so far.
+    pub fn route_updates(&self) -> u64 {
+        self.routes.lock().updates
+    }
 }
 
 /// The GSI routing table. KVM replaces the whole table on every update, so
@@ -187,6 +211,12 @@ struct RouteState {
     next_gsi: u32,
     free: Vec<u32>,
     msi: BTreeMap<u32, MsiMessage>,
+    /// Changes wait for [`Vm::commit_routes`].
+    holding: bool,
+    /// `msi` changed since KVM's table was last set.
+    stale: bool,
+    /// KVM_SET_GSI_ROUTING calls made.
+    updates: u64,
 }
 
 impl GsiRoutes {
@@ -195,6 +225,9 @@ impl GsiRoutes {
             next_gsi: IOAPIC_PINS,
             free: Vec::new(),
             msi: BTreeMap::new(),
+            holding: false,
+            stale: false,
+            updates: 0,
         };
         Self {
             vm,
@@ -211,11 +244,21 @@ impl GsiRoutes {
     }
 
     fn commit(&self) -> io::Result<()> {
-        let state = self.lock();
-        self.commit_locked(&state)
+        let mut state = self.lock();
+        self.commit_locked(&mut state)
     }
 
-    fn commit_locked(&self, state: &RouteState) -> io::Result<()> {
+    /// Sets KVM's table to `state`'s now, or once the hold ends.
+    fn changed(&self, state: &mut RouteState) -> io::Result<()> {
+        if state.holding {
+            state.stale = true;
+            return Ok(());
+        }
+        self.commit_locked(state)
+    }
+
+    fn commit_locked(&self, state: &mut RouteState) -> io::Result<()> {
+        state.updates += 1;
         let mut entries = Vec::new();
         for pin in 0..IOAPIC_PINS {
             entries.push(irqchip_route(pin, KVM_IRQCHIP_IOAPIC, pin));
@@ -279,7 +322,7 @@ impl MsiRouter for GsiRoutes {
             None => state.msi.remove(&gsi).is_some(),
         };
         if changed {
-            self.commit_locked(&state)?;
+            self.changed(&mut state)?;
         }
         Ok(())
     }
@@ -291,7 +334,7 @@ impl MsiRouter for GsiRoutes {
             changed |= state.msi.insert(gsi, msg) != Some(msg);
         }
         if changed {
-            self.commit_locked(&state)?;
+            self.changed(&mut state)?;
         }
         Ok(())
     }
@@ -303,7 +346,7 @@ impl MsiRouter for GsiRoutes {
             .unregister_irqfd(&vector.irqfd, vector.gsi)
             .map_err(io::Error::from);
         if state.msi.remove(&vector.gsi).is_some() {
-            self.commit_locked(&state)?;
+            self.changed(&mut state)?;
         }
         state.free.push(vector.gsi);
         result
@@ -353,4 +396,51 @@ fn register_memory(fd: &VmFd, mem: &GuestMemory, flags: u32) -> Result<(), KvmEr
         unsafe { fd.set_user_memory_region(slot_region) }.map_err(KvmError::MemorySlot)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msi(data: u32) -> MsiMessage {
+        MsiMessage {
+            addr_lo: 0xfee0_0000,
+            addr_hi: 0,
+            data,
+        }
+    }
+
+    /// While held, route changes (one per function, as a restore makes
+    /// them) reach KVM as one update at the commit; without a hold, each
+    /// is an update of its own, and an unchanged route none.
+    #[test]
+    fn held_routes_are_one_update() {
+        let mem = crate::memory::create_guest_memory(2 << 20).unwrap();
+        let vm = Vm::new(&mem).unwrap();
+        let router = vm.msi_router();
+        let vectors: Vec<MsiVector> = (0..3).map(|_| router.allocate().unwrap()).collect();
+
+        let before = vm.route_updates();
+        vm.hold_routes();
+        for (i, v) in (0u32..).zip(&vectors) {
+            router.set_routes(&[(v.gsi, msi(0x40 + i))]).unwrap();
+        }
+        router.set_route(vectors[0].gsi, Some(msi(0x50))).unwrap();
+        assert_eq!(vm.route_updates(), before);
+        vm.commit_routes().unwrap();
+        assert_eq!(vm.route_updates(), before + 1);
+        // Nothing changed since: a commit makes no update.
+        vm.hold_routes();
+        vm.commit_routes().unwrap();
+        assert_eq!(vm.route_updates(), before + 1);
+
+        for (i, v) in (0u32..).zip(&vectors) {
+            router.set_routes(&[(v.gsi, msi(0x60 + i))]).unwrap();
+        }
+        router.set_route(vectors[2].gsi, Some(msi(0x62))).unwrap();
+        assert_eq!(vm.route_updates(), before + 4);
+        for v in &vectors {
+            router.release(v).unwrap();
+        }
+    }
 }

@@ -10,6 +10,7 @@ pub mod device_manager;
 pub mod incoming;
 pub mod ioevents;
 pub mod kvm;
+pub mod logging;
 pub mod machine;
 pub mod memory;
 pub mod migration;
@@ -24,6 +25,24 @@ pub mod vmm;
 /// left and there is nothing to recover.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The calling thread's CPU time so far. Set against a stage's wall time
+/// it tells work from waiting (for the CPU, a lock, the kernel).
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the struct passed, which lives
+    // through the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// "outer: inner: innermost", for one-line error messages.

@@ -102,8 +102,10 @@ pub(crate) fn eventfd() -> Result<EventFd, VmmError> {
 
 impl Machine {
     /// Creates guest memory, the KVM VM, its devices and vCPUs (CPUID and
-    /// LAPIC set up, nothing loaded). `incoming`: the devices take over
-    /// host resources a migration source may still hold.
+    /// LAPIC set up, nothing loaded). `incoming` (a migration or snapshot
+    /// restores the VM): the devices take over host resources a migration
+    /// source may still hold, and are paused from the start, so that
+    /// pausing them is no part of a migration's blackout.
     pub(crate) fn build(config: VmConfig, incoming: bool) -> Result<Self, VmmError> {
         let mem = Arc::new(memory::create_guest_memory(config.memory).map_err(VmmError::Memory)?);
         let vm = Vm::new(&mem)?;
@@ -116,6 +118,11 @@ impl Machine {
         ));
         let devices =
             DeviceManager::new(&config, &mem, &vm, exit, incoming).map_err(VmmError::Devices)?;
+        if incoming {
+            devices
+                .pause()
+                .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
+        }
         let mut vcpu_fds = Vec::with_capacity(usize::from(config.cpus));
         for id in 0..config.cpus {
             let fd = vm
@@ -235,9 +242,10 @@ impl migration::Target for Machine {
         &self.mem
     }
 
-    /// Puts KVM's and the devices' state back. Devices are paused first and
-    /// stay so until [`Vmm::start`]: nothing may reach the network or guest
-    /// memory before the source has handed the VM over.
+    /// Puts KVM's and the devices' state back. Devices are paused (since
+    /// the build) and stay so until [`Machine::start`]: nothing may reach
+    /// the network or guest memory before the source has handed the VM
+    /// over.
     fn restore(&mut self, state: &[u8]) -> Result<(), String> {
         let state = VmSnapshot::from_bytes(state).map_err(|e| crate::error_chain(&e))?;
         if state.vcpus.len() != self.vcpu_fds.len() {
@@ -255,16 +263,23 @@ impl migration::Target for Machine {
         let t1 = Instant::now();
         arch::state::restore_vm(self.vm.fd(), &state.vm).map_err(|e| err(&e))?;
         let t2 = Instant::now();
-        self.devices.pause().map_err(|e| err(&e))?;
-        // Doorbells are registered once the VM runs (see `DeferredIoEvents`).
+        // Doorbells are registered once the VM runs (see `DeferredIoEvents`),
+        // the MSI routes of all functions at once.
         self.vm.defer_ioevents();
-        self.devices.restore(&state.devices).map_err(|e| err(&e))?;
+        self.vm.hold_routes();
+        let updates = self.vm.route_updates();
+        let restored = self.devices.restore(&state.devices);
+        let routed = self.vm.commit_routes();
+        restored.map_err(|e| err(&e))?;
+        routed.map_err(|e| format!("cannot install the MSI routes: {e}"))?;
         // A restore sits inside a migration's blackout: say what it cost.
         log::info!(
-            "Restored vCPUs in {} ms, the VM's irqchip and clocks in {} ms, devices in {} ms",
+            "Restored vCPUs in {} ms, the VM's irqchip and clocks in {} ms, devices in {} ms \
+             ({} routing updates)",
             t1.duration_since(t0).as_millis(),
             t2.duration_since(t1).as_millis(),
-            t2.elapsed().as_millis()
+            t2.elapsed().as_millis(),
+            self.vm.route_updates() - updates
         );
         Ok(())
     }

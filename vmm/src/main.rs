@@ -10,10 +10,7 @@ use vmm::vmm::Vmm;
 
 fn main() {
     let cli = Cli::parse();
-    env_logger::Builder::new()
-        .filter_level(cli.log_level)
-        .format_target(false)
-        .init();
+    vmm::logging::init(cli.log_level);
     vmm::raise_fd_limit();
     let mode = match cli.mode() {
         Ok(m) => m,

@@ -79,15 +79,17 @@ impl Vmm {
             "Waiting for vm.receive-migration on {}",
             api_socket.display()
         );
-        let Some((machine, api, progress)) = destination::wait_for_vm(api, serial)? else {
+        let Some((received, api, progress)) = destination::wait_for_vm(api, serial)? else {
             return Ok(None);
         };
         let t0 = Instant::now();
-        let vmm = Self::start(machine, Some(api), progress, StartAs::Resumed)?;
+        let vmm = Self::start(received.target, Some(api), progress, StartAs::Resumed)?;
         log::info!(
             "Migration received; the VM runs here now (started in {} ms)",
             t0.elapsed().as_millis()
         );
+        // The guest runs: what was held since the state came goes out now.
+        drop(received.quiet);
         Ok(Some(vmm))
     }
 

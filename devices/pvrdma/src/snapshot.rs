@@ -15,6 +15,8 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::time::{Duration, Instant};
+
 use pci::MsixState;
 use serde::{Deserialize, Serialize};
 use vm_migration::{MigratableError, Snapshot};
@@ -53,7 +55,9 @@ struct SavedSession<D, O> {
 }
 
 pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
+    let start = Instant::now();
     let state = shared.lock();
+    let locked = start.elapsed();
     let saved = Saved {
         err: state.err,
         dsr_low: state.dsr_low,
@@ -68,10 +72,16 @@ pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
             link_up: s.link_up,
         }),
     };
+    let snapshot = Snapshot::new(ID, VERSION, &saved)?;
+    log::info!(
+        "pvrdma: save steps: state lock {} ms, encoded in {} ms",
+        locked.as_millis(),
+        start.elapsed().saturating_sub(locked).as_millis()
+    );
     if let Some(s) = &state.session {
         log::info!("pvrdma: saved {}", s.objects.peer_ids());
     }
-    Snapshot::new(ID, VERSION, &saved)
+    Ok(snapshot)
 }
 
 fn restore_error(e: impl std::error::Error + Send + Sync + 'static) -> MigratableError {
@@ -81,7 +91,10 @@ fn restore_error(e: impl std::error::Error + Send + Sync + 'static) -> Migratabl
 /// Replaces the device's state with `snapshot`'s (the device is fresh or
 /// quiesced). Nothing changes unless the whole state is valid.
 pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), MigratableError> {
+    // Each step's share (a restore sits in a migration's blackout).
+    let start = Instant::now();
     let saved: Saved<LoadedDsr, Objects> = snapshot.state(ID, VERSION)?;
+    let decoded = start.elapsed();
     let env = &shared.env;
     let session = match saved.session {
         Some(s) => {
@@ -95,11 +108,14 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
         }
         None => None,
     };
+    let checked = start.elapsed();
     env.irq
         .msix()
         .set_state(&saved.msix)
         .map_err(restore_error)?;
+    let routed = start.elapsed();
     let mut state = shared.lock();
+    let locked = start.elapsed();
     let base = state.uar_base;
     state.session = session;
     if let Some(s) = state.session.as_mut() {
@@ -113,10 +129,21 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     env.irq.set_imr(saved.imr);
     env.irq.set_icr(saved.icr);
     env.wire.inbox.set_open(saved.active);
+    let attached = start.elapsed();
     if let Some(s) = &state.session {
         log::info!("pvrdma: restored {}", s.objects.peer_ids());
     }
     drop(state);
     shared.kick_all();
+    let ms = |d: Duration| d.as_millis();
+    log::info!(
+        "pvrdma: restore steps: decoded in {} ms, namespace {} ms, MSI-X {} ms, state lock {} ms, \
+         doorbells {} ms",
+        ms(decoded),
+        ms(checked.saturating_sub(decoded)),
+        ms(routed.saturating_sub(checked)),
+        ms(locked.saturating_sub(routed)),
+        ms(attached.saturating_sub(locked)),
+    );
     Ok(())
 }

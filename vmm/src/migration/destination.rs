@@ -22,6 +22,7 @@ use super::{
 };
 use crate::config::{SerialConfig, VmConfig};
 use crate::incoming::HostSettings;
+use crate::logging::{Hold, Stderr};
 use crate::machine::{eventfd, Machine, VmmError};
 use crate::memory::GuestMemory;
 use crate::requests::{dispatch_waiting, Api};
@@ -54,6 +55,16 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the destination waits for the source's next request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A VM handed over by its source, built and restored, not running yet.
+pub struct Received<T> {
+    pub target: T,
+    pub config: VmConfig,
+    /// The log records held since the state came: the guest waits until
+    /// the VM runs here, so they are written once it does (when this is
+    /// dropped; see [`crate::logging`]).
+    pub quiet: Hold<Stderr>,
+}
+
 /// Receives one migration on `listener`: returns the built and restored VM
 /// once the source handed it over. Peers that fail the TLS handshake or
 /// do not start with a valid `Start` are dropped and the listener goes on,
@@ -63,7 +74,7 @@ pub fn receive<T: Target>(
     listener: &Listener,
     host: &HostSettings,
     progress: &Progress,
-) -> Result<(T, VmConfig), MigrationError> {
+) -> Result<Received<T>, MigrationError> {
     loop {
         let mut stream = match listener.accept() {
             Ok(stream) => stream,
@@ -119,11 +130,12 @@ fn receive_from<T: Target>(
     stream: &mut dyn Stream,
     host: &HostSettings,
     progress: &Progress,
-) -> Result<(T, VmConfig), MigrationError> {
+) -> Result<Received<T>, MigrationError> {
     update(progress, |i| i.status = MigrationStatus::Active);
     let started = Instant::now();
     let mut target: Option<(T, VmConfig)> = None;
     let mut restored = false;
+    let mut quiet = None;
     loop {
         let guest_bytes = target.as_ref().map_or(0, |(_, c)| c.memory);
         let header = protocol::read_request_header(&mut *stream, guest_bytes)?;
@@ -151,8 +163,12 @@ fn receive_from<T: Target>(
                 )),
             },
             Command::State => {
+                // The source paused the VM: nothing is logged until it
+                // runs again, here or there.
+                quiet.get_or_insert_with(crate::logging::hold);
                 let payload = header.payload(&mut *stream)?;
                 let t0 = Instant::now();
+                let cpu0 = crate::thread_cpu_time();
                 match target.as_mut() {
                     Some((t, _)) => {
                         t.restore(&payload)
@@ -160,9 +176,10 @@ fn receive_from<T: Target>(
                             .map(|()| {
                                 restored = true;
                                 log::info!(
-                                    "Restored {} bytes of VM state in {} ms",
+                                    "Restored {} bytes of VM state in {} ms ({} ms of CPU)",
                                     payload.len(),
-                                    t0.elapsed().as_millis()
+                                    t0.elapsed().as_millis(),
+                                    crate::thread_cpu_time().saturating_sub(cpu0).as_millis()
                                 )
                             })
                     }
@@ -172,7 +189,7 @@ fn receive_from<T: Target>(
                 }
             }
             Command::Complete => match target.take().filter(|_| restored) {
-                Some(t) => {
+                Some((target, config)) => {
                     // The source stopped the VM for good before sending
                     // this: it runs here, answer or not.
                     if let Err(e) = protocol::send_response(&mut *stream, Ok(())) {
@@ -182,7 +199,11 @@ fn receive_from<T: Target>(
                         i.status = MigrationStatus::Completed;
                         i.total_ms = started.elapsed().as_millis() as u64;
                     });
-                    return Ok(t);
+                    return Ok(Received {
+                        target,
+                        config,
+                        quiet: quiet.take().unwrap_or_else(crate::logging::hold),
+                    });
                 }
                 None => Err(MigrationError::Config(
                     "complete before the VM's state".into(),
@@ -214,11 +235,12 @@ fn build_target<T: Target>(
 /// Serves the API of a VMM started with only `--api-socket` until
 /// `vm.receive-migration` brings a VM: returns it, built and restored,
 /// with the API and the migration's report; `None` when `vm.shutdown`
-/// came first. `serial` is this host's console setting.
+/// came first. `serial` is this host's console setting. The log stays
+/// held (see [`Received::quiet`]).
 pub(crate) fn wait_for_vm(
     api: Api,
     serial: &SerialConfig,
-) -> Result<Option<(Machine, Api, Progress)>, VmmError> {
+) -> Result<Option<(Received<Machine>, Api, Progress)>, VmmError> {
     let progress: Progress = Arc::new(Mutex::new(None));
     let handover_evt = eventfd()?;
     let (handover_tx, handover) = mpsc::channel();
@@ -273,7 +295,7 @@ fn start_receiver(
     params: &api::ReceiveMigrationParams,
     serial: &SerialConfig,
     progress: &Progress,
-    handover: Sender<Result<Machine, String>>,
+    handover: Sender<Result<Received<Machine>, String>>,
     wake: &EventFd,
 ) -> ApiResponse {
     let url: MigrationUrl = params
@@ -314,9 +336,8 @@ fn start_receiver(
         .name("migration".into())
         .spawn(move || {
             sandbox::enter(sandbox::Kind::Vmm);
-            let result = receive::<Machine>(&listener, &host, &progress)
-                .map(|(machine, _)| machine)
-                .map_err(|e| crate::error_chain(&e));
+            let result =
+                receive::<Machine>(&listener, &host, &progress).map_err(|e| crate::error_chain(&e));
             if let Err(e) = &result {
                 if let Some(info) = crate::lock(&progress).as_mut() {
                     info.status = MigrationStatus::Failed;
@@ -377,8 +398,7 @@ mod tests {
         protocol::read_response(stream)
     }
 
-    type Receiver<'s> =
-        std::thread::ScopedJoinHandle<'s, Result<(Memory, VmConfig), MigrationError>>;
+    type Receiver<'s> = std::thread::ScopedJoinHandle<'s, Result<Received<Memory>, MigrationError>>;
 
     /// A destination on a fresh Unix socket, receiving in a thread of
     /// `scope`, and a connection of a source to it.
@@ -477,7 +497,9 @@ mod tests {
             let source = good.source.client().unwrap();
             let mut s = url.connect(Some(&source)).unwrap();
             migrate(&mut *s, &config(128 << 20)).unwrap();
-            let (vm, config) = receiver.join().unwrap().unwrap();
+            let Received {
+                target: vm, config, ..
+            } = receiver.join().unwrap().unwrap();
             assert_eq!(config.nets[0].tap, "tap-dst");
             let mut page = [0u8; PAGE_SIZE as usize];
             vm.memory()

@@ -274,7 +274,9 @@ impl Source {
         }
 
         // Stop-and-copy: the control loop pauses the VM and saves it (and
-        // refuses cancels from now on).
+        // refuses cancels from now on). Until the hand-over is answered
+        // nothing is logged (see `crate::logging`).
+        let quiet = crate::logging::hold();
         let blackout = Instant::now();
         let (reply, answer) = mpsc::channel();
         self.control.send(SourceRequest::Switchover(reply));
@@ -292,6 +294,7 @@ impl Source {
         let restored = blackout.elapsed();
         hand_over(stream)?;
         let done = blackout.elapsed();
+        drop(quiet);
         let downtime = done.as_millis() as u64;
         // Where the blackout went, to tell what to make faster: logged,
         // and kept for vm.info and vm.counters.
@@ -422,13 +425,16 @@ impl Outgoing {
                     }
                     let was_paused = guest.paused;
                     let t0 = Instant::now();
+                    let cpu0 = crate::thread_cpu_time();
                     let result = if was_paused { Ok(()) } else { guest.pause_vm() };
                     let t1 = Instant::now();
                     let result = result.and_then(|()| guest.save_state());
                     log::info!(
-                        "Switch-over: VM paused in {} ms, state saved in {} ms",
+                        "Switch-over: VM paused in {} ms, state saved in {} ms ({} ms of CPU \
+                         for both)",
                         t1.duration_since(t0).as_millis(),
-                        t1.elapsed().as_millis()
+                        t1.elapsed().as_millis(),
+                        crate::thread_cpu_time().saturating_sub(cpu0).as_millis()
                     );
                     self.paused_vm = !was_paused && guest.paused;
                     let _ = reply.send(result);
