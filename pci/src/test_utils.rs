@@ -321,6 +321,15 @@ impl MemoryImage {
         Self { pages }
     }
 
+    /// Writes the image's pages into `mem`, another guest at least as large,
+    /// as a migration destination receives a source's memory.
+    pub fn copy_to(&self, mem: &GuestMemoryMmap<AtomicBitmap>) {
+        for (at, page) in &self.pages {
+            mem.write_slice(&page[..], GuestAddress(*at))
+                .unwrap_or_else(|e| panic!("page {at:#x}: {e}"));
+        }
+    }
+
     /// Puts `mem` back as it was when this image was taken: every page
     /// written since gets the image's bytes, or zeros if the image has none
     /// (a page the image has but nothing wrote since is as it was). Nothing
@@ -367,5 +376,9 @@ mod tests {
         }
         zero_written_pages(&mem);
         assert!(set_up(&mem) == before, "nothing was written since");
+        let other: GuestMemoryMmap<AtomicBitmap> =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 * PAGE)]).expect("memory");
+        image.copy_to(&other);
+        assert!(set_up(&other) == before, "the copy differs");
     }
 }
