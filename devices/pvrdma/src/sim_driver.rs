@@ -519,9 +519,8 @@ impl SimDriver {
     }
 
     /// Starts over on this device as a new driver would after one that left
-    /// it in any state (and as the fuzz targets do between inputs, instead
-    /// of building a device each time): configuration space and the MSI-X
-    /// table as [`Self::with_memory`] left them (Linux's
+    /// it in any state ([`Self::rewind`] starts the same way): configuration
+    /// space and the MSI-X table as [`Self::with_memory`] left them (Linux's
     /// `pci_restore_state`), the device's RESET, guest memory all zero
     /// again, and this driver's own bookkeeping forgotten. A probe then
     /// finds what it finds on a new device; the device tests check that
