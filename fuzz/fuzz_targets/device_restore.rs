@@ -19,20 +19,21 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
+use pci::test_utils::MemoryImage;
 use pci::PciBus;
 use pvrdma::sim_driver::endpoint::rc_pair;
 use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::SimDriver;
 use pvrdma_vmm_fuzz::virtio_blk::{self as blk, VirtioBlk};
 use pvrdma_vmm_fuzz::{inline_workers, settle, Input};
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vm_migration::test_utils::{mutate, read_varint, varint};
 use vm_migration::Snapshot;
 use vmxnet3::harness::{Harness, Sop};
 use vmxnet3::test_utils::{frame, tcp4_frame};
 
 const MAX_MUTATIONS: u8 = 16;
-const PAGE: u64 = 4096;
 
 /// A destination device of one kind on its own bus.
 enum Dest {
@@ -42,20 +43,17 @@ enum Dest {
 }
 
 impl Dest {
-    fn new(kind: usize, pages: &[(u64, Vec<u8>)]) -> Self {
+    fn new(kind: usize, memory: &MemoryImage) -> Self {
         let dest = match kind {
             0 => Dest::Nic(Harness::new()),
             1 => Dest::Blk(VirtioBlk::new(false)),
             _ => Dest::Rdma(SimDriver::new()),
         };
-        for (gpa, page) in pages {
-            let done = match &dest {
-                Dest::Nic(h) => h.mem.write_slice(page, GuestAddress(*gpa)),
-                Dest::Blk(v) => v.mem.write_slice(page, GuestAddress(*gpa)),
-                Dest::Rdma(s) => s.mem.write_slice(page, GuestAddress(*gpa)),
-            };
-            done.expect("a page of the source's memory");
-        }
+        memory.copy_to(match &dest {
+            Dest::Nic(h) => &h.mem,
+            Dest::Blk(v) => &v.mem,
+            Dest::Rdma(s) => &s.mem,
+        });
         dest
     }
 
@@ -68,18 +66,6 @@ impl Dest {
     }
 }
 
-/// The non-zero pages of `mem`, which a destination copies.
-fn pages<M: GuestMemory>(mem: &M, size: u64) -> Vec<(u64, Vec<u8>)> {
-    (0..size / PAGE)
-        .map(|i| i * PAGE)
-        .filter_map(|gpa| {
-            let mut page = vec![0u8; PAGE as usize];
-            mem.read_slice(&mut page, GuestAddress(gpa)).ok()?;
-            page.iter().any(|&b| b != 0).then_some((gpa, page))
-        })
-        .collect()
-}
-
 /// A source's bus snapshot, the device's own state in it, and its guest memory.
 struct Reference {
     bus: Snapshot,
@@ -87,11 +73,13 @@ struct Reference {
     before: Vec<u8>,
     state: Vec<u8>,
     after: Vec<u8>,
-    pages: Vec<(u64, Vec<u8>)>,
+    /// The pages the source wrote, which a destination copies.
+    memory: MemoryImage,
 }
 
 impl Reference {
-    fn new(bus: &PciBus, id: &str, pages: Vec<(u64, Vec<u8>)>) -> Self {
+    fn new(bus: &PciBus, id: &str, mem: &GuestMemoryMmap<AtomicBitmap>) -> Self {
+        let memory = MemoryImage::take(mem);
         bus.pause().expect("pause");
         let bus = bus.snapshot().expect("snapshot");
         let (before, state, after) = split(&bus.data, id);
@@ -100,7 +88,7 @@ impl Reference {
             before,
             state,
             after,
-            pages,
+            memory,
         }
     }
 
@@ -150,11 +138,7 @@ fn nic() -> Reference {
     h.wait_tx_completions(0, 1);
     h.backend.inject(frame(200, 1));
     h.wait_rx_completions(0, 1);
-    Reference::new(
-        &h.bus,
-        "vmxnet3",
-        pages(&*h.mem, vmxnet3::harness::MEM_SIZE as u64),
-    )
+    Reference::new(&h.bus, "vmxnet3", &h.mem)
 }
 
 /// A virtio-blk with its queue active and a read and a write done.
@@ -187,7 +171,7 @@ fn disk() -> Reference {
     v.notify(0);
     v.settle();
     assert_eq!(v.used_idx(), 2, "both requests served");
-    Reference::new(&v.bus, "virtio-blk", pages(&*v.mem, blk::MEM_SIZE))
+    Reference::new(&v.bus, "virtio-blk", &v.mem)
 }
 
 /// A PVRDMA function with an RC QP mid-transfer: a receive posted on the peer, a send and
@@ -198,11 +182,7 @@ fn rdma() -> Reference {
     a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     let remote = (b.sge(0, 0).addr, b.key);
     a.send(2, wr::RDMA_READ, &[a.sge(0, 100)], remote, 0);
-    Reference::new(
-        &a.sim.bus,
-        "pvrdma",
-        pages(&*a.sim.mem, pvrdma::sim_driver::MEM_SIZE),
-    )
+    Reference::new(&a.sim.bus, "pvrdma", &a.sim.mem)
 }
 
 fn references() -> &'static [Reference; 3] {
@@ -230,12 +210,12 @@ fuzz_target!(|data: &[u8]| {
     let Ok(snapshot) = Snapshot::from_bytes(&bytes) else {
         return;
     };
-    let mut dest = Dest::new(kind, &reference.pages);
+    let mut dest = Dest::new(kind, &reference.memory);
     if dest.bus().restore(&snapshot).is_ok() {
         // What a destination accepted, it can migrate again.
         dest.bus().pause().expect("pause the restored devices");
         let again = dest.bus().snapshot().expect("save the restored state");
-        let mut next = Dest::new(kind, &reference.pages);
+        let mut next = Dest::new(kind, &reference.memory);
         if let Err(e) = next.bus().restore(&again) {
             panic!("a restored state does not restore again: {e:?}");
         }

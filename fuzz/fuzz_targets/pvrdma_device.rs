@@ -7,10 +7,12 @@
 //! doorbells, register and config-space accesses; crafted RoCE frames from the peer.
 //! The devices' workers run on the fuzzer's thread after every step
 //! (`pvrdma_vmm_fuzz::settle`), as they would on their own threads, only without waiting.
-//! The two devices and their guest memory are built once and kept: after each input both are
-//! reset and set up again (`rc_pair_again`: configuration space restored, the device's RESET,
-//! guest memory zeroed, the same probe and objects), which leaves them as a new pair would be
-//! (the device test `lifetime::a_reset_pair_is_a_new_pair`), at a fraction of the cost.
+//! The two devices and their guest memory are built and set up once, then saved as a VMM
+//! saves them (`SimDriver::checkpoint`: device state and the guest memory written); after
+//! each input both are put back (`SimDriver::rewind`: configuration space restored, the
+//! device's RESET, guest memory as saved, the device's own restore), which leaves them as a
+//! new pair would be (the device test `lifetime::a_rewound_pair_is_a_new_pair`), at a
+//! fraction of the cost of building them or of probing and making the objects again.
 //! Invariants: no panic (libFuzzer aborts on one), no hang (`-timeout` catches a worker that
 //! never finishes its turn), no large allocation (`-malloc_limit_mb`).
 #![no_main]
@@ -18,8 +20,8 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use pvrdma::sim_driver::endpoint::{rc_pair, rc_pair_again, Endpoint, GID_A, GID_B, MAC_A, MAC_B};
-use pvrdma::sim_driver::{SimDriver, MEM_SIZE};
+use pvrdma::sim_driver::endpoint::{rc_pair, Endpoint, GID_A, GID_B, MAC_A, MAC_B};
+use pvrdma::sim_driver::{Checkpoint, SimDriver, MEM_SIZE};
 use pvrdma_abi::dsr::Dsr;
 use pvrdma_abi::regs::{uar, BAR_REG, BAR_UAR};
 use pvrdma_abi::wqe::{Sge, SqWqeHdr};
@@ -101,17 +103,32 @@ fn peer_frame(transport: &[u8]) -> Option<Vec<u8>> {
     frame(&ip, (MAC_A, MAC_B), 0xc000, Encap::V2, transport)
 }
 
+/// The pair the next input runs on, as a new one, and what it goes back to afterwards.
+struct Kept {
+    ends: [Endpoint; 2],
+    saved: [Checkpoint; 2],
+}
+
+/// A new pair, its workers done with what setting it up signalled, saved.
+fn set_up() -> Kept {
+    let (mut a, mut b) = rc_pair();
+    settle();
+    let saved = [a.sim.checkpoint(), b.sim.checkpoint()];
+    Kept {
+        ends: [a, b],
+        saved,
+    }
+}
+
 thread_local! {
-    /// The pair the next input runs on, as a new one.
-    static PAIR: RefCell<Option<(Endpoint, Endpoint)>> = const { RefCell::new(None) };
+    static PAIR: RefCell<Option<Kept>> = const { RefCell::new(None) };
 }
 
 fuzz_target!(|data: &[u8]| {
     inline_workers();
-    let (a, b) = PAIR.take().unwrap_or_else(rc_pair);
-    // The workers serve what setting the pair up signalled, as a new pair's would.
+    let Kept { mut ends, saved } = PAIR.take().unwrap_or_else(set_up);
+    // The workers serve what the restore signalled (every QP is run once).
     settle();
-    let mut ends = [a, b];
     let mut input = Input(data);
     let targets = [targets(&ends[0]), targets(&ends[1])];
     for _ in 0..MAX_OPS {
@@ -231,6 +248,8 @@ fuzz_target!(|data: &[u8]| {
     // Reset now rather than at the next input's start: what this input allocated is freed
     // within it, so libFuzzer's leak check (run when an input allocates more than it frees)
     // does not run after every input.
-    let [a, b] = ends;
-    PAIR.set(Some(rc_pair_again(a, b)));
+    for (e, saved) in ends.iter_mut().zip(&saved) {
+        e.sim.rewind(saved);
+    }
+    PAIR.set(Some(Kept { ends, saved }));
 });

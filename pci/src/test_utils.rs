@@ -2,7 +2,8 @@
 //! Mock hypervisor hooks for device tests (feature `test-utils`, and this
 //! crate's own tests): an [`MsiRouter`] whose vectors a test can watch
 //! fire, an [`IoEventRegistrar`] that records doorbells the way KVM
-//! does, and guest memory given back as new ([`zero_written_pages`]).
+//! does, and guest memory given back as new ([`zero_written_pages`]) or as
+//! it was once set up ([`MemoryImage`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -270,8 +271,25 @@ mod libc_errno {
 /// that keeps its guest across fuzz inputs pays for what an input wrote,
 /// not for the whole of RAM, and faults nothing in again.
 pub fn zero_written_pages(mem: &GuestMemoryMmap<AtomicBitmap>) {
-    const PAGE: usize = 4096;
-    let zeros = [0u8; PAGE];
+    MemoryImage::default().rewind(mem);
+}
+
+const PAGE: usize = 4096;
+
+/// The pages of guest memory written since it was created (or since the
+/// last [`MemoryImage::take`] or [`MemoryImage::rewind`]), with their
+/// contents: what a VMM's snapshot of a fresh guest holds. A harness that
+/// set a guest up once takes its image, then puts memory back to it after
+/// every input ([`MemoryImage::rewind`]) instead of setting it up again.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryImage {
+    /// Guest address of each written page, and its bytes.
+    pages: BTreeMap<u64, Box<[u8; PAGE]>>,
+}
+
+/// Takes every dirty page of `mem` off its bitmap, in address order.
+fn take_written(mem: &GuestMemoryMmap<AtomicBitmap>) -> Vec<u64> {
+    let mut pages = Vec::new();
     for region in mem.iter() {
         let start = region.start_addr().0;
         // The region's own bitmap, not the trait's slice of it.
@@ -281,11 +299,86 @@ pub fn zero_written_pages(mem: &GuestMemoryMmap<AtomicBitmap>) {
             while bits != 0 {
                 let page = word * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
-                let at = start + (page * PAGE) as u64;
-                let _ = mem.write_slice(&zeros, GuestAddress(at));
+                pages.push(start + (page * PAGE) as u64);
             }
         }
-        // The zeroing marked the pages again.
-        bitmap.reset();
+    }
+    pages
+}
+
+impl MemoryImage {
+    /// The pages of `mem` its dirty bitmap says were written (all that are
+    /// not zero if nothing reset the bitmap since `mem` was created), and
+    /// their bytes now; the bitmap starts over.
+    pub fn take(mem: &GuestMemoryMmap<AtomicBitmap>) -> Self {
+        let mut pages = BTreeMap::new();
+        for at in take_written(mem) {
+            let mut page = Box::new([0u8; PAGE]);
+            if mem.read_slice(&mut page[..], GuestAddress(at)).is_ok() {
+                pages.insert(at, page);
+            }
+        }
+        Self { pages }
+    }
+
+    /// Writes the image's pages into `mem`, another guest at least as large,
+    /// as a migration destination receives a source's memory.
+    pub fn copy_to(&self, mem: &GuestMemoryMmap<AtomicBitmap>) {
+        for (at, page) in &self.pages {
+            mem.write_slice(&page[..], GuestAddress(*at))
+                .unwrap_or_else(|e| panic!("page {at:#x}: {e}"));
+        }
+    }
+
+    /// Puts `mem` back as it was when this image was taken: every page
+    /// written since gets the image's bytes, or zeros if the image has none
+    /// (a page the image has but nothing wrote since is as it was). Nothing
+    /// is dirty afterwards.
+    pub fn rewind(&self, mem: &GuestMemoryMmap<AtomicBitmap>) {
+        let zeros = [0u8; PAGE];
+        for at in take_written(mem) {
+            let bytes = self.pages.get(&at).map_or(&zeros, |p| &**p);
+            let _ = mem.write_slice(bytes, GuestAddress(at));
+        }
+        // The writes marked the pages again.
+        for region in mem.iter() {
+            MmapRegion::bitmap(region).reset();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rewinding puts back the image's pages, zeroes pages written only
+    /// after it, leaves the rest alone and nothing dirty.
+    #[test]
+    fn memory_image_rewinds_written_pages() {
+        let mem: GuestMemoryMmap<AtomicBitmap> =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 * PAGE)]).expect("memory");
+        let page = |n: usize| GuestAddress((n * PAGE) as u64);
+        mem.write_slice(&[1; 8], page(1)).expect("write");
+        mem.write_slice(&[2; 8], page(3)).expect("write");
+        let image = MemoryImage::take(&mem);
+        let set_up = |mem: &GuestMemoryMmap<AtomicBitmap>| {
+            let mut all = vec![0u8; 16 * PAGE];
+            mem.read_slice(&mut all, GuestAddress(0)).expect("read");
+            all
+        };
+        let before = set_up(&mem);
+        for round in 0..2u8 {
+            mem.write_slice(&[9; 8], page(1)).expect("write");
+            mem.write_slice(&[round + 7; 100], page(5)).expect("write");
+            image.rewind(&mem);
+            assert!(set_up(&mem) == before, "round {round}: memory differs");
+            assert!(take_written(&mem).is_empty(), "round {round}: dirty pages");
+        }
+        zero_written_pages(&mem);
+        assert!(set_up(&mem) == before, "nothing was written since");
+        let other: GuestMemoryMmap<AtomicBitmap> =
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 16 * PAGE)]).expect("memory");
+        image.copy_to(&other);
+        assert!(set_up(&other) == before, "the copy differs");
     }
 }

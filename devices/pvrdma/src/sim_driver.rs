@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use net_port::{FrameBackend, Port, VnetHdr};
-use pci::test_utils::{MockIoEvents, MockMsi};
+use pci::test_utils::{MemoryImage, MockIoEvents, MockMsi};
 use pci::{DeviceHooks, PciBus};
 use pvrdma_abi::cmd::*;
 use pvrdma_abi::dsr::{DeviceCaps, Dsr, RingPageInfo, DSR_CAPS_OFFSET};
@@ -205,6 +205,22 @@ pub struct MigrateTimes {
     /// waits of a loaded machine (other threads' work not included).
     pub cpu_migrate: Duration,
     pub cpu_codec: Duration,
+}
+
+/// A device, its guest memory and its driver saved by
+/// [`SimDriver::checkpoint`], to go back to with [`SimDriver::rewind`].
+pub struct Checkpoint {
+    device: vm_migration::Snapshot,
+    memory: MemoryImage,
+    version: u32,
+    /// DSR, command and response slots.
+    slots: (u64, u64, u64),
+    /// Async and CQ notification rings.
+    rings: (Option<DeviceRing>, Option<DeviceRing>),
+    contexts: BTreeMap<u32, u32>,
+    pds: BTreeMap<u32, u32>,
+    next_page: u64,
+    seq: u64,
 }
 
 /// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
@@ -503,26 +519,15 @@ impl SimDriver {
     }
 
     /// Starts over on this device as a new driver would after one that left
-    /// it in any state (and as the fuzz targets do between inputs, instead
-    /// of building a device each time): configuration space and the MSI-X
-    /// table as [`Self::with_memory`] left them (Linux's
+    /// it in any state ([`Self::rewind`] starts the same way): configuration
+    /// space and the MSI-X table as [`Self::with_memory`] left them (Linux's
     /// `pci_restore_state`), the device's RESET, guest memory all zero
     /// again, and this driver's own bookkeeping forgotten. A probe then
     /// finds what it finds on a new device; the device tests check that
     /// its saved state is the same.
     pub fn reset(&mut self) {
-        for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
-            self.cfg_write(reg, value);
-        }
+        self.start_over(&MemoryImage::default());
         self.enable_msix();
-        let reset = self.bars[BAR_REG] + Reg::Ctl.offset();
-        self.bus
-            .mmio_write(reset, &(Ctl::Reset as u32).to_le_bytes());
-        pci::test_utils::zero_written_pages(&self.mem);
-        for gsi in 0..3 {
-            self.msi.fired(gsi);
-        }
-        self.wire.clear();
         self.version = 0;
         (self.dsr, self.cmd_slot, self.resp_slot) = (0, 0, 0);
         (self.async_ring, self.cq_notify_ring) = (None, None);
@@ -530,6 +535,71 @@ impl SimDriver {
         self.pds.clear();
         self.next_page = FIRST_PAGE;
         self.seq = 0;
+    }
+
+    /// [`Self::reset`] but for the MSI-X table and the driver's bookkeeping,
+    /// with guest memory put back to `memory` instead of all zero. As
+    /// Linux's `pci_restore_config_space`, only the configuration registers
+    /// that differ are written.
+    fn start_over(&mut self, memory: &MemoryImage) {
+        for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
+            if self.cfg_read(reg) != value {
+                self.cfg_write(reg, value);
+            }
+        }
+        let reset = self.bars[BAR_REG] + Reg::Ctl.offset();
+        self.bus
+            .mmio_write(reset, &(Ctl::Reset as u32).to_le_bytes());
+        memory.rewind(&self.mem);
+        for gsi in 0..3 {
+            self.msi.fired(gsi);
+        }
+        self.wire.clear();
+    }
+
+    /// Saves the device and its guest as a VMM saves them for a snapshot
+    /// (the device paused, its state, the guest memory written so far), with
+    /// this driver's bookkeeping, for [`Self::rewind`]. Only on a device
+    /// whose guest memory nothing but this driver and the device wrote since
+    /// it was built or [`Self::reset`].
+    pub fn checkpoint(&mut self) -> Checkpoint {
+        use vm_migration::{Pausable, Snapshottable};
+        let mut dev = self.device();
+        dev.pause().expect("pause");
+        let device = dev.snapshot().expect("snapshot");
+        dev.resume().expect("resume");
+        drop(dev);
+        Checkpoint {
+            device,
+            memory: MemoryImage::take(&self.mem),
+            version: self.version,
+            slots: (self.dsr, self.cmd_slot, self.resp_slot),
+            rings: (self.async_ring.clone(), self.cq_notify_ring.clone()),
+            contexts: self.contexts.clone(),
+            pds: self.pds.clone(),
+            next_page: self.next_page,
+            seq: self.seq,
+        }
+    }
+
+    /// Puts the device and its guest back as they were at `saved`, whatever
+    /// state they were left in, as a VMM restores a snapshot (and as the
+    /// fuzz targets do between inputs, instead of probing and making the
+    /// objects again): [`Self::reset`]'s configuration space and RESET, then
+    /// guest memory as saved and the device's state (MSI-X table included)
+    /// restored onto the reset device, which is a new one (the device tests
+    /// check that the result is the pair that was saved).
+    pub fn rewind(&mut self, saved: &Checkpoint) {
+        use vm_migration::Snapshottable;
+        self.start_over(&saved.memory);
+        self.device().restore(&saved.device).expect("restore");
+        self.version = saved.version;
+        (self.dsr, self.cmd_slot, self.resp_slot) = saved.slots;
+        (self.async_ring, self.cq_notify_ring) = saved.rings.clone();
+        self.contexts.clone_from(&saved.contexts);
+        self.pds.clone_from(&saved.pds);
+        self.next_page = saved.next_page;
+        self.seq = saved.seq;
     }
 
     pub fn device(&self) -> MutexGuard<'_, Pvrdma<Mem>> {

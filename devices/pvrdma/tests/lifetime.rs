@@ -200,20 +200,18 @@ fn device_drop_unregisters() {
     assert_eq!(ioevents.count(), 0);
 }
 
-/// What the fuzz targets rely on to keep their devices across inputs: a
-/// pair that ran traffic and hostile requests, then reset and set up again
-/// (`rc_pair_again`), is a new pair: the same saved device state (registers,
-/// MSI-X, every object with its handles, QPNs, keys and engine), the same
-/// configuration space and the same guest memory.
-#[test]
-fn a_reset_pair_is_a_new_pair() {
+/// What the fuzz targets rely on to keep their devices across inputs.
+mod kept_pair {
     use pvrdma::sim_driver::endpoint::{rc_pair, rc_pair_again, Endpoint, IOVA};
     use pvrdma::sim_driver::ib::wr;
-    use pvrdma::sim_driver::MEM_SIZE;
+    use pvrdma::sim_driver::{QpSpec, MEM_SIZE};
     use pvrdma_abi::regs::Reg;
     use vm_memory::{Bytes, GuestAddress};
     use vm_migration::{Pausable, Snapshottable};
 
+    /// Side `e` as a test can compare it: the device's saved state
+    /// (registers, MSI-X, every object with its handles, QPNs, keys and
+    /// engine), configuration space and guest memory.
     fn saved(e: &mut Endpoint) -> (Vec<u8>, Vec<u32>, Vec<u8>) {
         let mut dev = e.sim.device();
         dev.pause().expect("pause");
@@ -229,33 +227,62 @@ fn a_reset_pair_is_a_new_pair() {
         (state, config, mem)
     }
 
-    let mut fresh = rc_pair();
-    let (mut a, mut b) = rc_pair();
-    // Traffic both ways, an extra CQ and QP, a refused command, masked
-    // interrupts and a changed config register.
-    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 4096)]);
-    a.send(2, wr::SEND, &[a.sge(0, 3000)], (0, 0), 0);
-    a.send(
-        3,
-        wr::RDMA_WRITE,
-        &[a.sge(0, 5000)],
-        (IOVA + 8192, b.key),
-        0,
-    );
-    assert_eq!(a.cqes(2).len(), 2);
-    assert_eq!(b.cqes(1).len(), 1);
-    let cq = a.sim.create_cq(0, 64).expect("cq");
-    a.sim.create_qp(QpSpec::rc(a.pd, cq.handle)).expect("qp");
-    assert!(a.sim.create_pd(99).is_err());
-    a.sim.reg_write(Reg::Imr, !0);
-    b.sim.cfg_write(15, 0xffff_ffff);
-    let (mut a, mut b) = rc_pair_again(a, b);
-    assert!(
-        saved(&mut fresh.0) == saved(&mut a),
-        "side A differs from a new one"
-    );
-    assert!(
-        saved(&mut fresh.1) == saved(&mut b),
-        "side B differs from a new one"
-    );
+    /// Traffic both ways, an extra CQ and QP, a refused command, masked
+    /// interrupts and a changed config register.
+    fn use_pair(a: &mut Endpoint, b: &mut Endpoint) {
+        b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 4096)]);
+        a.send(2, wr::SEND, &[a.sge(0, 3000)], (0, 0), 0);
+        a.send(
+            3,
+            wr::RDMA_WRITE,
+            &[a.sge(0, 5000)],
+            (IOVA + 8192, b.key),
+            0,
+        );
+        assert_eq!(a.cqes(2).len(), 2);
+        assert_eq!(b.cqes(1).len(), 1);
+        let cq = a.sim.create_cq(0, 64).expect("cq");
+        a.sim.create_qp(QpSpec::rc(a.pd, cq.handle)).expect("qp");
+        assert!(a.sim.create_pd(99).is_err());
+        a.sim.reg_write(Reg::Imr, !0);
+        b.sim.cfg_write(15, 0xffff_ffff);
+    }
+
+    fn assert_new(fresh: &mut (Endpoint, Endpoint), a: &mut Endpoint, b: &mut Endpoint) {
+        assert!(
+            saved(&mut fresh.0) == saved(a),
+            "side A differs from a new one"
+        );
+        assert!(
+            saved(&mut fresh.1) == saved(b),
+            "side B differs from a new one"
+        );
+    }
+
+    /// A pair that was used, then reset and set up again (`rc_pair_again`),
+    /// is a new pair.
+    #[test]
+    fn a_reset_pair_is_a_new_pair() {
+        let mut fresh = rc_pair();
+        let (mut a, mut b) = rc_pair();
+        use_pair(&mut a, &mut b);
+        let (mut a, mut b) = rc_pair_again(a, b);
+        assert_new(&mut fresh, &mut a, &mut b);
+    }
+
+    /// A pair saved once set up (`SimDriver::checkpoint`), then used, then
+    /// put back (`SimDriver::rewind`: RESET and the device's own restore),
+    /// is a new pair, and works as one; twice over.
+    #[test]
+    fn a_rewound_pair_is_a_new_pair() {
+        let mut fresh = rc_pair();
+        let (mut a, mut b) = rc_pair();
+        let saved = [a.sim.checkpoint(), b.sim.checkpoint()];
+        for _ in 0..2 {
+            use_pair(&mut a, &mut b);
+            a.sim.rewind(&saved[0]);
+            b.sim.rewind(&saved[1]);
+            assert_new(&mut fresh, &mut a, &mut b);
+        }
+    }
 }

@@ -149,8 +149,11 @@ impl Harness {
     /// again. The device tests check that the saved state is a new
     /// function's (`persist::a_reset_function_is_a_new_one`).
     pub fn reset(&mut self) {
+        // As Linux's `pci_restore_config_space`: only the registers that differ.
         for (reg, value) in (0..CONFIG_REGS).zip(self.config_space.clone()) {
-            self.cfg_write(reg, 0, &value.to_le_bytes());
+            if self.cfg_read(reg) != value {
+                self.cfg_write(reg, 0, &value.to_le_bytes());
+            }
         }
         self.enable_msix();
         self.cmd(RESET);

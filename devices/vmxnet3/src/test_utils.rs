@@ -201,50 +201,52 @@ impl DriverLayout {
         RX_AREA + q as u64 * 4 * RING_ROOM + 2 * RING_ROOM
     }
 
-    /// Writes DriverShared and the queue descriptors (rings stay as they are).
+    /// Writes DriverShared and the queue descriptors (rings stay as they are),
+    /// each built in a buffer and written whole: one guest write per
+    /// structure, not one per field (hostile layouts have 510 descriptors).
     pub fn write<M: GuestMemory>(&self, mem: &M) {
-        let at = |off: u64| GuestAddress(SHARED + off);
-        mem.write_slice(&[0; 720], at(0)).unwrap();
-        mem.write_obj(self.magic, at(0)).unwrap();
-        mem.write_obj(self.queue_table, at(40)).unwrap();
-        mem.write_obj(self.mtu, at(56)).unwrap();
-        mem.write_obj(self.num_tx, at(62)).unwrap();
-        mem.write_obj(self.num_rx, at(63)).unwrap();
-        mem.write_obj(u8::from(self.auto_mask), at(80)).unwrap();
-        mem.write_obj(self.num_intrs, at(81)).unwrap();
-        mem.write_obj(self.event_intr, at(82)).unwrap();
-        // intrCtrl DISABLE_ALL, as Linux leaves it at activation.
-        mem.write_obj(1u32, at(108)).unwrap();
-        for q in 0..usize::from(self.num_tx) {
-            let d = self.queue_desc(q);
-            if !mem.check_range(GuestAddress(d), 256, vm_memory::Permissions::Write) {
-                continue;
-            }
-            let at = |off: u64| GuestAddress(d + off);
-            mem.write_slice(&[0; 256], at(0)).unwrap();
-            mem.write_obj(self.tx_ring(q), at(16)).unwrap();
-            mem.write_obj(self.tx_comp(q), at(32)).unwrap();
-            mem.write_obj(self.ring_size, at(56)).unwrap();
-            mem.write_obj(self.ring_size, at(60)).unwrap();
-            mem.write_obj(self.ring_size, at(64)).unwrap();
-            mem.write_obj(self.tx_intr.get(q).copied().unwrap_or(0), at(72))
-                .unwrap();
+        fn put(buf: &mut [u8], off: usize, bytes: &[u8]) {
+            buf[off..off + bytes.len()].copy_from_slice(bytes);
         }
-        for q in 0..usize::from(self.num_rx) {
-            let d = self.queue_desc(usize::from(self.num_tx) + q);
+        let mut shared = [0u8; 720];
+        put(&mut shared, 0, &self.magic.to_le_bytes());
+        put(&mut shared, 40, &self.queue_table.to_le_bytes());
+        put(&mut shared, 56, &self.mtu.to_le_bytes());
+        put(&mut shared, 62, &[self.num_tx, self.num_rx]);
+        put(
+            &mut shared,
+            80,
+            &[u8::from(self.auto_mask), self.num_intrs, self.event_intr],
+        );
+        // intrCtrl DISABLE_ALL, as Linux leaves it at activation.
+        put(&mut shared, 108, &1u32.to_le_bytes());
+        mem.write_slice(&shared, GuestAddress(SHARED)).unwrap();
+        let tx = (0..usize::from(self.num_tx)).map(|q| {
+            let sizes = [self.ring_size; 3];
+            let intr = self.tx_intr.get(q).copied().unwrap_or(0);
+            ([self.tx_ring(q), 0, self.tx_comp(q)], sizes, intr)
+        });
+        let rx = (0..usize::from(self.num_rx)).map(|q| {
+            let rings = [self.rx_ring(q, 0), self.rx_ring(q, 1), self.rx_comp(q)];
+            let sizes = [self.ring_size, self.ring_size, self.rx_comp_size];
+            (rings, sizes, self.rx_intr.get(q).copied().unwrap_or(0))
+        });
+        // TX: ring at 16, completion ring at 32; RX: rings at 16 and 24,
+        // completion ring at 32; then three sizes at 56 and the vector at 72.
+        for (i, (rings, sizes, intr)) in tx.chain(rx).enumerate() {
+            let d = self.queue_desc(i);
             if !mem.check_range(GuestAddress(d), 256, vm_memory::Permissions::Write) {
                 continue;
             }
-            let at = |off: u64| GuestAddress(d + off);
-            mem.write_slice(&[0; 256], at(0)).unwrap();
-            mem.write_obj(self.rx_ring(q, 0), at(16)).unwrap();
-            mem.write_obj(self.rx_ring(q, 1), at(24)).unwrap();
-            mem.write_obj(self.rx_comp(q), at(32)).unwrap();
-            mem.write_obj(self.ring_size, at(56)).unwrap();
-            mem.write_obj(self.ring_size, at(60)).unwrap();
-            mem.write_obj(self.rx_comp_size, at(64)).unwrap();
-            mem.write_obj(self.rx_intr.get(q).copied().unwrap_or(0), at(72))
-                .unwrap();
+            let mut desc = [0u8; 256];
+            for (k, ring) in rings.iter().enumerate() {
+                put(&mut desc, 16 + 8 * k, &ring.to_le_bytes());
+            }
+            for (k, size) in sizes.iter().enumerate() {
+                put(&mut desc, 56 + 4 * k, &size.to_le_bytes());
+            }
+            desc[72] = intr;
+            mem.write_slice(&desc, GuestAddress(d)).unwrap();
         }
     }
 }
