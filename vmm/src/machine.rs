@@ -249,8 +249,8 @@ impl migration::Target for Machine {
         }
         let err = |e: &dyn std::error::Error| crate::error_chain(e);
         let t0 = Instant::now();
-        for (fd, s) in self.vcpu_fds.iter().zip(&state.vcpus) {
-            arch::state::restore(fd, s).map_err(|e| err(&e))?;
+        for ((id, fd), s) in (0u8..).zip(&self.vcpu_fds).zip(&state.vcpus) {
+            arch::state::restore(fd, s).map_err(|e| format!("vCPU {id}: {}", err(&e)))?;
         }
         let t1 = Instant::now();
         arch::state::restore_vm(self.vm.fd(), &state.vm).map_err(|e| err(&e))?;

@@ -9,7 +9,7 @@ use kvm_bindings::{
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::layout;
+use super::{cpuid, layout};
 use crate::memory::GuestMemory;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,26 +32,11 @@ pub enum CpuError {
     Xcr0(#[source] kvm_ioctls::Error),
 }
 
-/// Tailors KVM's supported CPUID to vCPU `id` of `count`: APIC IDs, the
-/// logical-processor count and the hypervisor bit (so the guest looks for
-/// KVM's paravirtual clock and features).
+/// Gives vCPU `id` of `count` the CPUID a booting guest gets
+/// ([`cpuid::for_vcpu`]).
 pub fn set_cpuid(vcpu: &VcpuFd, supported: &CpuId, id: u8, count: u8) -> Result<(), CpuError> {
-    let mut cpuid = supported.clone();
-    for entry in cpuid.as_mut_slice() {
-        match entry.function {
-            1 => {
-                entry.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8);
-                entry.ecx |= 1 << 31; // hypervisor present
-                if count > 1 {
-                    entry.edx |= 1 << 28; // HTT: more than one logical CPU
-                }
-            }
-            // Extended topology: x2APIC ID of this CPU in every sub-leaf.
-            0xb | 0x1f => entry.edx = u32::from(id),
-            _ => {}
-        }
-    }
-    vcpu.set_cpuid2(&cpuid).map_err(CpuError::SetCpuid)
+    vcpu.set_cpuid2(&cpuid::for_vcpu(supported, id, count))
+        .map_err(CpuError::SetCpuid)
 }
 
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;
