@@ -123,7 +123,7 @@ enum Rule {
     /// Feature flags: every bit of `mask` the guest has, this host has.
     Subset(u32),
     /// A number in the bits of `mask`: the guest's is not over this host's.
-    NotGreater(u32),
+    AtMost(u32),
 }
 
 /// Bits KVM changes while the guest runs, from its control registers
@@ -131,6 +131,8 @@ enum Rule {
 /// (CR4.OSXSAVE) and leaf 7 ECX OSPKE (CR4.PKE). Not features.
 const OSXSAVE: u32 = 1 << 27;
 const OSPKE: u32 = 1 << 4;
+const ALL: u32 = !0;
+const EXT: &str = "extended features";
 
 /// What a guest reads to choose instructions and paravirtual interfaces.
 /// Leaf 0xD's EBX (XSAVE size for the XCR0/XSS now set) changes with them
@@ -138,58 +140,28 @@ const OSPKE: u32 = 1 << 4;
 /// and each component's place are.
 const FEATURES: &[(u32, u32, Reg, Rule, &str)] = &[
     (0x1, 0, Reg::Ecx, Rule::Subset(!OSXSAVE), "features"),
-    (0x1, 0, Reg::Edx, Rule::Subset(!0), "features"),
-    (0x6, 0, Reg::Eax, Rule::Subset(!0), "thermal and power"),
-    (0x7, 0, Reg::Ebx, Rule::Subset(!0), "extended features"),
-    (0x7, 0, Reg::Ecx, Rule::Subset(!OSPKE), "extended features"),
-    (0x7, 0, Reg::Edx, Rule::Subset(!0), "extended features"),
-    (0x7, 1, Reg::Eax, Rule::Subset(!0), "extended features"),
-    (0x7, 1, Reg::Edx, Rule::Subset(!0), "extended features"),
-    (0x7, 2, Reg::Edx, Rule::Subset(!0), "speculation controls"),
-    (0xd, 0, Reg::Eax, Rule::Subset(!0), "XCR0 components"),
-    (0xd, 0, Reg::Edx, Rule::Subset(!0), "XCR0 components"),
-    (0xd, 0, Reg::Ecx, Rule::NotGreater(!0), "XSAVE area size"),
-    (0xd, 1, Reg::Eax, Rule::Subset(!0), "XSAVE instructions"),
-    (0xd, 1, Reg::Ecx, Rule::Subset(!0), "XSS components"),
-    (0xd, 1, Reg::Edx, Rule::Subset(!0), "XSS components"),
-    (0x4000_0001, 0, Reg::Eax, Rule::Subset(!0), "KVM features"),
-    (0x4000_0001, 0, Reg::Edx, Rule::Subset(!0), "KVM hints"),
-    (
-        0x8000_0001,
-        0,
-        Reg::Ecx,
-        Rule::Subset(!0),
-        "extended features",
-    ),
-    (
-        0x8000_0001,
-        0,
-        Reg::Edx,
-        Rule::Subset(!0),
-        "extended features",
-    ),
-    (0x8000_0007, 0, Reg::Edx, Rule::Subset(!0), "invariant TSC"),
-    (
-        0x8000_0008,
-        0,
-        Reg::Eax,
-        Rule::NotGreater(0xff),
-        "physical address bits",
-    ),
-    (
-        0x8000_0008,
-        0,
-        Reg::Ebx,
-        Rule::Subset(!0),
-        "extended features",
-    ),
-    (
-        0x8000_0021,
-        0,
-        Reg::Eax,
-        Rule::Subset(!0),
-        "extended features",
-    ),
+    (0x1, 0, Reg::Edx, Rule::Subset(ALL), "features"),
+    (0x6, 0, Reg::Eax, Rule::Subset(ALL), "thermal and power"),
+    (0x7, 0, Reg::Ebx, Rule::Subset(ALL), EXT),
+    (0x7, 0, Reg::Ecx, Rule::Subset(!OSPKE), EXT),
+    (0x7, 0, Reg::Edx, Rule::Subset(ALL), EXT),
+    (0x7, 1, Reg::Eax, Rule::Subset(ALL), EXT),
+    (0x7, 1, Reg::Edx, Rule::Subset(ALL), EXT),
+    (0x7, 2, Reg::Edx, Rule::Subset(ALL), "speculation controls"),
+    (0xd, 0, Reg::Eax, Rule::Subset(ALL), "XCR0 components"),
+    (0xd, 0, Reg::Edx, Rule::Subset(ALL), "XCR0 components"),
+    (0xd, 0, Reg::Ecx, Rule::AtMost(ALL), "XSAVE area size"),
+    (0xd, 1, Reg::Eax, Rule::Subset(ALL), "XSAVE instructions"),
+    (0xd, 1, Reg::Ecx, Rule::Subset(ALL), "XSS components"),
+    (0xd, 1, Reg::Edx, Rule::Subset(ALL), "XSS components"),
+    (0x4000_0001, 0, Reg::Eax, Rule::Subset(ALL), "KVM features"),
+    (0x4000_0001, 0, Reg::Edx, Rule::Subset(ALL), "KVM hints"),
+    (0x8000_0001, 0, Reg::Ecx, Rule::Subset(ALL), EXT),
+    (0x8000_0001, 0, Reg::Edx, Rule::Subset(ALL), EXT),
+    (0x8000_0007, 0, Reg::Edx, Rule::Subset(ALL), "invariant TSC"),
+    (0x8000_0008, 0, Reg::Eax, Rule::AtMost(0xff), "address bits"),
+    (0x8000_0008, 0, Reg::Ebx, Rule::Subset(ALL), EXT),
+    (0x8000_0021, 0, Reg::Eax, Rule::Subset(ALL), EXT),
 ];
 
 /// CPUID entries by (leaf, sub-leaf); a hostile list is refused for its
@@ -214,7 +186,7 @@ fn by_leaf(
 /// the same APIC ID, as the vCPU's KVM ID is its index. `here` is the CPUID
 /// KVM holds for the same vCPU of a booting guest ([`for_vcpu`] set, read
 /// back with KVM_GET_CPUID2): KVM may give a vCPU more than its supported
-/// list says (the development host's KVM adds SSE3, AVX and a dozen more
+/// list says (the development host's kvm-pvm adds SSE3, AVX and a dozen more
 /// to leaf 1 ECX), and what a saved CPUID holds is what KVM gave.
 pub fn check(guest: &[kvm_cpuid_entry2], here: &CpuId) -> Result<(), CpuidError> {
     let guest = by_leaf(guest)?;
@@ -244,7 +216,7 @@ pub fn check(guest: &[kvm_cpuid_entry2], here: &CpuId) -> Result<(), CpuidError>
                     return Err(CpuidError::Missing(name, missing, Absent(ours.is_none())));
                 }
             }
-            Rule::NotGreater(mask) => {
+            Rule::AtMost(mask) => {
                 let ours = ours.unwrap_or(0) & mask;
                 if theirs & mask > ours {
                     return Err(CpuidError::Greater(name, theirs & mask, ours));
