@@ -98,6 +98,11 @@ impl VcpuState {
     pub fn rip(&self) -> u64 {
         self.regs.rip
     }
+
+    /// The CPUID the guest booted with.
+    pub fn cpuid(&self) -> &[kvm_cpuid_entry2] {
+        &self.cpuid
+    }
 }
 
 /// Most exits one instruction can still make once its first completes: a
@@ -149,11 +154,7 @@ fn get_msrs(fd: &VcpuFd, list: &[u32]) -> Result<Vec<kvm_msr_entry>, StateError>
 /// (read after it, they agree with it); KVM_GET_VCPU_EVENTS last, as the
 /// other reads may still queue an event.
 pub fn save(fd: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, StateError> {
-    let cpuid = fd
-        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| StateError::Get("CPUID", e))?
-        .as_slice()
-        .to_vec();
+    let cpuid = get_cpuid(fd)?;
     let mp_state = fd
         .get_mp_state()
         .map_err(|e| StateError::Get("MP state", e))?;
@@ -212,10 +213,7 @@ fn restore_order(msrs: &[kvm_msr_entry]) -> Vec<kvm_msr_entry> {
 /// before the MSRs (the TSC deadline counts only in TSC-deadline mode);
 /// the events last, as the other writes clear or queue events.
 pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
-    let here = fd
-        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| StateError::Get("CPUID", e))?;
-    cpuid::check(&s.cpuid, &here).map_err(StateError::Cpuid)?;
+    check_cpuid(fd, &s.cpuid)?;
     // Within KVM's limit: `check` refused more entries.
     let guest_cpuid = CpuId::from_entries(&s.cpuid)
         .map_err(|_| StateError::Cpuid(CpuidError::TooMany(s.cpuid.len())))?;
@@ -255,6 +253,25 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     fd.set_vcpu_events(&s.events)
         .map_err(|e| StateError::Set("events", e))?;
     Ok(())
+}
+
+/// The CPUID vCPU `fd` holds (KVM_GET_CPUID2).
+pub fn get_cpuid(fd: &VcpuFd) -> Result<Vec<kvm_cpuid_entry2>, StateError> {
+    Ok(fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| StateError::Get("CPUID", e))?
+        .as_slice()
+        .to_vec())
+}
+
+/// Checks `guest`, a CPUID saved on another host (untrusted), against
+/// what vCPU `fd`, set up as for a booting guest and not run, holds
+/// ([`cpuid::check`]).
+pub fn check_cpuid(fd: &VcpuFd, guest: &[kvm_cpuid_entry2]) -> Result<(), StateError> {
+    let here = fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(|e| StateError::Get("CPUID", e))?;
+    cpuid::check(guest, &here).map_err(StateError::Cpuid)
 }
 
 /// Gives the guest its source's TSC rate. A host that cannot scale the
@@ -363,13 +380,6 @@ mod tests {
         vcpu_with(kvm, &booting_cpuid(kvm))
     }
 
-    fn get_cpuid(fd: &VcpuFd) -> Vec<kvm_cpuid_entry2> {
-        fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-            .unwrap()
-            .as_slice()
-            .to_vec()
-    }
-
     fn entry_mut(entries: &mut [kvm_cpuid_entry2], leaf: u32) -> &mut kvm_cpuid_entry2 {
         entries
             .iter_mut()
@@ -396,9 +406,9 @@ mod tests {
         assert_eq!((saved_leaf1.eax, saved_leaf1.ecx & cleared), (model, 0));
 
         let (_vm_b, b) = vcpu(&kvm);
-        assert_ne!(get_cpuid(&b), saved.cpuid);
+        assert_ne!(get_cpuid(&b).unwrap(), saved.cpuid);
         restore(&b, &saved).unwrap();
-        assert_eq!(get_cpuid(&b), saved.cpuid);
+        assert_eq!(get_cpuid(&b).unwrap(), saved.cpuid);
     }
 
     /// A state whose CPUID has a feature this host lacks is refused, by
@@ -418,7 +428,7 @@ mod tests {
         let mut regs = b.get_regs().unwrap();
         regs.rip = 0x4321;
         b.set_regs(&regs).unwrap();
-        let here = get_cpuid(&b);
+        let here = get_cpuid(&b).unwrap();
         let e = restore(&b, &saved).unwrap_err();
         let msg = crate::error_chain(&e);
         assert!(
@@ -428,7 +438,7 @@ mod tests {
             )),
             "{msg}"
         );
-        assert_eq!(get_cpuid(&b), here);
+        assert_eq!(get_cpuid(&b).unwrap(), here);
         assert_eq!(b.get_regs().unwrap().rip, 0x4321);
     }
 
