@@ -209,7 +209,7 @@ SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18
   exit_a=$EXIT_STATUS
   fails=$(cat "$OUT/$p"-*-serial.log | grep -o 'BENCH-MIG-FAIL.*' | tr -d '\r' | tr ' ' '_' | paste -sd' ' -) || true
   record bench "$mem.a_exit=$exit_a" "$mem.b_exit=$exit_b" "$mem.b_last=$src" \
-    "$mem.panics=$(cat "$OUT/$p"-*-vmm.log | grep -cE 'panicked at|forbidden syscall' || true)" \
+    "$mem.panics=$(panics "$OUT/$p"-*-vmm.log)" \
     "$mem.fail=${fails:-}" "$mem.seconds=$(since "$t_pair")"
   log "bench-migration: $mem MiB: $(grep "^$mem\." "$OUT/bench.env" | tr '\n' ' ')"
 done

@@ -114,7 +114,7 @@ for config in ${CONFIGS:?}; do
     "$config.tapa_roce_frames=$((${after_a:-0} - ${before_a:-0}))" "$config.tapb_roce_frames=$((${after_b:-0} - ${before_b:-0}))" \
     "$config.a_done=$(grep -c 'BENCH-RDMA-DONE' "$OUT/bench-$config-a-serial.log" || true)" \
     "$config.b_done=$(grep -c 'BENCH-RDMA-DONE' "$OUT/bench-$config-b-serial.log" || true)" \
-    "$config.panics=$(cat "$OUT/bench-$config-a-vmm.log" "$OUT/bench-$config-b-vmm.log" | grep -cE 'panicked at|forbidden syscall' || true)" \
+    "$config.panics=$(panics "$OUT/bench-$config-a-vmm.log" "$OUT/bench-$config-b-vmm.log")" \
     "$config.fail=${fails:-}" "$config.seconds=$(since "$t0")"
   log "bench-rdma: $config: $(grep "^$config\." "$OUT/bench.env" | tr '\n' ' ')"
 done

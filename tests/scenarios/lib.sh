@@ -86,6 +86,35 @@ wait_for_exit() {
   wait "$pid" || EXIT_STATUS=$?
 }
 
+# end_guests ENV PREFIX G...: for each guest G in turn (console $OUT/PREFIX-G-serial.log, its VMM's
+# PID in pid_G), the VMM must end once the guest powered off: 60 s after the guest's last word it
+# is killed (exit=timeout), however much of the run's time is left. Records ENV's G_exit.
+end_guests() {
+  local env=$1 prefix=$2 g pid_var
+  shift 2
+  for g in "$@"; do
+    pid_var=pid_$g
+    wait_for_line "$OUT/$prefix-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
+    wait_for_exit "${!pid_var}" 60
+    record "$env" "${g}_exit=$EXIT_STATUS"
+  done
+}
+
+# panics LOG...: the panics and forbidden system calls in the VMM logs LOG... together (nothing if
+# one is missing: the tests then fail on the empty value).
+panics() {
+  local log
+  for log in "$@"; do [[ -e $log ]] || return 0; done
+  cat "$@" | grep -cE 'panicked at|forbidden syscall' || true
+}
+
+# record_panics ENV PREFIX G...: ENV's G_panics, from each VMM log $OUT/PREFIX-G-vmm.log.
+record_panics() {
+  local env=$1 prefix=$2 g
+  shift 2
+  for g in "$@"; do record "$env" "${g}_panics=$(panics "$OUT/$prefix-$g-vmm.log")"; done
+}
+
 # last_tick FILE: the highest counter the tick-mode guest printed so far (0 if none).
 last_tick() {
   local n

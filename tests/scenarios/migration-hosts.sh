@@ -121,7 +121,7 @@ host_a() {
   link_counters a_after
   touch "$OUT/hosts-a-done"
   for g in a b; do
-    rec "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/hosts-$g-vmm.log" || true)"
+    rec "${g}_panics=$(panics "$OUT/hosts-$g-vmm.log")"
   done
 }
 
@@ -160,7 +160,7 @@ host_b() {
   wait_for_exit "$pid_b2" 60
   rec "b2_exit=$EXIT_STATUS"
   link_counters b
-  rec "b2_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/hosts-b2-vmm.log" || true)"
+  rec "b2_panics=$(panics "$OUT/hosts-b2-vmm.log")"
   # Host a powers off once A is done; the pair ends with the later of the two.
   wait_for_file "$OUT/hosts-a-done" || true
 }

@@ -91,14 +91,7 @@ pid_b3=$VMM_PID
 wait_for_exit "$pid_b2" 30
 record migration-peers "b2_exit=$EXIT_STATUS"
 
-for g in a b3; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/peers-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record migration-peers "${g}_exit=$EXIT_STATUS"
-done
+end_guests migration-peers peers a b3
 record migration-peers "seconds=$(since "$t0")"
-for g in a b b2 b3; do
-  record migration-peers "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/peers-$g-vmm.log" || true)"
-done
+record_panics migration-peers peers a b b2 b3
 log "migration-peers: $(tr '\n' ' ' < "$OUT/migration-peers.env")"

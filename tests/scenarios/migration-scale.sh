@@ -62,16 +62,9 @@ else
 fi
 
 # Both programs finish (their guests then power off, which ends the VMMs).
-for g in a b2; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/migration-scale-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record migration-scale "${g}_exit=$EXIT_STATUS"
-done
+end_guests migration-scale migration-scale a b2
 # A guest still running at the deadline: stop its VMM (its log then has its counters).
 for pid in $pid_a $pid_b $pid_b2; do kill "$pid" 2> /dev/null || true; done
 record migration-scale "seconds=$(since "$t0")"
-for g in a b b2; do
-  record migration-scale "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/migration-scale-$g-vmm.log" 2> /dev/null || true)"
-done
+record_panics migration-scale migration-scale a b b2
 log "migration-scale: $(tr '\n' ' ' < "$OUT/migration-scale.env")"

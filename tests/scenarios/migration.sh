@@ -155,16 +155,11 @@ record migration "source_exit=$EXIT_STATUS"
 # Both programs finish (their guests then power off, which ends the VMMs). If A's failed, B2's
 # cannot finish: it is shut down over the API at once, so that its VMM logs its counters.
 for g in a b2; do
-  pid_var=pid_$g
   if [[ $g == b2 ]] && grep -q 'DEMO-FAIL' "$OUT/migration-a-serial.log"; then
     timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/b2.api" shutdown > /dev/null 2>&1 || true
   fi
-  wait_for_line "$OUT/migration-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record migration "${g}_exit=$EXIT_STATUS"
+  end_guests migration migration "$g"
 done
 record migration "seconds=$(since "$t0")"
-for g in a b b2 bx by bz; do
-  record migration "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/migration-$g-vmm.log" || true)"
-done
+record_panics migration migration a b b2 bx by bz
 log "migration: $(tr '\n' ' ' < "$OUT/migration.env")"

@@ -63,14 +63,7 @@ record multi-pvrdma "b_exit=$EXIT_STATUS"
 wait_for_line "$OUT/multi-b2-serial.log" 'MULTI-DONE|MULTI-FAIL' "$(remaining)" "$pid_b2" || true
 record multi-pvrdma "b2_counters_rc=$(counters b2)"
 
-for g in a b2; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/multi-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record multi-pvrdma "${g}_exit=$EXIT_STATUS"
-done
+end_guests multi-pvrdma multi a b2
 record multi-pvrdma "seconds=$(since "$t0")"
-for g in a b b2; do
-  record multi-pvrdma "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/multi-$g-vmm.log" || true)"
-done
+record_panics multi-pvrdma multi a b b2
 log "multi-pvrdma: $(tr '\n' ' ' < "$OUT/multi-pvrdma.env")"

@@ -248,11 +248,8 @@ check_target() {
 # end_guest G: G's VMM must end once its guest powered off: 60 s after the guest's last word it is
 # killed.
 end_guest() {
-  local pid_var=pid_$1
-  wait_for_line "$OUT/nvmeof-$1-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record nvmeof "${1}_exit=$EXIT_STATUS"
-  record nvmeof "${1}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-$1-vmm.log" || true)"
+  end_guests nvmeof nvmeof "$1"
+  record_panics nvmeof nvmeof "$1"
 }
 
 # migrate_mid_io: the migration phase (issue 14 item 7). Once guest A reports its verified
@@ -286,7 +283,7 @@ migrate_mid_io() {
     log "migration: no round on A2 within $MIG_STALL s; stopping it"
     timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/nvmeof-a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
   fi
-  record nvmeof "a_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/nvmeof-a-vmm.log" || true)"
+  record_panics nvmeof nvmeof a
 }
 
 check_target a '' "$SIZE_MIB" "$CHUNK_MIB"
@@ -383,7 +380,7 @@ SMALL_FILES=$SMALL_FILES LARGE_FILES=$LARGE_FILES LARGE_MIB=$LARGE_MIB LIMIT=$LI
   : > "$SIG/nfs-checked"
   wait_for_line "$OUT/$name-serial.log" 'GUEST-POWEROFF' "$(remaining)" "$pid" || true
   wait_for_exit "$pid" 60
-  record nfsrdma "${prefix}n_exit=$EXIT_STATUS" "${prefix}n_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/$name-vmm.log" || true)"
+  record nfsrdma "${prefix}n_exit=$EXIT_STATUS" "${prefix}n_panics=$(panics "$OUT/$name-vmm.log")"
 }
 if ((nfs_ready)); then : > "$SIG/nfs-ready"; else : > "$SIG/nfs-failed"; fi
 l1_tap tapn br0

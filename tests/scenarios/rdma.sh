@@ -232,16 +232,7 @@ loss_step_done loss-write-bw || true
 netem_counters loss-write-bw
 tc qdisc del dev tapc parent 1:3 handle 30: 2>/dev/null || true
 
-# Each VMM must end once its guest powered off: 60 s after the guest's last word it is killed
-# (exit=timeout), however much of the run's time is left.
-for g in a b c; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/rdma-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record rdma "${g}_exit=$EXIT_STATUS"
-done
+end_guests rdma rdma a b c
 record rdma "seconds=$(since "$t0")"
-for g in a b c; do
-  record rdma "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/rdma-$g-vmm.log" || true)"
-done
+record_panics rdma rdma a b c
 log "rdma: $(grep -vE '^rxe-|\.(secs|attempts|why)=' "$OUT/rdma.env" | tr '\n' ' ')"

@@ -90,14 +90,7 @@ watch_pair a b
 watch_pair c d
 watch_pair d e
 
-# Each VMM must end once its guest powered off: 60 s after the guest's last word it is killed
-# (exit=timeout), however much of the run's time is left.
-for g in "${GUESTS[@]}"; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/roce-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record roce "${g}_exit=$EXIT_STATUS"
-done
+end_guests roce roce "${GUESTS[@]}"
 kill -INT "$tcpdump_pid" 2>/dev/null || true
 wait "$tcpdump_pid" || true
 
@@ -137,7 +130,5 @@ tcpdump -r "$OUT/roce.pcap" -nn -e -c 8 "$(pair a b) and $v1" > "$OUT/roce-captu
 tcpdump -r "$OUT/roce.pcap" -nn -e -c 8 "$(pair c d) and vlan $VLAN and $v2" > "$OUT/roce-capture-vlan.txt" 2>&1 || true
 
 record roce "seconds=$(since "$t0")"
-for g in "${GUESTS[@]}"; do
-  record roce "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/roce-$g-vmm.log" || true)"
-done
+record_panics roce roce "${GUESTS[@]}"
 log "roce: $(tr '\n' ' ' < "$OUT/roce.env")"

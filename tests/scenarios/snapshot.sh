@@ -66,14 +66,7 @@ record snapshot "restored_state_a=$(timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket
 record snapshot "resume_a_rc=$(remote_cmd snapshot --api-socket "$WORK/a2.api" resume)" "resume_b_rc=$(remote_cmd snapshot --api-socket "$WORK/b2.api" resume)"
 
 # Both programs finish (their guests then power off, which ends the VMMs).
-for g in a2 b2; do
-  pid_var=pid_$g
-  wait_for_line "$OUT/snapshot-$g-serial.log" 'GUEST-POWEROFF' "$(remaining)" "${!pid_var}" || true
-  wait_for_exit "${!pid_var}" 60
-  record snapshot "${g}_exit=$EXIT_STATUS"
-done
+end_guests snapshot snapshot a2 b2
 record snapshot "seconds=$(since "$t0")"
-for g in a b a2 b2; do
-  record snapshot "${g}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/snapshot-$g-vmm.log" || true)"
-done
+record_panics snapshot snapshot a b a2 b2
 log "snapshot: $(tr '\n' ' ' < "$OUT/snapshot.env")"

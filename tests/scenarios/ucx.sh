@@ -91,7 +91,7 @@ if wait_for_line "$OUT/ucx-a-serial.log" 'UCX-(MIGRATION-LOOP|FAIL|DONE)' "$(rem
     pid_b_last=$VMM_PID
     wait_for_exit "$pid_b" 30
     record ucx "b_exit=$EXIT_STATUS"
-    record ucx "b_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/ucx-b-vmm.log" || true)"
+    record_panics ucx ucx b
   else
     # A failed migration leaves B running on its VMM (the tests fail on the return codes): the
     # receiver goes, B finishes where it is, and the run goes on without waiting for B2.
@@ -109,7 +109,7 @@ end_guest() {
   wait_for_line "$OUT/$1-serial.log" 'GUEST-POWEROFF' "$(remaining)" "$2" || true
   wait_for_exit "$2" 60
   record ucx "${1#ucx-}_exit=$EXIT_STATUS"
-  record ucx "${1#ucx-}_panics=$(grep -cE 'panicked at|forbidden syscall' "$OUT/$1-vmm.log" || true)"
+  record ucx "${1#ucx-}_panics=$(panics "$OUT/$1-vmm.log")"
 }
 end_guest ucx-a "$pid_a"
 if [[ $pid_b_last != "$pid_b" ]]; then end_guest ucx-b2 "$pid_b_last"; else end_guest ucx-b "$pid_b"; fi

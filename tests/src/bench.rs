@@ -4,6 +4,7 @@
 //! (read with [`crate::results::KeyValues`]), and the closing list of failures that makes a bench
 //! exit non-zero.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -82,9 +83,44 @@ pub fn report_failures(failures: &[String], what: &str, out: &Path) -> Result<()
     ))
 }
 
+/// Prints the ratio `ours` / `baseline` of `medians` as "  `what` ours / baseline: R`note`" (n/a
+/// without both), and fails when the baseline has no figure: without it the run measured nothing
+/// ("`baseline` produced no `sample`: the baseline is missing", then `context`).
+pub fn ratio_to_baseline(
+    medians: &BTreeMap<&str, f64>,
+    (ours, baseline): (&str, &str),
+    (what, note, sample): (&str, &str, &str),
+    context: &str,
+) -> Result<(), String> {
+    match (medians.get(ours), medians.get(baseline)) {
+        (Some(o), Some(b)) => println!("  {what}{ours} / {baseline}: {:.2}{note}", o / b),
+        _ => println!("  {what}{ours} / {baseline}: n/a"),
+    }
+    if medians.contains_key(baseline) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{baseline} produced no {sample}: the baseline is missing\n{context}"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ratio_without_its_baseline_fails_the_bench() {
+        let names = ("ours", "base");
+        let labels = ("ratio ", "", "good run");
+        let both = BTreeMap::from([("ours", 2.0), ("base", 1.0)]);
+        assert_eq!(ratio_to_baseline(&both, names, labels, "ctx"), Ok(()));
+        let ours_only = BTreeMap::from([("ours", 2.0)]);
+        let err = ratio_to_baseline(&ours_only, names, labels, "ctx").unwrap_err();
+        assert!(err.starts_with("base produced no good run"), "{err}");
+        let base_only = BTreeMap::from([("base", 1.0)]);
+        assert_eq!(ratio_to_baseline(&base_only, names, labels, "ctx"), Ok(()));
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {

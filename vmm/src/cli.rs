@@ -66,7 +66,7 @@ pub struct Cli {
     /// [,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US]. RDMA traffic is RoCE v2 on the TAP, except to
     /// VMMs of this host, reached by memory copy through shared-memory rings set up over
     /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). The VM's budgets
-    /// (defaults: 8192 QPs, at most 16384; 2048 CQs, 4096 MRs, 8G of guest memory mapped by
+    /// (defaults: 8192 QPs, at most 16384; 16384 CQs, 16384 MRs, 8G of guest memory mapped by
     /// rings and MRs) are advertised to the guest; a command beyond them fails with ENOMEM and
     /// a log line. Each QP holds an open file: the VMM raises its soft limit to the hard one.
     /// The device's worker busy-polls for US microseconds (default 50, at most 1000, 0: never)

@@ -69,9 +69,12 @@ pub struct Limits {
     pub max_qp_wr: u32,
     /// SGEs per send or receive WQE.
     pub max_sge: u32,
+    /// CQs. The default gives each QP of the default `max_qp` its own send and receive CQ,
+    /// as rdma_cm programs make them: a CQ costs the host no file and a few hundred bytes.
     pub max_cq: u32,
     /// Entries per CQ (a power of two).
     pub max_cqe: u32,
+    /// MRs: by default two per QP of the default `max_qp`, for the same reason.
     pub max_mr: u32,
     /// Bytes per user MR.
     pub max_mr_size: u64,
@@ -97,9 +100,9 @@ impl Default for Limits {
             max_qp: 8192,
             max_qp_wr: 4096,
             max_sge: 16,
-            max_cq: 2048,
+            max_cq: 16384,
             max_cqe: 32768,
-            max_mr: 4096,
+            max_mr: 16384,
             max_mr_size: 1 << 30,
             max_pd: 1024,
             max_srq: 512,

@@ -81,18 +81,12 @@ fn run(Args { runs }: Args) -> Result<(), String> {
             None => println!("  {vmm:<13} no good run (see {})", outcome.dir.display()),
         }
     }
-    match (medians.get(OURS), medians.get(QEMU)) {
-        (Some(ours), Some(qemu)) => println!("  ratio {OURS} / {QEMU}: {:.2}", ours / qemu),
-        _ => println!("  ratio {OURS} / {QEMU}: n/a"),
-    }
-    if medians.contains_key(QEMU) {
-        Ok(())
-    } else {
-        Err(format!(
-            "QEMU produced no good run: the baseline is missing\n{}",
-            outcome.context()
-        ))
-    }
+    bench::ratio_to_baseline(
+        &medians,
+        (OURS, QEMU),
+        ("ratio ", "", "good run"),
+        &outcome.context(),
+    )
 }
 
 /// Seconds to the init marker per VMM, sorted, for the measured runs (run >= 1) that reached the

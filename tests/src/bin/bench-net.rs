@@ -126,21 +126,16 @@ fn run(args: Args) -> Result<(), String> {
         );
         medians.insert(vmm, m);
     }
-    match (medians.get(OURS), medians.get(QEMU)) {
-        (Some(ours), Some(qemu)) => println!(
-            "  throughput ratio {OURS} / {QEMU}: {:.2} (higher is better for {OURS})",
-            ours / qemu
+    bench::ratio_to_baseline(
+        &medians,
+        (OURS, QEMU),
+        (
+            "throughput ratio ",
+            &format!(" (higher is better for {OURS})"),
+            "intact round",
         ),
-        _ => println!("  throughput ratio {OURS} / {QEMU}: n/a"),
-    }
-    if medians.contains_key(QEMU) {
-        Ok(())
-    } else {
-        Err(format!(
-            "QEMU produced no intact round: the baseline is missing\n{}",
-            outcome.context()
-        ))
-    }
+        &outcome.context(),
+    )
 }
 
 /// bench.tsv lines: vmm, round, bytes, seconds, md5 match (1/0), bad checksums so far (or NA).
