@@ -129,13 +129,10 @@ impl Machine {
                 .fd()
                 .create_vcpu(u64::from(id))
                 .map_err(|e| VmmError::CreateVcpu(id, e))?;
-            cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)
-                .and_then(|()| cpu::set_lint(&fd))
+            let cpuid = cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)
+                .and_then(|cpuid| cpu::set_lint(&fd).map(|()| cpuid))
                 .map_err(|e| VmmError::Cpu(id, e))?;
-            cpuids.push(
-                arch::state::get_cpuid(&fd)
-                    .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?,
-            );
+            cpuids.push(cpuid);
             vcpu_fds.push(fd);
         }
         Ok(Self {
@@ -376,17 +373,13 @@ mod tests {
         let supported = kvm
             .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
             .unwrap();
-        let fds: Vec<VcpuFd> = (0..2u8)
+        let (fds, own): (Vec<VcpuFd>, Vec<_>) = (0..2u8)
             .map(|id| {
                 let fd = vm.create_vcpu(u64::from(id)).unwrap();
-                cpu::set_cpuid(&fd, &supported, id, 2).unwrap();
-                fd
+                let cpuid = cpu::set_cpuid(&fd, &supported, id, 2).unwrap();
+                (fd, cpuid)
             })
-            .collect();
-        let own: Vec<_> = fds
-            .iter()
-            .map(|fd| arch::state::get_cpuid(fd).unwrap())
-            .collect();
+            .unzip();
         assert_eq!(check_cpuids(&fds, &own), Ok(()));
         assert_eq!(
             check_cpuids(&fds, &own[..1]),

@@ -4,7 +4,8 @@
 //! identity-mapped first GiB, FPU and the local APIC's LINT pins.
 
 use kvm_bindings::{
-    kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, kvm_xcr, kvm_xcrs, CpuId, Msrs,
+    kvm_cpuid_entry2, kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, kvm_xcr, kvm_xcrs,
+    CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
@@ -16,6 +17,8 @@ use crate::memory::GuestMemory;
 pub enum CpuError {
     #[error("Failed to set CPUID")]
     SetCpuid(#[source] kvm_ioctls::Error),
+    #[error("Failed to read CPUID back")]
+    GetCpuid(#[source] kvm_ioctls::Error),
     #[error("Failed to build the MSR list")]
     MsrList,
     #[error("Failed to set MSRs")]
@@ -33,10 +36,21 @@ pub enum CpuError {
 }
 
 /// Gives vCPU `id` of `count` the CPUID a booting guest gets
-/// ([`cpuid::for_vcpu`]).
-pub fn set_cpuid(vcpu: &VcpuFd, supported: &CpuId, id: u8, count: u8) -> Result<(), CpuError> {
+/// ([`cpuid::for_vcpu`]); returns it as KVM holds it then (KVM may add to
+/// it, see [`cpuid::check`]).
+pub fn set_cpuid(
+    vcpu: &VcpuFd,
+    supported: &CpuId,
+    id: u8,
+    count: u8,
+) -> Result<Vec<kvm_cpuid_entry2>, CpuError> {
     vcpu.set_cpuid2(&cpuid::for_vcpu(supported, id, count))
-        .map_err(CpuError::SetCpuid)
+        .map_err(CpuError::SetCpuid)?;
+    Ok(vcpu
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(CpuError::GetCpuid)?
+        .as_slice()
+        .to_vec())
 }
 
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;
