@@ -425,7 +425,7 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                e.contains("The guest's CPUID does not fit this host: this host lacks AVX-512"),
+                e.contains("Destination refused: this host lacks AVX-512"),
                 "{e}"
             );
             let e = receiver.join().unwrap().err().unwrap().to_string();

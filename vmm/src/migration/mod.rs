@@ -118,7 +118,8 @@ pub enum MigrationError {
     Build(String),
     #[error("Failed to restore the VM's state: {0}")]
     Restore(String),
-    #[error("The guest's CPUID does not fit this host: {0}")]
+    /// The message names the vCPU and why.
+    #[error("{0}")]
     Cpuid(String),
     #[error("The source abandoned the migration")]
     Abandoned,
