@@ -46,11 +46,11 @@ pub fn set_cpuid(
 ) -> Result<Vec<kvm_cpuid_entry2>, CpuError> {
     vcpu.set_cpuid2(&cpuid::for_vcpu(supported, id, count))
         .map_err(CpuError::SetCpuid)?;
-    Ok(vcpu
-        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-        .map_err(CpuError::GetCpuid)?
-        .as_slice()
-        .to_vec())
+    Ok(cpuid::held(
+        &vcpu
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(CpuError::GetCpuid)?,
+    ))
 }
 
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;

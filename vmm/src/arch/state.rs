@@ -257,21 +257,17 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
 
 /// The CPUID vCPU `fd` holds (KVM_GET_CPUID2).
 pub fn get_cpuid(fd: &VcpuFd) -> Result<Vec<kvm_cpuid_entry2>, StateError> {
-    Ok(fd
-        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| StateError::Get("CPUID", e))?
-        .as_slice()
-        .to_vec())
+    Ok(cpuid::held(
+        &fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|e| StateError::Get("CPUID", e))?,
+    ))
 }
 
 /// Checks `guest`, a CPUID saved on another host (untrusted), against
 /// what vCPU `fd`, set up as for a booting guest and not run, holds
 /// ([`cpuid::check`]).
 pub fn check_cpuid(fd: &VcpuFd, guest: &[kvm_cpuid_entry2]) -> Result<(), StateError> {
-    let here = fd
-        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|e| StateError::Get("CPUID", e))?;
-    cpuid::check(guest, &here).map_err(StateError::Cpuid)
+    cpuid::check(guest, &get_cpuid(fd)?).map_err(StateError::Cpuid)
 }
 
 /// Gives the guest its source's TSC rate. A host that cannot scale the
