@@ -8,6 +8,7 @@ use std::fs::File;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use kvm_bindings::kvm_cpuid_entry2;
 use kvm_ioctls::VcpuFd;
 use legacy_devices::ExitSignal;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -17,7 +18,7 @@ use crate::config::VmConfig;
 use crate::device_manager::{DeviceError, DeviceManager};
 use crate::kvm::{KvmError, Vm};
 use crate::memory::{self, GuestMemory, MemoryError};
-use crate::migration::{self, VmSnapshot};
+use crate::migration::{self, VcpuCpuids, VmSnapshot};
 use crate::sandbox;
 use crate::vcpu::{self, ExitReporter, VcpuError, VcpuHandle};
 
@@ -61,6 +62,9 @@ pub struct Machine {
     vm: Arc<Vm>,
     devices: DeviceManager,
     vcpu_fds: Vec<VcpuFd>,
+    /// Each vCPU's CPUID as KVM holds it: set for a booting guest, or the
+    /// restored guest's.
+    cpuids: Vec<Vec<kvm_cpuid_entry2>>,
     poweroff: EventFd,
     reset: EventFd,
 }
@@ -72,6 +76,8 @@ pub struct Guest {
     pub(crate) vm: Arc<Vm>,
     pub(crate) devices: DeviceManager,
     pub(crate) vcpus: Vec<VcpuHandle>,
+    /// What a migration sends ahead of the memory (see [`Machine`]).
+    pub(crate) cpuids: Vec<Vec<kvm_cpuid_entry2>>,
     pub(crate) poweroff: EventFd,
     pub(crate) reset: EventFd,
     pub(crate) vcpu_exits: Arc<ExitReporter>,
@@ -124,14 +130,16 @@ impl Machine {
                 .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
         }
         let mut vcpu_fds = Vec::with_capacity(usize::from(config.cpus));
+        let mut cpuids = Vec::with_capacity(usize::from(config.cpus));
         for id in 0..config.cpus {
             let fd = vm
                 .fd()
                 .create_vcpu(u64::from(id))
                 .map_err(|e| VmmError::CreateVcpu(id, e))?;
-            cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)
-                .and_then(|()| cpu::set_lint(&fd))
+            let cpuid = cpu::set_cpuid(&fd, vm.supported_cpuid(), id, config.cpus)
+                .and_then(|cpuid| cpu::set_lint(&fd).map(|()| cpuid))
                 .map_err(|e| VmmError::Cpu(id, e))?;
+            cpuids.push(cpuid);
             vcpu_fds.push(fd);
         }
         Ok(Self {
@@ -140,6 +148,7 @@ impl Machine {
             vm: Arc::new(vm),
             devices,
             vcpu_fds,
+            cpuids,
             poweroff,
             reset,
         })
@@ -181,6 +190,7 @@ impl Machine {
             vm,
             devices,
             vcpu_fds,
+            cpuids,
             poweroff,
             reset,
         } = self;
@@ -224,6 +234,7 @@ impl Machine {
             vm,
             devices,
             vcpus,
+            cpuids,
             poweroff,
             reset,
             vcpu_exits,
@@ -242,6 +253,11 @@ impl migration::Target for Machine {
         &self.mem
     }
 
+    fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String> {
+        let cpuids = VcpuCpuids::from_bytes(cpuids).map_err(|e| crate::error_chain(&e))?;
+        check_cpuids(&self.vcpu_fds, &cpuids.0)
+    }
+
     /// Puts KVM's and the devices' state back. Devices are paused (since
     /// the build) and stay so until [`Machine::start`]: nothing may reach
     /// the network or guest memory before the source has handed the VM
@@ -257,9 +273,10 @@ impl migration::Target for Machine {
         }
         let err = |e: &dyn std::error::Error| crate::error_chain(e);
         let t0 = Instant::now();
-        for (fd, s) in self.vcpu_fds.iter().zip(&state.vcpus) {
-            arch::state::restore(fd, s).map_err(|e| err(&e))?;
+        for ((id, fd), s) in (0u8..).zip(&self.vcpu_fds).zip(&state.vcpus) {
+            arch::state::restore(fd, s).map_err(|e| format!("vCPU {id}: {}", err(&e)))?;
         }
+        self.cpuids = state.vcpus.iter().map(|s| s.cpuid().to_vec()).collect();
         let t1 = Instant::now();
         arch::state::restore_vm(self.vm.fd(), &state.vm).map_err(|e| err(&e))?;
         let t2 = Instant::now();
@@ -283,6 +300,19 @@ impl migration::Target for Machine {
         );
         Ok(())
     }
+}
+
+/// Checks the CPUIDs a source sent, one per vCPU, against vCPUs `fds` of
+/// a booting guest here.
+fn check_cpuids(fds: &[VcpuFd], cpuids: &[Vec<kvm_cpuid_entry2>]) -> Result<(), String> {
+    if cpuids.len() != fds.len() {
+        return Err(format!("{} CPUIDs for {} vCPUs", cpuids.len(), fds.len()));
+    }
+    for ((id, fd), cpuid) in (0u8..).zip(fds).zip(cpuids) {
+        arch::state::check_cpuid(fd, cpuid)
+            .map_err(|e| format!("vCPU {id}: {}", crate::error_chain(&e)))?;
+    }
+    Ok(())
 }
 
 impl Guest {
@@ -340,5 +370,38 @@ impl Guest {
             t3.elapsed().as_millis()
         );
         Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvm_ioctls::Kvm;
+
+    use super::*;
+
+    /// A source's CPUIDs are checked vCPU by vCPU, in number and each with
+    /// its own APIC ID.
+    #[test]
+    fn a_source_cpuid_is_checked_for_each_vcpu() {
+        let kvm = Kvm::new().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        let supported = kvm
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .unwrap();
+        let (fds, own): (Vec<VcpuFd>, Vec<_>) = (0..2u8)
+            .map(|id| {
+                let fd = vm.create_vcpu(u64::from(id)).unwrap();
+                let cpuid = cpu::set_cpuid(&fd, &supported, id, 2).unwrap();
+                (fd, cpuid)
+            })
+            .unzip();
+        assert_eq!(check_cpuids(&fds, &own), Ok(()));
+        assert_eq!(
+            check_cpuids(&fds, &own[..1]),
+            Err("1 CPUIDs for 2 vCPUs".into())
+        );
+        let swapped = [own[1].clone(), own[0].clone()];
+        let e = check_cpuids(&fds, &swapped).unwrap_err();
+        assert!(e.starts_with("vCPU 0: The guest's CPUID does not fit this host: CPUID leaf 0x1 EBX gives APIC ID 1"), "{e}");
     }
 }

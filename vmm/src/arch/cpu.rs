@@ -4,18 +4,21 @@
 //! identity-mapped first GiB, FPU and the local APIC's LINT pins.
 
 use kvm_bindings::{
-    kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, kvm_xcr, kvm_xcrs, CpuId, Msrs,
+    kvm_cpuid_entry2, kvm_fpu, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs, kvm_xcr, kvm_xcrs,
+    CpuId, Msrs, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::layout;
+use super::{cpuid, layout};
 use crate::memory::GuestMemory;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
     #[error("Failed to set CPUID")]
     SetCpuid(#[source] kvm_ioctls::Error),
+    #[error("Failed to read CPUID back")]
+    GetCpuid(#[source] kvm_ioctls::Error),
     #[error("Failed to build the MSR list")]
     MsrList,
     #[error("Failed to set MSRs")]
@@ -32,26 +35,22 @@ pub enum CpuError {
     Xcr0(#[source] kvm_ioctls::Error),
 }
 
-/// Tailors KVM's supported CPUID to vCPU `id` of `count`: APIC IDs, the
-/// logical-processor count and the hypervisor bit (so the guest looks for
-/// KVM's paravirtual clock and features).
-pub fn set_cpuid(vcpu: &VcpuFd, supported: &CpuId, id: u8, count: u8) -> Result<(), CpuError> {
-    let mut cpuid = supported.clone();
-    for entry in cpuid.as_mut_slice() {
-        match entry.function {
-            1 => {
-                entry.ebx = (u32::from(id) << 24) | (u32::from(count) << 16) | (8 << 8);
-                entry.ecx |= 1 << 31; // hypervisor present
-                if count > 1 {
-                    entry.edx |= 1 << 28; // HTT: more than one logical CPU
-                }
-            }
-            // Extended topology: x2APIC ID of this CPU in every sub-leaf.
-            0xb | 0x1f => entry.edx = u32::from(id),
-            _ => {}
-        }
-    }
-    vcpu.set_cpuid2(&cpuid).map_err(CpuError::SetCpuid)
+/// Gives vCPU `id` of `count` the CPUID a booting guest gets
+/// ([`cpuid::for_vcpu`]); returns it as KVM holds it then (KVM may add to
+/// it, see [`cpuid::check`]).
+pub fn set_cpuid(
+    vcpu: &VcpuFd,
+    supported: &CpuId,
+    id: u8,
+    count: u8,
+) -> Result<Vec<kvm_cpuid_entry2>, CpuError> {
+    vcpu.set_cpuid2(&cpuid::for_vcpu(supported, id, count))
+        .map_err(CpuError::SetCpuid)?;
+    Ok(cpuid::held(
+        &vcpu
+            .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(CpuError::GetCpuid)?,
+    ))
 }
 
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;

@@ -4,5 +4,6 @@
 pub mod acpi;
 pub mod boot;
 pub mod cpu;
+pub mod cpuid;
 pub mod layout;
 pub mod state;

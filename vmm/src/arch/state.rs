@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! What KVM holds of a VM, for live migration and snapshots: each vCPU's
-//! architectural state (registers, special registers, FPU/XSAVE, XCRs,
-//! LAPIC, MSRs, MP state, pending events) and the VM's in-kernel devices
+//! architectural state (CPUID, registers, special registers, FPU/XSAVE,
+//! XCRs, LAPIC, MSRs, MP state, pending events) and the VM's in-kernel devices
 //! (PICs, IOAPIC, PIT, clock), saved with kvm-bindings' serde support and
 //! put back in the order KVM needs.
 //!
@@ -10,12 +10,15 @@
 //! thread re-enters once with `immediate_exit` set first ([`complete_io`]).
 
 use kvm_bindings::{
-    kvm_clock_data, kvm_debugregs, kvm_fpu, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
-    kvm_msr_entry, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
-    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_irqchip, kvm_lapic_state,
+    kvm_mp_state, kvm_msr_entry, kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
+    kvm_xsave, CpuId, Msrs, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
+
+use super::cpuid::{self, CpuidError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -25,14 +28,19 @@ pub enum StateError {
     Set(&'static str, #[source] kvm_ioctls::Error),
     #[error("KVM took {0} of {1} saved MSRs")]
     Msrs(usize, usize),
+    #[error("The guest's CPUID does not fit this host")]
+    Cpuid(#[source] CpuidError),
 }
 
-/// Everything KVM keeps of one vCPU, in the order [`save`] reads it. XSAVE
-/// and XCRs are optional: a host without them saves the legacy FPU state
-/// instead. The TSC rate is the guest's (KVM_GET_TSC_KHZ), so that another
-/// host can keep it. Untrusted on restore: KVM checks every field.
+/// Everything KVM keeps of one vCPU, in the order [`save`] reads it. The
+/// CPUID is the one the guest booted with, which it keeps wherever it
+/// moves. XSAVE and XCRs are optional: a host without them saves the
+/// legacy FPU state instead. The TSC rate is the guest's (KVM_GET_TSC_KHZ),
+/// so that another host can keep it. Untrusted on restore: the CPUID is
+/// checked against this host's, KVM checks every other field.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VcpuState {
+    cpuid: Vec<kvm_cpuid_entry2>,
     mp_state: kvm_mp_state,
     regs: kvm_regs,
     sregs: kvm_sregs,
@@ -90,6 +98,11 @@ impl VcpuState {
     pub fn rip(&self) -> u64 {
         self.regs.rip
     }
+
+    /// The CPUID the guest booted with.
+    pub fn cpuid(&self) -> &[kvm_cpuid_entry2] {
+        &self.cpuid
+    }
 }
 
 /// Most exits one instruction can still make once its first completes: a
@@ -136,11 +149,12 @@ fn get_msrs(fd: &VcpuFd, list: &[u32]) -> Result<Vec<kvm_msr_entry>, StateError>
 
 /// Saves vCPU `fd`'s state, with the MSRs of `msr_list` (KVM's index list).
 ///
-/// The order is Firecracker's and cloud-hypervisor's: KVM_GET_MP_STATE
-/// first, as it makes KVM take pending INIT/SIPI into the vCPU and LAPIC
+/// The CPUID is read first (no other read changes it). Then the order is
+/// Firecracker's and cloud-hypervisor's: KVM_GET_MP_STATE first, as it makes KVM take pending INIT/SIPI into the vCPU and LAPIC
 /// (read after it, they agree with it); KVM_GET_VCPU_EVENTS last, as the
 /// other reads may still queue an event.
 pub fn save(fd: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, StateError> {
+    let cpuid = get_cpuid(fd)?;
     let mp_state = fd
         .get_mp_state()
         .map_err(|e| StateError::Get("MP state", e))?;
@@ -161,6 +175,7 @@ pub fn save(fd: &VcpuFd, msr_list: &[u32]) -> Result<VcpuState, StateError> {
         .get_vcpu_events()
         .map_err(|e| StateError::Get("events", e))?;
     Ok(VcpuState {
+        cpuid,
         mp_state,
         regs,
         sregs,
@@ -187,14 +202,23 @@ fn restore_order(msrs: &[kvm_msr_entry]) -> Vec<kvm_msr_entry> {
     rest
 }
 
-/// Puts `s` into vCPU `fd`, which must have its CPUID set already.
+/// Puts `s` into vCPU `fd`, set up as for a booting guest (its CPUID by
+/// [`super::cpu::set_cpuid`]) and not run, after checking that this host
+/// offers what the guest's CPUID promised it ([`cpuid::check`]).
 ///
-/// The order is Firecracker's and QEMU's constraints together: MP state
-/// first; the TSC rate before anything reads the guest TSC; special
+/// The guest's own CPUID goes first: KVM sizes the XSAVE state and checks
+/// MSRs against it. Then the order is Firecracker's and QEMU's constraints
+/// together: MP state first; the TSC rate before anything reads the guest TSC; special
 /// registers (which carry the APIC base) before the LAPIC; the LAPIC
 /// before the MSRs (the TSC deadline counts only in TSC-deadline mode);
 /// the events last, as the other writes clear or queue events.
 pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
+    check_cpuid(fd, &s.cpuid)?;
+    // Within KVM's limit: `check` refused more entries.
+    let guest_cpuid = CpuId::from_entries(&s.cpuid)
+        .map_err(|_| StateError::Cpuid(CpuidError::TooMany(s.cpuid.len())))?;
+    fd.set_cpuid2(&guest_cpuid)
+        .map_err(|e| StateError::Set("CPUID", e))?;
     fd.set_mp_state(s.mp_state)
         .map_err(|e| StateError::Set("MP state", e))?;
     if let Some(khz) = s.tsc_khz {
@@ -205,8 +229,11 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     fd.set_sregs(&s.sregs)
         .map_err(|e| StateError::Set("special registers", e))?;
     match &s.xsave {
-        // SAFETY: the buffer was filled by KVM_GET_XSAVE of a vCPU with the
-        // same CPUID, so its layout is the one KVM expects back.
+        // SAFETY: KVM_SET_XSAVE copies more than `kvm_xsave`'s 4 KiB only
+        // for XSTATE features enabled dynamically (arch_prctl guest
+        // permission, AMX), which this VMM never asks for; so KVM's
+        // supported CPUID has none, nor has the guest's (`check` refused
+        // any XCR0 bit beyond this host's).
         Some(xsave) => unsafe { fd.set_xsave(xsave) }.map_err(|e| StateError::Set("XSAVE", e))?,
         None => fd.set_fpu(&s.fpu).map_err(|e| StateError::Set("FPU", e))?,
     }
@@ -226,6 +253,21 @@ pub fn restore(fd: &VcpuFd, s: &VcpuState) -> Result<(), StateError> {
     fd.set_vcpu_events(&s.events)
         .map_err(|e| StateError::Set("events", e))?;
     Ok(())
+}
+
+/// The CPUID vCPU `fd` holds (KVM_GET_CPUID2).
+pub fn get_cpuid(fd: &VcpuFd) -> Result<Vec<kvm_cpuid_entry2>, StateError> {
+    Ok(cpuid::held(
+        &fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+            .map_err(|e| StateError::Get("CPUID", e))?,
+    ))
+}
+
+/// Checks `guest`, a CPUID saved on another host (untrusted), against
+/// what vCPU `fd`, set up as for a booting guest and not run, holds
+/// ([`cpuid::check`]).
+pub fn check_cpuid(fd: &VcpuFd, guest: &[kvm_cpuid_entry2]) -> Result<(), StateError> {
+    cpuid::check(guest, &get_cpuid(fd)?).map_err(StateError::Cpuid)
 }
 
 /// Gives the guest its source's TSC rate. A host that cannot scale the
@@ -298,7 +340,6 @@ pub fn restore_vm(fd: &VmFd, s: &VmState) -> Result<(), StateError> {
 mod tests {
     use std::collections::BTreeMap;
 
-    use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
     use kvm_ioctls::Kvm;
 
     use super::*;
@@ -312,15 +353,89 @@ mod tests {
     const MSR_IA32_CR_PAT: u32 = 0x277;
     const MSR_IA32_TSC: u32 = 0x10;
 
-    /// A VM with its irqchip and one vCPU with KVM's CPUID, and the MSR
-    /// index list.
-    fn vcpu(kvm: &Kvm) -> (VmFd, VcpuFd) {
+    /// The CPUID a booting guest's only vCPU gets on this host.
+    fn booting_cpuid(kvm: &Kvm) -> CpuId {
+        cpuid::for_vcpu(
+            &kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap(),
+            0,
+            1,
+        )
+    }
+
+    /// A VM with its irqchip and one vCPU with `cpuid`.
+    fn vcpu_with(kvm: &Kvm, cpuid: &CpuId) -> (VmFd, VcpuFd) {
         let vm = kvm.create_vm().unwrap();
         vm.create_irq_chip().unwrap();
         let fd = vm.create_vcpu(0).unwrap();
-        fd.set_cpuid2(&kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).unwrap())
-            .unwrap();
+        fd.set_cpuid2(cpuid).unwrap();
         (vm, fd)
+    }
+
+    /// A VM with its irqchip and one vCPU as a booting guest has it.
+    fn vcpu(kvm: &Kvm) -> (VmFd, VcpuFd) {
+        vcpu_with(kvm, &booting_cpuid(kvm))
+    }
+
+    fn entry_mut(entries: &mut [kvm_cpuid_entry2], leaf: u32) -> &mut kvm_cpuid_entry2 {
+        entries
+            .iter_mut()
+            .find(|e| e.function == leaf && e.index == 0)
+            .unwrap()
+    }
+
+    /// A guest that booted on a host with fewer features (here: the
+    /// lowest feature bit of leaf 1 ECX KVM lists, cleared) and another
+    /// model keeps that CPUID on this host, whose own differs.
+    #[test]
+    fn a_restored_vcpu_keeps_its_source_cpuid() {
+        let kvm = Kvm::new().unwrap();
+        let list = kvm.get_msr_index_list().unwrap().as_slice().to_vec();
+        let mut older = booting_cpuid(&kvm).as_slice().to_vec();
+        let leaf1 = entry_mut(&mut older, 1);
+        let cleared = leaf1.ecx & leaf1.ecx.wrapping_neg(); // lowest set bit
+        leaf1.ecx &= !cleared;
+        leaf1.eax ^= 0xf0; // another model
+        let model = leaf1.eax;
+        let (_vm_a, a) = vcpu_with(&kvm, &CpuId::from_entries(&older).unwrap());
+        let saved = save(&a, &list).unwrap();
+        let saved_leaf1 = saved.cpuid.iter().find(|e| e.function == 1).unwrap();
+        assert_eq!((saved_leaf1.eax, saved_leaf1.ecx & cleared), (model, 0));
+
+        let (_vm_b, b) = vcpu(&kvm);
+        assert_ne!(get_cpuid(&b).unwrap(), saved.cpuid);
+        restore(&b, &saved).unwrap();
+        assert_eq!(get_cpuid(&b).unwrap(), saved.cpuid);
+    }
+
+    /// A state whose CPUID has a feature this host lacks is refused, by
+    /// leaf, register and bit, before anything is set in the vCPU.
+    #[test]
+    fn a_cpuid_this_host_lacks_is_refused_before_the_restore() {
+        let kvm = Kvm::new().unwrap();
+        let list = kvm.get_msr_index_list().unwrap().as_slice().to_vec();
+        let (_vm_a, a) = vcpu(&kvm);
+        let mut saved = save(&a, &list).unwrap();
+        let leaf7 = entry_mut(&mut saved.cpuid, 7);
+        let lacking = !leaf7.ebx & (!leaf7.ebx).wrapping_neg(); // lowest clear bit
+        assert_ne!(lacking, 0, "this host has every leaf 7 EBX feature");
+        leaf7.ebx |= lacking;
+
+        let (_vm_b, b) = vcpu(&kvm);
+        let mut regs = b.get_regs().unwrap();
+        regs.rip = 0x4321;
+        b.set_regs(&regs).unwrap();
+        let here = get_cpuid(&b).unwrap();
+        let e = restore(&b, &saved).unwrap_err();
+        let msg = crate::error_chain(&e);
+        assert!(
+            msg.contains(&format!(
+                "leaf 0x7.0x0 EBX (extended features): the guest has bits {lacking:#010x} this \
+                 host lacks"
+            )),
+            "{msg}"
+        );
+        assert_eq!(get_cpuid(&b).unwrap(), here);
+        assert_eq!(b.get_regs().unwrap().rip, 0x4321);
     }
 
     fn msr_map(s: &VcpuState) -> BTreeMap<u32, u64> {

@@ -151,6 +151,15 @@ fn receive_from<T: Target>(
                     target = Some(t);
                 })
             }
+            Command::Cpuid => {
+                let payload = header.payload(&mut *stream)?;
+                match &target {
+                    Some((t, _)) => t.check_cpuid(&payload).map_err(MigrationError::Cpuid),
+                    None => Err(MigrationError::Config(
+                        "CPUID before the configuration".into(),
+                    )),
+                }
+            }
             Command::Memory => match &target {
                 Some((t, _)) => receive_memory(&mut *stream, t.memory(), header.length).map(|n| {
                     update(progress, |i| {
@@ -361,22 +370,35 @@ mod tests {
     use vm_migration::test_pki;
     use vm_migration::transport::MigrationUrl;
 
-    use super::super::test_target::{config, host, progress, Memory};
+    use super::super::test_target::{config, host, progress, Memory, LACKING};
     use super::super::PAGE_SIZE;
     use super::*;
 
-    /// A source's conversation up to its state: its configuration, one
-    /// page of `0xab` at 1 MiB, then the state unless `state` is false. The
-    /// destination's refusal, if any, is the error.
-    fn send_vm(
+    /// A source's conversation up to its CPUID: its configuration, then
+    /// `cpuid`. The destination's refusal, if any, is the error.
+    fn send_cpuid(
         stream: &mut dyn Stream,
         config: &VmConfig,
-        state: bool,
+        cpuid: &[u8],
     ) -> Result<(), ProtocolError> {
         protocol::send_request(stream, Command::Start, &protocol::start_payload())?;
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Config, &config.to_json().unwrap())?;
         protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Cpuid, cpuid)?;
+        protocol::read_response(stream)
+    }
+
+    /// A source's conversation up to its state: [`send_cpuid`] with a
+    /// CPUID the destination takes, one page of `0xab` at 1 MiB, then the
+    /// state unless `state` is false. The destination's refusal, if any, is
+    /// the error.
+    fn send_vm(
+        stream: &mut dyn Stream,
+        config: &VmConfig,
+        state: bool,
+    ) -> Result<(), ProtocolError> {
+        send_cpuid(stream, config, b"this host's")?;
         let mut table = MemoryRangeTable::default();
         table.push(1 << 20, PAGE_SIZE);
         protocol::send_request_header(stream, Command::Memory, table.encoded_len() + PAGE_SIZE)?;
@@ -411,6 +433,24 @@ mod tests {
         let listener = url.listen(None).unwrap();
         let receiver = scope.spawn(move || receive::<Memory>(&listener, &host(), &progress()));
         (receiver, url.connect(None).unwrap())
+    }
+
+    /// A CPUID this host cannot give is refused before any memory comes:
+    /// the source is told why (and keeps its VM running).
+    #[test]
+    fn a_cpuid_this_host_lacks_is_refused_before_the_memory() {
+        std::thread::scope(|scope| {
+            let (receiver, mut s) = destination(scope, "cpuid");
+            let e = send_cpuid(&mut *s, &config(64 << 20), LACKING)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("Destination refused: this host lacks AVX-512"),
+                "{e}"
+            );
+            let e = receiver.join().unwrap().err().unwrap().to_string();
+            assert!(e.contains("this host lacks AVX-512"), "{e}");
+        });
     }
 
     /// A source that goes away after the state, before `Complete`,

@@ -5,7 +5,8 @@
 //! configuration and a [`VmSnapshot`].
 //!
 //! Source: connect, send the configuration (the destination builds the VM
-//! and opens its devices, or refuses), turn on KVM dirty logging, send all
+//! and opens its devices, or refuses) and each vCPU's CPUID (the
+//! destination refuses one its CPU cannot give), turn on KVM dirty logging, send all
 //! RAM, then pass after pass what was written meanwhile — by vCPUs (KVM's
 //! log) or by devices (the VMM's own bitmap: the RDMA engine, NIC receive
 //! and disk reads all write guest memory behind KVM's back) — until the
@@ -32,6 +33,7 @@
 use std::sync::{Arc, Mutex};
 
 use api::{MigrationDirection, MigrationInfo, MigrationStatus};
+use kvm_bindings::kvm_cpuid_entry2;
 use serde::{Deserialize, Serialize};
 use vm_memory::{GuestAddress, GuestMemoryBackend as _, GuestMemoryRegion};
 use vm_migration::protocol::{MemoryRangeTable, ProtocolError};
@@ -58,7 +60,9 @@ pub struct VmSnapshot {
 const VM_ID: &str = "vm";
 /// 3: vCPUs carry their debug registers and TSC rate (postcard has no
 /// defaults, so version 2 snapshots are refused by name).
-const VM_VERSION: u32 = 3;
+/// 4: vCPUs carry the CPUID the guest booted with (a version 3 state has
+/// none to check or give back, and is refused by its version).
+const VM_VERSION: u32 = 4;
 
 impl VmSnapshot {
     pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
@@ -67,6 +71,24 @@ impl VmSnapshot {
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, MigratableError> {
         Snapshot::from_bytes(bytes)?.state(VM_ID, VM_VERSION)
+    }
+}
+
+/// The CPUID of each vCPU, as a migration's `Cpuid` request carries it
+/// ahead of the memory (the same as in the state, which comes last).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VcpuCpuids(pub Vec<Vec<kvm_cpuid_entry2>>);
+
+const CPUID_ID: &str = "cpuid";
+const CPUID_VERSION: u32 = 1;
+
+impl VcpuCpuids {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, MigratableError> {
+        Ok(Snapshot::new(CPUID_ID, CPUID_VERSION, self)?.to_bytes())
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, MigratableError> {
+        Snapshot::from_bytes(bytes)?.state(CPUID_ID, CPUID_VERSION)
     }
 }
 
@@ -96,6 +118,9 @@ pub enum MigrationError {
     Build(String),
     #[error("Failed to restore the VM's state: {0}")]
     Restore(String),
+    /// The message names the vCPU and why.
+    #[error("{0}")]
+    Cpuid(String),
     #[error("The source abandoned the migration")]
     Abandoned,
     #[error(
@@ -185,8 +210,27 @@ pub trait Target: Sized {
     /// Builds the VM (memory, KVM, devices) without running it.
     fn build(config: VmConfig) -> Result<Self, String>;
     fn memory(&self) -> &GuestMemory;
+    /// Checks [`VcpuCpuids`] from their bytes against this host's CPUs,
+    /// before the memory comes (the restore checks them again).
+    fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String>;
     /// Restores a [`VmSnapshot`] from its bytes; the VM stays stopped.
     fn restore(&mut self, state: &[u8]) -> Result<(), String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version 3 state (vCPUs without their CPUID) is refused by its
+    /// version, not misread.
+    #[test]
+    fn a_state_without_cpuid_is_refused_by_its_version() {
+        let old = Snapshot::new(VM_ID, 3, &Vec::<u8>::new())
+            .unwrap()
+            .to_bytes();
+        let e = VmSnapshot::from_bytes(&old).unwrap_err().to_string();
+        assert_eq!(e, "State of vm is version 3, this VMM reads version 4");
+    }
 }
 
 /// A VM that is only its memory, and a configuration for it: what the
@@ -216,12 +260,21 @@ pub(crate) mod test_target {
         fn memory(&self) -> &GuestMemory {
             &self.0
         }
+        /// The CPUID [`LACKING`] is refused, any other taken.
+        fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String> {
+            match cpuids {
+                LACKING => Err("this host lacks AVX-512".into()),
+                _ => Ok(()),
+            }
+        }
         fn restore(&mut self, _: &[u8]) -> Result<(), String> {
             Ok(())
         }
     }
 
     pub(crate) const MAC: &str = "52:54:00:00:00:01";
+    /// A CPUID the test target refuses.
+    pub(crate) const LACKING: &[u8] = b"AVX-512";
 
     /// A destination host that maps [`MAC`]'s TAP and takes up to 256 MiB.
     pub(crate) fn host() -> HostSettings {

@@ -18,8 +18,8 @@ use vm_migration::transport::{MigrationUrl, Stream};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
-    all_ranges, copy_range, start_info, tls_files, update, MigrationError, Progress, CHUNK_BYTES,
-    PAGE_SIZE,
+    all_ranges, copy_range, start_info, tls_files, update, MigrationError, Progress, VcpuCpuids,
+    CHUNK_BYTES, PAGE_SIZE,
 };
 use crate::kvm::Vm;
 use crate::machine::{eventfd, Guest};
@@ -157,6 +157,9 @@ pub struct Source {
     pub downtime: Duration,
     pub timeout: Duration,
     pub config: Vec<u8>,
+    /// Each vCPU's CPUID ([`super::VcpuCpuids`]), for the destination to
+    /// check before the memory.
+    pub cpuid: Vec<u8>,
     pub mem: Arc<GuestMemory>,
     pub vm: Arc<Vm>,
     pub progress: Progress,
@@ -236,6 +239,8 @@ impl Source {
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Config, &self.config)
             .map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Cpuid, &self.cpuid).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
 
         let mem = &*self.mem;
@@ -364,6 +369,9 @@ impl Outgoing {
             .config
             .to_json()
             .map_err(|e| ActionError::Failed(format!("cannot encode the configuration: {e}")))?;
+        let cpuid = VcpuCpuids(guest.cpuids.clone())
+            .to_bytes()
+            .map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
         let (requests_tx, requests) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let evt = eventfd().map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
@@ -383,6 +391,7 @@ impl Outgoing {
             downtime: Duration::from_millis(params.downtime_ms),
             timeout: Duration::from_secs(params.timeout_s),
             config,
+            cpuid,
             mem: guest.mem.clone(),
             vm: guest.vm.clone(),
             progress: progress.clone(),
@@ -580,6 +589,7 @@ mod tests {
             downtime: Duration::from_secs(3600),
             timeout: Duration::from_secs(60),
             config: config(MEMORY).to_json().unwrap(),
+            cpuid: b"this host's".to_vec(),
             mem,
             vm,
             progress: progress(),
@@ -618,12 +628,14 @@ mod tests {
     /// destination got it (runs) or not.
     #[test]
     fn a_cut_connection_never_runs_the_vm_twice() {
-        use Command::{Complete, Config, Memory as Mem, Start, State};
+        use Command::{Complete, Config, Cpuid, Memory as Mem, Start, State};
         let cases = [
             (Cut::Never, "HandedOver", true),
             (Cut::Answer(Start), "Failed", false),
             (Cut::Request(Config), "Failed", false),
             (Cut::Answer(Config), "Failed", false),
+            (Cut::Request(Cpuid), "Failed", false),
+            (Cut::Answer(Cpuid), "Failed", false),
             (Cut::Request(Mem), "Failed", false),
             (Cut::Answer(Mem), "Failed", false),
             (Cut::Request(State), "Failed", false),
