@@ -31,9 +31,10 @@
 //! With `UCX_BASELINE=1` in the environment (and `-- --include-ignored`: its test is opt-in) the
 //! same run then measures the Soft-RoCE baseline:
 //! once A and B are gone, two guests with plain vmxnet3 NICs and Soft-RoCE (rxe0) in their own
-//! kernels run the same `ucx_perftest` steps with `UCX_NET_DEVICES=rxe0:1`, checked as A and B's
-//! are (exit status, iterations, UCX's `ep_cfg` lines naming only the transport under test on
-//! rxe0:1); `soft_roce_baseline_when_asked` prints both sets of figures and their ratios (minutes
+//! kernels run the same `ucx_perftest` steps with `UCX_NET_DEVICES=rxe0:1` (and UCX's UD
+//! destination-GID check off: rxe leaves a UD completion's `sl` 0, see `tests/guest/ucx.sh`),
+//! checked as A and B's are (exit status, iterations, UCX's `ep_cfg` lines naming only the
+//! transport under test on rxe0:1); `soft_roce_baseline_when_asked` prints both sets of figures and their ratios (minutes
 //! more at nested speed: not by default). The MPI jobs and the migration are not repeated.
 //!
 //! All tests share ONE run of `tests/scenarios/ucx.sh` (one test-host boot, both guests at once,
