@@ -93,6 +93,12 @@ mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm
 # Every UCX program of this guest (perftest, and the MPI ranks its orted starts) uses DEV's port 1
 # and the RoCE v2 GID of MY_IP, and says which transports it picked.
 export UCX_NET_DEVICES="$DEV:1" UCX_IB_GID_INDEX="$GIDX" UCX_LOG_LEVEL=info
+# Soft-RoCE only: UCX 1.13's UD (ud_v, and rc_v's connection set-up) takes a datagram's IP version
+# from its completion's sl (mlx5's convention, which our device follows), and Linux 6.1's rxe
+# leaves sl 0 there, so UCX reads an IPv4 frame's GRH as IPv6, its destination check fails and it
+# drops every datagram: no endpoint ever connects ("UD endpoint ... unhandled timeout error",
+# 2026-11-26). The baseline turns that check off; the PVRDMA guests keep it on.
+[ "$DEV" = rxe0 ] && export UCX_UD_VERBS_ETH_DGID_CHECK=n
 section ucx-info sh -c 'ucx_info -v; ucx_info -d | grep -E "^# +(Memory domain|Transport|Device|Component):"'
 
 perf() {
