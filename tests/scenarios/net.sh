@@ -39,8 +39,9 @@ VMM_CPUS=1 start_vmm net-b --cmdline "$cmdline" --disk "path=$WORK/net-b-run.img
   --serial "file=$OUT/net-b-serial.log" --net "tap=tapb,mac=$MAC_B"
 pid_b=$VMM_PID
 
-# The TAP A's VMM creates: down until this host brings it up, with the MTU it was asked for.
-if wait_for_path /sys/class/net/tapa 60; then
+# The TAP A's VMM creates: down until this host brings it up, with the MTU it was asked for. Read
+# once the VMM says the NIC is on it: the interface exists a moment before its MTU is set.
+if wait_for_line "$OUT/net-a-vmm.log" 'vmxnet3 on TAP tapa ' 60 "$pid_a" && [[ -e /sys/class/net/tapa ]]; then
   record net "tapa_created_mtu=$(</sys/class/net/tapa/mtu)" "tapa_created_flags=$(</sys/class/net/tapa/flags)"
   ip link set tapa master br0
   ip link set tapa up
