@@ -139,6 +139,20 @@ pub fn key_values(outcome: &Outcome, name: &str) -> Result<KeyValues, SetupError
     KeyValues::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
 }
 
+/// The QPN of an `ibv_rc_pingpong` address line ("local address: LID 0x0000, QPN 0x000002, ...").
+pub fn pingpong_qpn(line: &str) -> Option<u32> {
+    let q = line.split("QPN ").nth(1)?.split(',').next()?;
+    u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// Whether the `qpns=[..]` of a device's `pvrdma: saved`/`restored` line `ids` lists `qpn`: one
+/// of them exactly ("0x1" is in "0x12" but is not it).
+pub fn lists_qpn(ids: &str, qpn: u32) -> bool {
+    ids.split_once("qpns=[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .is_some_and(|(list, _)| list.split(',').any(|q| q.trim() == format!("{qpn:#x}")))
+}
+
 /// The serial log `name` in `$OUT`.
 pub fn serial_log(outcome: &Outcome, name: &str) -> Result<SerialLog, SetupError> {
     SerialLog::read(&outcome.file(name)).map_err(|e| format!("{e}\n{}", outcome.context()))
@@ -289,21 +303,13 @@ impl RemoteSuite {
             .text(serial)
             .lines()
             .find(|l| l.contains("remote address:"))
-            .and_then(|l| l.split("QPN ").nth(1))
-            .and_then(|q| q.split(',').next())
-            .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
+            .and_then(pingpong_qpn)
             .unwrap_or_else(|| {
                 self.fail(&format!(
                     "no 'remote address: ... QPN' line of ibv_rc_pingpong in {serial}"
                 ))
             });
-        // One of the listed QPNs exactly ("0x1" is in "0x12" but is not it).
-        let qpns = restored
-            .split_once("qpns=[")
-            .and_then(|(_, rest)| rest.split_once(']'))
-            .map(|(list, _)| list)
-            .unwrap_or("");
-        if !qpns.split(',').any(|q| q.trim() == format!("{qpn:#x}")) {
+        if !lists_qpn(restored, qpn) {
             self.fail(&format!(
                 "the pingpong peer's QPN {qpn:#x} ({serial}) is not among the restored {restored}"
             ));
@@ -314,6 +320,20 @@ impl RemoteSuite {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pingpong_qpns_and_restored_lists() {
+        let line = "  local address:  LID 0x0000, QPN 0x000012, PSN 0x33e177, GID ::ffff:10.17.0.1";
+        assert_eq!(pingpong_qpn(line), Some(0x12));
+        assert_eq!(pingpong_qpn("  local address:  LID 0x0000"), None);
+        let ids = "pvrdma: restored 3 QPs qpns=[0x1, 0x12] keys=[0x100]";
+        assert!(lists_qpn(ids, 0x12));
+        assert!(
+            !lists_qpn("qpns=[0x12]", 0x1),
+            "0x1 is in 0x12 but is not it"
+        );
+        assert!(!lists_qpn("qpns=", 0x1));
+    }
 
     #[test]
     fn kernel_problems_skip_the_expected_lines() {

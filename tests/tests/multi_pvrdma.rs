@@ -54,23 +54,13 @@ fn lines_after(s: &RemoteSuite, log: &str, prefix: &str) -> Vec<String> {
 /// The QPN in guest `serial`'s last line of pingpong `pp` (`pp0`, `pp1`) that starts with `what`
 /// (`local address:` or `remote address:`). The last: a client whose server was not listening
 /// yet tried again (lib.sh's `again`) with a new QP, and only the last attempt connected.
-fn pingpong_qpn(s: &RemoteSuite, serial: &str, pp: &str, what: &str) -> String {
+fn qpn_of(s: &RemoteSuite, serial: &str, pp: &str, what: &str) -> u32 {
     let text = s.text(serial);
     text.lines()
         .filter_map(|l| l.split_once(&format!("{pp}: ")).map(|(_, rest)| rest))
         .rfind(|l| l.trim_start().starts_with(what))
-        .and_then(|l| l.split("QPN ").nth(1))
-        .and_then(|q| q.split(',').next())
-        .and_then(|q| u32::from_str_radix(q.trim().trim_start_matches("0x"), 16).ok())
-        .map(|q| format!("{q:#x}"))
+        .and_then(suite::pingpong_qpn)
         .unwrap_or_else(|| s.fail(&format!("no '{pp}: {what} ... QPN' line in {serial}")))
-}
-
-/// Whether the `qpns=[..]` of a device's `saved`/`restored` line lists `qpn`.
-fn lists_qpn(ids: &str, qpn: &str) -> bool {
-    ids.split_once("qpns=[")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .is_some_and(|(list, _)| list.split(',').any(|q| q.trim() == qpn))
 }
 
 #[test]
@@ -155,17 +145,17 @@ fn each_devices_qpns_and_keys_are_unchanged() {
     }
     for (i, ids) in restored.iter().enumerate() {
         let pp = format!("pp{i}");
-        let b_qpn = pingpong_qpn(s, "multi-a-serial.log", &pp, "remote address:");
-        if !lists_qpn(ids, &b_qpn) {
+        let b_qpn = qpn_of(s, "multi-a-serial.log", &pp, "remote address:");
+        if !suite::lists_qpn(ids, b_qpn) {
             s.fail(&format!(
-                "B's {pp} QP {b_qpn} is not among device {i}'s restored {ids}"
+                "B's {pp} QP {b_qpn:#x} is not among device {i}'s restored {ids}"
             ));
         }
         // B's client printed the same QP as its local one (its log, shown on B2 at the end).
-        let local = pingpong_qpn(s, "multi-b2-serial.log", &pp, "local address:");
+        let local = qpn_of(s, "multi-b2-serial.log", &pp, "local address:");
         if local != b_qpn {
             s.fail(&format!(
-                "B's {pp}: local QPN {local}, A's peer QPN {b_qpn}"
+                "B's {pp}: local QPN {local:#x}, A's peer QPN {b_qpn:#x}"
             ));
         }
     }
