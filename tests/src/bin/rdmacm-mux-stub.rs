@@ -173,7 +173,26 @@ mod tests {
     }
 
     #[test]
-    fn a_short_message_ends_its_connection_only() {
+    fn garbage_gets_no_reply_and_a_short_message_ends_the_connection() {
+        let (mut peer, ours) = UnixStream::pair().unwrap();
+        peer.write_all(&[0xff; MSG_LEN]).unwrap();
+        peer.write_all(&request(TYPE_REQ, OP_UNREG)).unwrap();
+        peer.write_all(&[0xff; MSG_LEN / 2]).unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(client(ours), "closed");
+        // One reply: the UNREG's.
+        let mut replies = Vec::new();
+        peer.read_to_end(&mut replies).unwrap();
+        assert_eq!(replies.len(), MSG_LEN);
+        let reply: [u8; MSG_LEN] = replies.try_into().unwrap();
+        assert_eq!(
+            (field(&reply, MSG_TYPE), field(&reply, OP_CODE)),
+            (TYPE_RESP, OP_UNREG)
+        );
+    }
+
+    #[test]
+    fn a_broken_connection_leaves_the_next_one_served() {
         let dir = std::env::temp_dir().join(format!("mux-stub-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("mux.sock");
