@@ -6,6 +6,7 @@
 # other, for each configuration in CONFIGS:
 #   pvrdma-local  --pvrdma tap=...,mac=... (vmxnet3 + PVRDMA), the VMMs' default same-host channel
 #   pvrdma-wire   the same with local=off on both: the RoCE v2 frames cross the TAPs and the bridge
+#                 (both with PVRDMA_OPTS appended to --pvrdma, if set: e.g. poll=0)
 #   rxe           --net tap=...,mac=... (vmxnet3 only); the guests run Linux Soft-RoCE (rdma_rxe,
 #                 rxe0 on eth0), so their RoCE v2 frames cross the same TAPs and bridge
 #   qemu-pvrdma   QEMU 7.2's own `-device pvrdma` instead of our VMM (see launch_qemu_pvrdma): its
@@ -95,8 +96,8 @@ launch() {
   local config=$1 role=$2 ip=$3 mac=$4 peer=$IP_B kind=pvrdma nic=()
   [[ $role == b ]] && peer=$IP_A
   case $config in
-    pvrdma-local) nic=(--pvrdma "tap=tap$role,mac=$mac") ;;
-    pvrdma-wire) nic=(--pvrdma "tap=tap$role,mac=$mac,local=off") ;;
+    pvrdma-local) nic=(--pvrdma "tap=tap$role,mac=$mac${PVRDMA_OPTS:+,$PVRDMA_OPTS}") ;;
+    pvrdma-wire) nic=(--pvrdma "tap=tap$role,mac=$mac,local=off${PVRDMA_OPTS:+,$PVRDMA_OPTS}") ;;
     rxe)
       nic=(--net "tap=tap$role,mac=$mac")
       kind=rxe

@@ -10,9 +10,10 @@
 //! test; but a run in which a program or a configuration failed says so and exits non-zero.
 //!
 //! Usage: `cargo build --release --bins && cargo run --release -p e2e --bin bench-rdma --
-//! [--rounds N] [--configs C,..] [--pp-iters N] [--pp-size BYTES] [--bw-iters N] [--bw-size
-//! BYTES]` (defaults: 5 rounds, all four configurations, ibv_rc_pingpong -n 200 -s 4096,
-//! ib_*_bw -n 200 -s 65536; `--bins` builds the rdmacm-mux stand-in the QEMU guests need). Each
+//! [--rounds N] [--configs C,..] [--pvrdma-opts K=V,..] [--pp-iters N] [--pp-size BYTES]
+//! [--bw-iters N] [--bw-size BYTES]` (defaults: 5 rounds, all four configurations,
+//! ibv_rc_pingpong -n 200 -s 4096, ib_*_bw -n 200 -s 65536; `--bins` builds the rdmacm-mux
+//! stand-in the QEMU guests need). Each
 //! round runs each program once; the figures are the ones the client (guest B) prints, timed by
 //! its own clock. Inside the nested test host every figure is tiny (~50x slower than native and
 //! worse): only the ratios mean something.
@@ -59,6 +60,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "pvrdma-local,pvrdma-wire,rxe,qemu-pvrdma",
           value_parser = config_name)]
     configs: Vec<String>,
+    /// More options for our configurations' `--pvrdma` (e.g. `poll=0`), appended after theirs.
+    #[arg(long, default_value = "", value_parser = pvrdma_opts)]
+    pvrdma_opts: String,
     /// ibv_rc_pingpong iterations (-n).
     #[arg(long, default_value_t = 200, value_parser = bench::positive)]
     pp_iters: u32,
@@ -81,6 +85,23 @@ fn config_name(s: &str) -> Result<String, String> {
             "{s}: not one of {}",
             CONFIGS.map(|c| c.0).join(", ")
         ))
+    }
+}
+
+/// `--pvrdma` options as the VMM parses them: `key=value` pairs, comma-separated, of characters
+/// that need no quoting in the scenario.
+fn pvrdma_opts(s: &str) -> Result<String, String> {
+    let pairs_ok = s.split(',').all(|kv| {
+        kv.split_once('=')
+            .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+            && kv
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '=' | '_' | '-' | ':' | '.'))
+    });
+    if s.is_empty() || pairs_ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s}: expected key=value[,key=value...]"))
     }
 }
 
@@ -224,6 +245,7 @@ fn run(args: &Args) -> Result<(), String> {
         ("BW_SIZE".to_string(), args.bw_size.to_string()),
         ("PROG_LIMIT".to_string(), prog_limit.to_string()),
         ("BENCH_LIMIT".to_string(), per_pair.to_string()),
+        ("PVRDMA_OPTS".to_string(), args.pvrdma_opts.clone()),
     ];
     if configs.iter().any(|c| c.0 == QEMU) {
         let mux = binaries::mux_stub().map_err(|e| e.to_string())?;
@@ -259,6 +281,12 @@ fn run(args: &Args) -> Result<(), String> {
     // The configurations run one after the other: other work on this host while one of them runs
     // skews the ratios (the test host alone keeps about one core busy).
     println!("  this host's load average (1/5/15 min) before: {load_before}; after: {load_after}");
+    if !args.pvrdma_opts.is_empty() {
+        println!(
+            "  our configurations with --pvrdma ...,{}",
+            args.pvrdma_opts
+        );
+    }
     let mut failures = Vec::new();
     for &(config, label) in &configs {
         let get = |k: &str| env.get(&format!("{config}.{k}")).unwrap_or("?");
@@ -412,6 +440,18 @@ mod tests {
         assert_eq!((a.rounds, a.bw_iters), (5, 50));
         assert_eq!(a.configs, vec![QEMU.to_string(), "rxe".to_string()]);
         assert!(parse_args("--configs rxe,qemu").is_err());
+        assert_eq!(
+            parse_args("--pvrdma-opts poll=0,max_qp=8")
+                .unwrap()
+                .pvrdma_opts,
+            "poll=0,max_qp=8"
+        );
+        for bad in ["poll", "poll=0,", "poll=0;reboot", "=1", "poll=$(x)"] {
+            assert!(
+                parse_args(&format!("--pvrdma-opts {bad}")).is_err(),
+                "{bad}"
+            );
+        }
         assert!(parse_args("--rounds 0").is_err());
         assert!(parse_args("--rounds").is_err());
         assert!(parse_args("--what 3").is_err());
