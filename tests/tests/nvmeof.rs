@@ -1012,7 +1012,15 @@ fn soft_roce_baseline_when_asked() {
 fn the_verified_stream_survives_a_live_migration() {
     let s = suite();
     s.expect(s.env("mig_stalled") == "0", || {
-        "no round verified on the destination within 240 s of the switch-over: stopped".into()
+        // What the guest's kernel said of the hang (tests/guest/nvmeof.sh's mig_watch).
+        let dump = s
+            .destination
+            .section("mig-stall")
+            .map_or_else(|| "(no mig-stall section)".into(), |d| d.text);
+        format!(
+            "no round verified on the destination within 240 s of the switch-over: stopped \
+             (its devices' counters then: nvmeof-a2-counters.json). The guest's kernel:\n{dump}"
+        )
     });
     s.expect(s.env("mig_loop") == "running", || {
         "the guest's migration pass never started".into()

@@ -466,7 +466,17 @@ impl<M: GuestAddressSpace> Worker<M> {
         {
             self.shared.rearm_cqs.store(false, Ordering::Release);
         }
-        if !self.shared.paused.load(Ordering::Acquire) {
+        if !self.shared.paused.load(Ordering::Acquire) && !self.held.is_empty() {
+            let held: Vec<String> = self
+                .held
+                .keys()
+                .filter_map(|&d| Class::from_event_data(d))
+                .map(|(class, handle)| format!("{class:?} {handle}"))
+                .collect();
+            log::info!(
+                "pvrdma: taking the doorbells rung while paused: {}",
+                held.join(", ")
+            );
             for (data, gen) in std::mem::take(&mut self.held) {
                 if let Some((class, handle)) = Class::from_event_data(data) {
                     self.handle_doorbell(class, handle, gen);
