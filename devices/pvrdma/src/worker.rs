@@ -279,7 +279,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             },
             Class::CqArm | Class::CqArmSol => {
                 if let Some(cq) = objects.cqs.get_mut(&handle).filter(|o| o.gen == gen) {
-                    cq.handle_arm(mem, env, events, handle, class == Class::CqArmSol);
+                    env.metrics.doorbell_cq_arm.inc();
+                    cq.arm(mem, env, events, handle, class == Class::CqArmSol);
                 }
             }
             Class::Srq => {

@@ -988,6 +988,7 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
     let (a, b) = rc_pair();
     // Armed and notified once before: a CQ the guest waits on with arms.
     b.sim.arm_cq(&b.cq, false);
+    assert!(b.sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1));
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
     assert_eq!(b.cqes(1)[0].wr_id, 1);
@@ -996,21 +997,9 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
     b.sim.device().pause().expect("pause");
     b.sim.arm_cq(&b.cq, false);
     assert!(b.sim.wait_until(|s| s.metric("doorbell_held") == 1));
-    let Side {
-        sim,
-        pd,
-        cq,
-        qp,
-        key,
-        pages,
-    } = b;
     let b = Side {
-        sim: sim.migrate(),
-        pd,
-        cq,
-        qp,
-        key,
-        pages,
+        sim: b.sim.migrate(),
+        ..b
     };
     assert!(b.sim.wait_until(|s| s.metric("cq_rearmed") == 1));
     assert!(b.sim.cq_notifications().is_empty(), "nothing to poll yet");
@@ -1026,21 +1015,9 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
 #[test]
 fn a_migration_arms_no_cq_the_guest_only_polls() {
     let (a, b) = rc_pair();
-    let Side {
-        sim,
-        pd,
-        cq,
-        qp,
-        key,
-        pages,
-    } = b;
     let b = Side {
-        sim: sim.migrate(),
-        pd,
-        cq,
-        qp,
-        key,
-        pages,
+        sim: b.sim.migrate(),
+        ..b
     };
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);

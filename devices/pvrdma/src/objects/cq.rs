@@ -149,20 +149,6 @@ pub(crate) fn handle_destroy_cq<M>(
 }
 
 impl Cq {
-    /// ARM / ARM_SOL doorbell: the guest just found the CQ empty (or
-    /// wants the next completion) and asks for a notification.
-    pub(crate) fn handle_arm<M: GuestMemory>(
-        &mut self,
-        mem: &M,
-        env: &Env,
-        events: &mut EventRings,
-        handle: u32,
-        solicited: bool,
-    ) {
-        env.metrics.doorbell_cq_arm.inc();
-        self.arm(mem, env, events, handle, solicited);
-    }
-
     /// After a restore, before the guest's next arm: arms the CQ for any
     /// completion if the guest has armed it before and it is unarmed now.
     /// The source pauses its device once the vCPUs stopped, and an ARM
@@ -183,7 +169,9 @@ impl Cq {
         }
     }
 
-    fn arm<M: GuestMemory>(
+    /// ARM / ARM_SOL doorbell: the guest just found the CQ empty (or
+    /// wants the next completion) and asks for a notification.
+    pub(crate) fn arm<M: GuestMemory>(
         &mut self,
         mem: &M,
         env: &Env,
