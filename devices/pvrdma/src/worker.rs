@@ -112,9 +112,10 @@ pub(crate) struct Worker<M> {
     worked_at: Option<Instant>,
     /// Doorbells that reached the device while paused, by event data, with
     /// their object's generation: taken once it runs again. A destination
-    /// VMM's vCPUs run a moment before its devices resume, and an ARM
-    /// doorbell rung then must not be lost (a QP's doorbell would not be:
-    /// every QP runs on resume).
+    /// VMM's vCPUs run a moment before its devices resume, and a doorbell
+    /// rung then must not be lost: QPs with an engine run on resume anyway,
+    /// but a CQ's ARM, an SRQ's doorbell or that of a QP without an engine
+    /// would be.
     held: BTreeMap<u32, u64>,
     stopped: bool,
 }
