@@ -110,6 +110,13 @@ pub(crate) struct Worker<M> {
     /// When the worker last did data-path work, while it busy-polls
     /// (`PvrdmaConfig::busy_poll`).
     worked_at: Option<Instant>,
+    /// Doorbells that reached the device while paused, by event data, with
+    /// their object's generation: taken once it runs again. A destination
+    /// VMM's vCPUs run a moment before its devices resume, and a doorbell
+    /// rung then must not be lost: QPs with an engine run on resume anyway,
+    /// but a CQ's ARM, an SRQ's doorbell or that of a QP without an engine
+    /// would be.
+    held: BTreeMap<u32, u64>,
     stopped: bool,
 }
 
@@ -193,6 +200,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             outgoing: Vec::new(),
             rx: Batch::default(),
             worked_at: None,
+            held: BTreeMap::new(),
             stopped: false,
         })
     }
@@ -231,21 +239,21 @@ impl<M: GuestAddressSpace> Worker<M> {
 
     /// Runs `f` on the session (its event rings and objects) under the
     /// state lock; does nothing without a session, or before ACTIVATE if
-    /// `active_only`.
+    /// `active_only`. False if the device is paused (nothing ran).
     fn with_session(
         &mut self,
         active_only: bool,
         f: impl FnOnce(&mut Self, &M::M, &Env, &mut EventRings, &mut Objects),
-    ) {
+    ) -> bool {
         let mem = self.mem.memory();
         let shared = Arc::clone(&self.shared);
         let mut state = shared.lock();
         if shared.paused.load(std::sync::atomic::Ordering::Acquire) {
-            return;
+            return false;
         }
         let active = state.active;
         let Some(session) = state.session.as_mut().filter(|_| active || !active_only) else {
-            return;
+            return true;
         };
         f(
             self,
@@ -254,11 +262,12 @@ impl<M: GuestAddressSpace> Worker<M> {
             &mut session.dsr.events,
             &mut session.objects,
         );
+        true
     }
 
     /// A doorbell of object `handle`; `gen` says which object it was.
     fn handle_doorbell(&mut self, class: Class, handle: u32, gen: u64) {
-        self.with_session(false, |w, mem, env, events, objects| match class {
+        let ran = self.with_session(false, |w, mem, env, events, objects| match class {
             Class::Qp => match objects.qps.get(&handle).filter(|o| o.gen == gen) {
                 Some(o) if o.engine.is_some() => {
                     env.metrics.doorbell_qp.inc();
@@ -271,7 +280,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             },
             Class::CqArm | Class::CqArmSol => {
                 if let Some(cq) = objects.cqs.get_mut(&handle).filter(|o| o.gen == gen) {
-                    cq.handle_arm(mem, env, events, handle, class == Class::CqArmSol);
+                    env.metrics.doorbell_cq_arm.inc();
+                    cq.arm(mem, env, events, handle, class == Class::CqArmSol);
                 }
             }
             Class::Srq => {
@@ -280,6 +290,10 @@ impl<M: GuestAddressSpace> Worker<M> {
                 }
             }
         });
+        if !ran {
+            self.shared.env.metrics.doorbell_held.inc();
+            self.held.insert(class.event_data(handle), gen);
+        }
     }
 
     /// Frames steered to the device: each goes to the QP it names, if
@@ -441,8 +455,36 @@ impl<M: GuestAddressSpace> Worker<M> {
             .is_some_and(|l| l.backlogged())
     }
 
-    /// Runs every QP that has an engine (resume, restore).
+    /// Runs every QP that has an engine (resume, restore), after the CQs
+    /// a restore arms again and the doorbells held while paused.
     fn handle_kick_all(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.shared.rearm_cqs.load(Ordering::Acquire)
+            && self.with_session(false, |_, mem, env, events, objects| {
+                for (&handle, cq) in &mut objects.cqs {
+                    cq.rearm_restored(mem, env, events, handle);
+                }
+            })
+        {
+            self.shared.rearm_cqs.store(false, Ordering::Release);
+        }
+        if !self.shared.paused.load(Ordering::Acquire) && !self.held.is_empty() {
+            let held: Vec<String> = self
+                .held
+                .keys()
+                .filter_map(|&d| Class::from_event_data(d))
+                .map(|(class, handle)| format!("{class:?} {handle}"))
+                .collect();
+            log::info!(
+                "pvrdma: taking the doorbells rung while paused: {}",
+                held.join(", ")
+            );
+            for (data, gen) in std::mem::take(&mut self.held) {
+                if let Some((class, handle)) = Class::from_event_data(data) {
+                    self.handle_doorbell(class, handle, gen);
+                }
+            }
+        }
         let all: Vec<u32> = {
             let state = self.shared.lock();
             state
