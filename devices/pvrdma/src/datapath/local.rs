@@ -191,13 +191,15 @@ const ANSWER_WAIT: Duration = Duration::from_millis(10);
 ///
 /// SETUP's tag is the channel's version: what the rings carry. Version 4
 /// carries segments (several MTUs of a message in one frame), which a
-/// VMM of version 3 would refuse as malformed packets, failing the QP; so
+/// VMM of version 3 would refuse as malformed packets, failing the QP;
+/// version 5 adds the ring's skip records (`shm_ring::SKIP`), which a
+/// VMM of version 4 would take for a corrupt ring; so
 /// the consumer answers ACCEPT (with the ring sender's instance) once it
 /// maps a ring, or REFUSE for a SETUP of another version (logged on both
 /// sides), and the sender sends segments only into an accepted ring and
 /// takes the wire for a peer that refused its ring or never read it (an
 /// older VMM ignores both the SETUP and the answer).
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING4";
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING5";
 /// What every version's SETUP tag starts with.
 const SETUP_ANY: &[u8; 15] = b"PVRDMA-SHM-RING";
 const ACCEPT: &[u8; 16] = b"PVRDMA-SHM-TAKEN";
