@@ -746,10 +746,28 @@ impl LocalChannel {
         peers.values().any(|p| !p.backlog.is_empty())
     }
 
-    /// Whether frames to `mac` wait for room in its ring.
-    pub(crate) fn backlogged_to(&self, mac: [u8; 6]) -> bool {
-        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        peers.get(&mac).is_some_and(|p| !p.backlog.is_empty())
+    /// Bytes that fit in the accepted ring of `mac` (0 while frames to it
+    /// wait for room); `None` without one.
+    pub(crate) fn room_to(&self, mac: [u8; 6]) -> Option<usize> {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let peer = peers.get_mut(&mac)?;
+        if !peer.accepted() {
+            return None;
+        }
+        Some(if peer.backlog.is_empty() {
+            peer.ring.room()
+        } else {
+            0
+        })
+    }
+
+    /// Whether frames wait for room in a ring, or a ring has less than
+    /// `room` bytes of it.
+    pub(crate) fn short_of(&self, room: usize) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers
+            .values_mut()
+            .any(|p| !p.backlog.is_empty() || (p.accepted() && p.ring.room() < room))
     }
 
     /// Pushes the frames waiting for room in full rings. Returns the

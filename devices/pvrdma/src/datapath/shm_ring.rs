@@ -346,6 +346,14 @@ impl ShmRing {
         self.read_at(r.start, out);
     }
 
+    /// Producer: bytes of records that still fit (a frame of up to this
+    /// less its length word and padding goes in, at `head` or, after a
+    /// skip, at the start of the area).
+    pub(crate) fn room(&self) -> usize {
+        let used = self.load(HEAD).wrapping_sub(self.load(TAIL));
+        usize::try_from((self.cap as u64).saturating_sub(used)).unwrap_or(0)
+    }
+
     /// Consumer: everything before `pos` is read; the producer may reuse it.
     pub(crate) fn release(&self, pos: u64) {
         self.store(TAIL, pos);
