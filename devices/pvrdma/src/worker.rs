@@ -148,7 +148,7 @@ fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
         .is_some_and(|a| {
             !a.ud
                 && local
-                    .room_to(a.addr.dst_mac)
+                    .room_to(a.addr.dst_mac, SEGMENT_ROOM)
                     .is_some_and(|r| r < SEGMENT_ROOM)
         })
 }

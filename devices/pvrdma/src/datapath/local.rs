@@ -747,18 +747,32 @@ impl LocalChannel {
     }
 
     /// Bytes that fit in the accepted ring of `mac` (0 while frames to it
-    /// wait for room); `None` without one.
-    pub(crate) fn room_to(&self, mac: [u8; 6]) -> Option<usize> {
+    /// wait for room); `None` without one. A ring with less room than
+    /// `need` is a refusal, as in [`LocalChannel::send`]: if it stays so
+    /// for [`ANSWER_WAIT`], the peer is asked whether it is still there
+    /// (a full ring may belong to one that is gone), and if not, its ring
+    /// is forgotten and its QPs take the wire.
+    pub(crate) fn room_to(&self, mac: [u8; 6], need: usize) -> Option<usize> {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         let peer = peers.get_mut(&mac)?;
         if !peer.accepted() {
             return None;
         }
-        Some(if peer.backlog.is_empty() {
+        let room = if peer.backlog.is_empty() {
             peer.ring.room()
         } else {
             0
-        })
+        };
+        if room < need {
+            if peer.unanswered.is_none() {
+                peer.unanswered = Some((Instant::now(), peer.ring.tail()));
+            }
+            if !peer.alive() {
+                peers.remove(&mac);
+                return None;
+            }
+        }
+        Some(room)
     }
 
     /// Whether frames wait for room in a ring, or a ring has less than
@@ -1246,6 +1260,32 @@ mod tests {
         // owner gets the frames after that.
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
+        drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A QP that waits for room in a full ring (flow control) sends
+    /// nothing that could be refused: asking for the room must notice a
+    /// dead peer as a refused frame does.
+    #[test]
+    fn a_full_ring_of_a_dead_peer_is_forgotten_when_room_is_asked_for() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-room-{}", std::process::id()));
+        let mac = [2, 0, 0, 0, 8, 2];
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 8, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, mac, false).unwrap();
+        assert_eq!(a.send(mac, b"first"), Sent::Local);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
+        let new = LocalChannel::bind(&dir, mac, true).unwrap();
+        new.claim().unwrap();
+        while a.send(mac, &[7u8; 1000]) == Sent::Local {}
+        // (Without its BYE: a VMM that died.)
+        std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
+        drop(old);
+        assert_eq!(a.room_to(mac, 4096), Some(0), "full: the clock starts");
+        std::thread::sleep(ANSWER_WAIT * 2);
+        assert_eq!(a.room_to(mac, 4096), None, "its ring is forgotten");
+        assert_eq!(a.send(mac, b"after"), Sent::Local);
         assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);

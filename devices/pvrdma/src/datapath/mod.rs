@@ -407,7 +407,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
     engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
     let budget = match local {
         Some(l) if same_host => {
-            (l.room_to(dst_mac).unwrap_or(0) / SEGMENT_ROOM).min(SEGMENT_BUDGET)
+            (l.room_to(dst_mac, SEGMENT_ROOM).unwrap_or(0) / SEGMENT_ROOM).min(SEGMENT_BUDGET)
         }
         _ => BUDGET,
     };
