@@ -35,7 +35,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::datapath::local::{Batch, KickWatch, Wake};
-use crate::datapath::{self, Input, Outcome};
+use crate::datapath::{self, Input, Outcome, SEGMENT_ROOM};
 
 use crate::events::EventRings;
 use crate::metrics::Metrics;
@@ -134,11 +134,14 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
     Ok(timer)
 }
 
-/// Whether QP `handle`, left with work, is to wait: frames to its peer
-/// wait for room in a same-host ring. Running it would only pile up more
-/// (and a full backlog drops them: a lost READ response costs the whole
-/// READ again; 16 QPs each reading 1 MiB used to end in retry-exceeded
-/// that way). QPs towards other peers, or the wire, go on.
+/// Whether QP `handle`, left with work, is to wait: its peer's same-host
+/// ring has no room for a segment, or frames to it wait for room. Running
+/// it would only pile up more in the backlog, a copy more each (and a
+/// full backlog drops them: a lost READ response costs the whole READ
+/// again; 16 QPs each reading 1 MiB used to end in retry-exceeded that
+/// way). QPs towards other peers, or the wire, go on; so does a QP in
+/// the error state, which sends nothing and flushes its WQEs (a peer that
+/// stopped reading must not hold back their error completions).
 fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
     let Some(local) = env.wire.local.as_ref() else {
         return false;
@@ -147,8 +150,14 @@ fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
         .qps
         .get(&handle)
         .and_then(|qp| qp.engine.as_ref())
+        .filter(|e| !e.is_error())
         .map(|e| e.attrs())
-        .is_some_and(|a| !a.ud && local.backlogged_to(a.addr.dst_mac))
+        .is_some_and(|a| {
+            !a.ud
+                && local
+                    .room_to(a.addr.dst_mac, SEGMENT_ROOM)
+                    .is_some_and(|r| r < SEGMENT_ROOM)
+        })
 }
 
 /// The QP a received packet is for, if it is ours (its destination GID
@@ -455,6 +464,17 @@ impl<M: GuestAddressSpace> Worker<M> {
             .is_some_and(|l| l.backlogged())
     }
 
+    /// Whether a same-host ring has no room for a segment, or frames wait
+    /// for room: QPs deferred for room wait for the timer then.
+    fn channel_short(&self) -> bool {
+        self.shared
+            .env
+            .wire
+            .local
+            .as_ref()
+            .is_some_and(|l| l.short_of(SEGMENT_ROOM))
+    }
+
     /// Runs every QP that has an engine (resume, restore), after the CQs
     /// a restore arms again and the doorbells held while paused.
     fn handle_kick_all(&mut self) {
@@ -506,7 +526,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Arms the timer for the earliest engine deadline (or, while frames
-    /// wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
+    /// or QPs wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
     /// that is sooner than it is armed for. A later or vanished deadline leaves it
     /// armed: the early expiry finds nothing due and re-arms, which costs
     /// less than two timerfd calls per message (arm on send, disarm on
@@ -525,10 +545,9 @@ impl<M: GuestAddressSpace> Worker<M> {
                 .min()
         });
         drop(state);
-        // Frames waiting for room in a same-host ring: soon.
+        // Frames or QPs waiting for room in a same-host ring: soon.
         let now = self.shared.env.clock.now();
-        let backlog = self
-            .channel_backlogged()
+        let backlog = (self.deferred || self.channel_backlogged())
             .then(|| now.saturating_add(MIN_TIMER.as_nanos() as u64));
         let next = engines.into_iter().chain(backlog).min();
         let Some(deadline) = next.filter(|&n| self.armed.is_none_or(|a| n < a)) else {
@@ -590,7 +609,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// and the timer re-armed.
     fn finish(&mut self, timer: bool) {
         self.shared.env.send(std::mem::take(&mut self.outgoing));
-        if self.deferred && (timer || !self.channel_backlogged()) {
+        if self.deferred && (timer || !self.channel_short()) {
             self.deferred = false;
             if let Err(e) = self.kick.write(1) {
                 error!("pvrdma: failed to resume QPs with work: {e}");
