@@ -27,6 +27,8 @@
 #                   of MIG_MIB written and read back verified until the test host signals
 #                   "migrated", then MIG_AFTER rounds more, all within MIG_SECONDS (see
 #                   migration_pass)
+#   MIG_WATCH       seconds without a finished round of the migration pass after which the
+#                   guest's kernel state is dumped once (see mig_watch; default 100)
 #   CTRL_LOSS_TMO   nvme connect's --ctrl-loss-tmo: a lost controller fails I/O after that many
 #                   seconds instead of the default 600 of reconnects, so that a broken data path
 #                   ends the test instead of hanging it
@@ -50,6 +52,8 @@
 #   NVMEOF-MIGRATION-LOOP running mib=N    (MIG_MIB > 0) the migration pass's first round verified
 #   NVMEOF-ROUND r=N slot=S md5=M ok=1|0 migrated=0|1 wcentis=T rcentis=T   one round of it
 #   NVMEOF-MIGRATION-PASS rounds=N after=N bad=N errors=N max_wcentis=T max_rcentis=T centis=T ok=1|0
+#   SECTION-BEGIN mig-stall ... SECTION-END mig-stall rc=0   only when a round of the migration
+#                                          pass hangs: see mig_watch
 #   NVMEOF-DISCONNECTED gone=1|0           no NVMe controller or block device left afterwards
 #   SECTION-BEGIN kernel-log ... SECTION-END kernel-log rc=0   the guest's dmesg lines about
 #                                          nvme, RDMA and kernel warnings or bugs
@@ -176,6 +180,27 @@ done
 rm -f /tmp/chunk
 say "READ bytes=$((chunks * CHUNK_MIB * 1048576)) centis=$rcs bad_chunks=$bad"
 
+# mig_watch: while the migration pass runs (until /tmp/mig-end exists), once no round has finished
+# for MIG_WATCH seconds (the time of the last is in /tmp/mig-progress), what explains a hung I/O:
+# the PVRDMA device's interrupt counts, the tasks blocked in the kernel (SysRq w) and the end of the
+# kernel's log at every level (nvme-rdma's timeouts and error recovery are warnings, which the
+# `quiet` console leaves out), framed as section mig-stall. Runs in the background: the pass's dd
+# is what hangs.
+mig_watch() {
+  while [ ! -e /tmp/mig-end ]; do
+    sleep 5
+    if [ $(($(now) - $(cat /tmp/mig-progress))) -ge "${MIG_WATCH:-100}" ]; then
+      echo "SECTION-BEGIN mig-stall"
+      echo "no round finished for ${MIG_WATCH:-100} s; interrupts:"
+      grep -i pvrdma /proc/interrupts
+      echo w > /proc/sysrq-trigger
+      dmesg | tail -n 200
+      echo "SECTION-END mig-stall rc=0"
+      return
+    fi
+  done
+}
+
 # migration_pass: the verified read/write stream that the test host live-migrates this guest
 # under (issue 14 item 7). Round R writes MIG_MIB of the pattern at slot R (mod the namespace's
 # slots of MIG_MIB), numbered from block SIZE_MIB * 256 + R * MIG_MIB * 256: every round's data
@@ -190,6 +215,9 @@ migration_pass() {
   r=0 after=0 migrated=0 mbad=0 merr=0 maxw=0 maxr=0
   mstart=$(centis)
   mend=$(($(now) + MIG_SECONDS))
+  now > /tmp/mig-progress
+  mig_watch &
+  watch_pid=$!
   while [ "$after" -lt "$MIG_AFTER" ]; do
     if [ "$(now)" -ge "$mend" ]; then
       say "FAIL-MIGRATION no end after $MIG_SECONDS s: rounds=$r migrated=$migrated"
@@ -222,6 +250,7 @@ migration_pass() {
     [ $w -gt $maxw ] && maxw=$w
     [ $rd -gt $maxr ] && maxr=$rd
     say "ROUND r=$r slot=$slot md5=$got want=$want ok=$ok migrated=$migrated wcentis=$w rcentis=$rd"
+    now > /tmp/mig-progress
     [ $r = 0 ] && say "MIGRATION-LOOP running mib=$MIG_MIB"
     r=$((r + 1))
     if [ $migrated = 1 ]; then
@@ -231,6 +260,8 @@ migration_pass() {
     fi
   done
   rm -f /tmp/mchunk /tmp/mback
+  : > /tmp/mig-end
+  kill "$watch_pid" 2> /dev/null
   mig_ok=0
   [ $mbad = 0 ] && [ $merr = 0 ] && [ $migrated = 1 ] && mig_ok=1
   say "MIGRATION-PASS rounds=$r after=$after bad=$mbad errors=$merr max_wcentis=$maxw max_rcentis=$maxr centis=$(($(centis) - mstart)) ok=$mig_ok"

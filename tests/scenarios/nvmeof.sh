@@ -31,6 +31,7 @@
 # B's prefixed "b."; the migration's "mig_"), $OUT/nvmeof-{a,a2,b}-{serial,vmm}.log (the guests'
 # results: see tests/guest/nvmeof.sh; A's console continues in a2's after the migration),
 # $OUT/nvmeof-a-to-nvmeof-a2-remote.log (send-migration's output: the blackout),
+# $OUT/nvmeof-a2-counters.json (only if A2 stalled: its devices' counters before it was stopped),
 # $OUT/nvmeof-l1-dmesg.txt (this host's kernel log: nvmet's and nfsd's side), $OUT/rxe-devinfo.txt;
 # $OUT/nfsrdma.env (the NFS server's set-up and check, the NFS guest's VMM exit and panics),
 # $OUT/nfsrdma{,-b}-{serial,vmm}.log (see tests/guest/nfsrdma.sh; NB's keys prefixed "b."),
@@ -56,6 +57,7 @@ MIG_MIB=${MIG_MIB:-8}
 MIG_AFTER=${MIG_AFTER:-4}
 MIG_SECONDS=${MIG_SECONDS:-600}
 MIG_STALL=${MIG_STALL:-240}
+MIG_WATCH=${MIG_WATCH:-100}
 # Guest to guest: the target guest's RAM disk, what each initiator writes, and per chunk.
 G2G_MIB=${G2G_MIB:-32}
 G2G_CHUNK_MIB=${G2G_CHUNK_MIB:-16}
@@ -153,7 +155,7 @@ header="HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT NQN=$NQN PORT=$PORT HOSTNQN=$HOSTNQN
 LIMIT=$LIMIT READY_WAIT=$READY_WAIT CHECK_WAIT=$CHECK_WAIT CTRL_LOSS_TMO=$CTRL_LOSS_TMO"
 guest_script_disk "$WORK/nvmeof-a-run.img" "$header
 RDMA_DEV=vmw_pvrdma0 MY_IP=$IP_A WRITE_MIB=$SIZE_MIB CHUNK_MIB=$CHUNK_MIB CHECKED_SIGNAL=target-checked-a
-MIG_MIB=$MIG_MIB MIG_AFTER=$MIG_AFTER MIG_SECONDS=$MIG_SECONDS" "$GUEST_SCRIPTS/nvmeof.sh"
+MIG_MIB=$MIG_MIB MIG_AFTER=$MIG_AFTER MIG_SECONDS=$MIG_SECONDS MIG_WATCH=$MIG_WATCH" "$GUEST_SCRIPTS/nvmeof.sh"
 run_guest nvmeof-a "$WORK/nvmeof-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A" --api-socket "$WORK/a.api"
 pid_a=$VMM_PID
 
@@ -281,6 +283,8 @@ migrate_mid_io() {
   else
     record nvmeof "mig_stalled=1"
     log "migration: no round on A2 within $MIG_STALL s; stopping it"
+    # The device's counters and each QP's as the hang left them (its exit log adds the CQs').
+    timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/nvmeof-a2.api" counters > "$OUT/nvmeof-a2-counters.json" 2>&1 || true
     timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/nvmeof-a2.api" shutdown > /dev/null 2>&1 || kill -KILL "$pid_a2" 2> /dev/null || true
   fi
   record_panics nvmeof nvmeof a

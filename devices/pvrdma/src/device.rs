@@ -190,6 +190,7 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             state: Mutex::new(State::new()),
             paused: AtomicBool::new(false),
             kick_all: AtomicBool::new(false),
+            rearm_cqs: AtomicBool::new(false),
         });
         let worker = Worker::new(mem.clone(), Arc::clone(&shared), link)?;
         let worker = WorkerHandle::spawn("pvrdma", worker).map_err(SpawnError::Start)?;
@@ -268,6 +269,22 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
             if let Some(engine) = qp.engine.as_ref() {
                 log::info!("pvrdma: QP at exit: {engine}");
             }
+        }
+        let mem = self.mem.memory();
+        let cqs: Vec<String> = state
+            .session
+            .iter()
+            .flat_map(|s| s.objects.cqs.iter())
+            .map(|(handle, cq)| format!("cq={handle} {}", cq.describe(&*mem)))
+            .collect();
+        if !cqs.is_empty() {
+            let irq = &self.shared.env.irq;
+            log::info!(
+                "pvrdma: CQs at exit (imr={:#x} icr={:#x}): {}",
+                irq.imr(),
+                irq.icr(),
+                cqs.join(", ")
+            );
         }
         drop(state);
         if let Some(local) = self.shared.env.wire.local.as_ref() {

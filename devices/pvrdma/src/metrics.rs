@@ -109,6 +109,11 @@ metrics! {
     doorbell_cq_arm,
     /// CQ poll doorbells (drained in bulk).
     doorbell_cq_poll,
+    /// Doorbells that reached the device while paused, taken on resume.
+    doorbell_held,
+    /// CQs armed again after a restore (the source may have paused before
+    /// taking an arm doorbell).
+    cq_rearmed,
     /// ioeventfd registrations KVM refused (the doorbell then exits).
     ioevent_failed,
     /// Guest ring indices that failed validation.

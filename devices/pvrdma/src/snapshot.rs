@@ -31,7 +31,8 @@ pub(crate) const ID: &str = "pvrdma";
 /// Layout of [`Saved`]; bump on any change (postcard is positional: a field
 /// added anywhere inside, even `#[serde(default)]`, shifts everything after
 /// it). 4: the completer's `retrying` and the responder's held ACK/NAK.
-pub(crate) const VERSION: u32 = 4;
+/// 5: a CQ's `ever_armed`.
+pub(crate) const VERSION: u32 = 5;
 
 /// What is saved; `D` and `O` are references when saving, owned when
 /// restoring.
@@ -134,6 +135,9 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
         log::info!("pvrdma: restored {}", s.objects.peer_ids());
     }
     drop(state);
+    shared
+        .rearm_cqs
+        .store(true, std::sync::atomic::Ordering::Release);
     shared.kick_all();
     let ms = |d: Duration| d.as_millis();
     log::info!(

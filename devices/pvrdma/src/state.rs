@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     /// Set on resume and restore: every QP is run once, for the work
     /// posted while nothing ran.
     pub(crate) kick_all: AtomicBool,
+    /// Set on restore: every CQ the guest has armed and that is unarmed is
+    /// armed again once the device runs (see `Cq::rearm_restored`).
+    pub(crate) rearm_cqs: AtomicBool,
 }
 
 impl Shared {

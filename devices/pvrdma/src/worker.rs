@@ -35,7 +35,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::datapath::local::{Batch, KickWatch, Wake};
-use crate::datapath::{self, Input, Outcome};
+use crate::datapath::{self, Input, Outcome, SEGMENT_ROOM};
 
 use crate::events::EventRings;
 use crate::metrics::Metrics;
@@ -110,6 +110,13 @@ pub(crate) struct Worker<M> {
     /// When the worker last did data-path work, while it busy-polls
     /// (`PvrdmaConfig::busy_poll`).
     worked_at: Option<Instant>,
+    /// Doorbells that reached the device while paused, by event data, with
+    /// their object's generation: taken once it runs again. A destination
+    /// VMM's vCPUs run a moment before its devices resume, and a doorbell
+    /// rung then must not be lost: QPs with an engine run on resume anyway,
+    /// but a CQ's ARM, an SRQ's doorbell or that of a QP without an engine
+    /// would be.
+    held: BTreeMap<u32, u64>,
     stopped: bool,
 }
 
@@ -127,11 +134,14 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
     Ok(timer)
 }
 
-/// Whether QP `handle`, left with work, is to wait: frames to its peer
-/// wait for room in a same-host ring. Running it would only pile up more
-/// (and a full backlog drops them: a lost READ response costs the whole
-/// READ again; 16 QPs each reading 1 MiB used to end in retry-exceeded
-/// that way). QPs towards other peers, or the wire, go on.
+/// Whether QP `handle`, left with work, is to wait: its peer's same-host
+/// ring has no room for a segment, or frames to it wait for room. Running
+/// it would only pile up more in the backlog, a copy more each (and a
+/// full backlog drops them: a lost READ response costs the whole READ
+/// again; 16 QPs each reading 1 MiB used to end in retry-exceeded that
+/// way). QPs towards other peers, or the wire, go on; so does a QP in
+/// the error state, which sends nothing and flushes its WQEs (a peer that
+/// stopped reading must not hold back their error completions).
 fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
     let Some(local) = env.wire.local.as_ref() else {
         return false;
@@ -140,8 +150,14 @@ fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
         .qps
         .get(&handle)
         .and_then(|qp| qp.engine.as_ref())
+        .filter(|e| !e.is_error())
         .map(|e| e.attrs())
-        .is_some_and(|a| !a.ud && local.backlogged_to(a.addr.dst_mac))
+        .is_some_and(|a| {
+            !a.ud
+                && local
+                    .room_to(a.addr.dst_mac, SEGMENT_ROOM)
+                    .is_some_and(|r| r < SEGMENT_ROOM)
+        })
 }
 
 /// The QP a received packet is for, if it is ours (its destination GID
@@ -193,6 +209,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             outgoing: Vec::new(),
             rx: Batch::default(),
             worked_at: None,
+            held: BTreeMap::new(),
             stopped: false,
         })
     }
@@ -231,21 +248,21 @@ impl<M: GuestAddressSpace> Worker<M> {
 
     /// Runs `f` on the session (its event rings and objects) under the
     /// state lock; does nothing without a session, or before ACTIVATE if
-    /// `active_only`.
+    /// `active_only`. False if the device is paused (nothing ran).
     fn with_session(
         &mut self,
         active_only: bool,
         f: impl FnOnce(&mut Self, &M::M, &Env, &mut EventRings, &mut Objects),
-    ) {
+    ) -> bool {
         let mem = self.mem.memory();
         let shared = Arc::clone(&self.shared);
         let mut state = shared.lock();
         if shared.paused.load(std::sync::atomic::Ordering::Acquire) {
-            return;
+            return false;
         }
         let active = state.active;
         let Some(session) = state.session.as_mut().filter(|_| active || !active_only) else {
-            return;
+            return true;
         };
         f(
             self,
@@ -254,11 +271,12 @@ impl<M: GuestAddressSpace> Worker<M> {
             &mut session.dsr.events,
             &mut session.objects,
         );
+        true
     }
 
     /// A doorbell of object `handle`; `gen` says which object it was.
     fn handle_doorbell(&mut self, class: Class, handle: u32, gen: u64) {
-        self.with_session(false, |w, mem, env, events, objects| match class {
+        let ran = self.with_session(false, |w, mem, env, events, objects| match class {
             Class::Qp => match objects.qps.get(&handle).filter(|o| o.gen == gen) {
                 Some(o) if o.engine.is_some() => {
                     env.metrics.doorbell_qp.inc();
@@ -271,7 +289,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             },
             Class::CqArm | Class::CqArmSol => {
                 if let Some(cq) = objects.cqs.get_mut(&handle).filter(|o| o.gen == gen) {
-                    cq.handle_arm(mem, env, events, handle, class == Class::CqArmSol);
+                    env.metrics.doorbell_cq_arm.inc();
+                    cq.arm(mem, env, events, handle, class == Class::CqArmSol);
                 }
             }
             Class::Srq => {
@@ -280,6 +299,10 @@ impl<M: GuestAddressSpace> Worker<M> {
                 }
             }
         });
+        if !ran {
+            self.shared.env.metrics.doorbell_held.inc();
+            self.held.insert(class.event_data(handle), gen);
+        }
     }
 
     /// Frames steered to the device: each goes to the QP it names, if
@@ -441,8 +464,47 @@ impl<M: GuestAddressSpace> Worker<M> {
             .is_some_and(|l| l.backlogged())
     }
 
-    /// Runs every QP that has an engine (resume, restore).
+    /// Whether a same-host ring has no room for a segment, or frames wait
+    /// for room: QPs deferred for room wait for the timer then.
+    fn channel_short(&self) -> bool {
+        self.shared
+            .env
+            .wire
+            .local
+            .as_ref()
+            .is_some_and(|l| l.short_of(SEGMENT_ROOM))
+    }
+
+    /// Runs every QP that has an engine (resume, restore), after the CQs
+    /// a restore arms again and the doorbells held while paused.
     fn handle_kick_all(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.shared.rearm_cqs.load(Ordering::Acquire)
+            && self.with_session(false, |_, mem, env, events, objects| {
+                for (&handle, cq) in &mut objects.cqs {
+                    cq.rearm_restored(mem, env, events, handle);
+                }
+            })
+        {
+            self.shared.rearm_cqs.store(false, Ordering::Release);
+        }
+        if !self.shared.paused.load(Ordering::Acquire) && !self.held.is_empty() {
+            let held: Vec<String> = self
+                .held
+                .keys()
+                .filter_map(|&d| Class::from_event_data(d))
+                .map(|(class, handle)| format!("{class:?} {handle}"))
+                .collect();
+            log::info!(
+                "pvrdma: taking the doorbells rung while paused: {}",
+                held.join(", ")
+            );
+            for (data, gen) in std::mem::take(&mut self.held) {
+                if let Some((class, handle)) = Class::from_event_data(data) {
+                    self.handle_doorbell(class, handle, gen);
+                }
+            }
+        }
         let all: Vec<u32> = {
             let state = self.shared.lock();
             state
@@ -464,7 +526,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Arms the timer for the earliest engine deadline (or, while frames
-    /// wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
+    /// or QPs wait for room in a same-host ring, for [`MIN_TIMER`] from now) when
     /// that is sooner than it is armed for. A later or vanished deadline leaves it
     /// armed: the early expiry finds nothing due and re-arms, which costs
     /// less than two timerfd calls per message (arm on send, disarm on
@@ -483,10 +545,9 @@ impl<M: GuestAddressSpace> Worker<M> {
                 .min()
         });
         drop(state);
-        // Frames waiting for room in a same-host ring: soon.
+        // Frames or QPs waiting for room in a same-host ring: soon.
         let now = self.shared.env.clock.now();
-        let backlog = self
-            .channel_backlogged()
+        let backlog = (self.deferred || self.channel_backlogged())
             .then(|| now.saturating_add(MIN_TIMER.as_nanos() as u64));
         let next = engines.into_iter().chain(backlog).min();
         let Some(deadline) = next.filter(|&n| self.armed.is_none_or(|a| n < a)) else {
@@ -548,7 +609,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// and the timer re-armed.
     fn finish(&mut self, timer: bool) {
         self.shared.env.send(std::mem::take(&mut self.outgoing));
-        if self.deferred && (timer || !self.channel_backlogged()) {
+        if self.deferred && (timer || !self.channel_short()) {
             self.deferred = false;
             if let Err(e) = self.kick.write(1) {
                 error!("pvrdma: failed to resume QPs with work: {e}");

@@ -14,7 +14,8 @@
 //! polled the way a guest polls its CQ. Every figure is the median of
 //! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
-//! moves 512 RDMA WRITEs of 64 KiB on one QP once, no baseline (for
+//! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send` and
+//! `count=N` for another stream), no baseline (for
 //! `valgrind --tool=callgrind --separate-threads=yes`), and prints the
 //! data path's events per WRITE (frames, kicks, doorbells). `poll=US` sets
 //! how long the device workers busy-poll after work (0 for callgrind,
@@ -175,6 +176,12 @@ impl Pair {
         .collect()
     }
 
+    /// Frames of both devices that went to a same-host peer through a
+    /// buffer instead of being built in its ring (its ring was full).
+    fn copied(&self) -> u64 {
+        self.a.sim.metric("roce_local_copied") + self.b.sim.metric("roce_local_copied")
+    }
+
     /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
     /// over the first `qps` QPs, [`DEPTH`] in flight in all; SENDs land
     /// in receives B keeps posted. Returns the elapsed time.
@@ -325,13 +332,23 @@ fn main() {
         .collect();
     let run = |part: &str| chosen.is_empty() || chosen.iter().any(|c| c == part);
     if chosen.iter().any(|c| c == "profile") {
+        // `op=read|send` and `count=N` pick another stream to profile.
+        let (name, op) = match args.iter().find_map(|a| a.strip_prefix("op=")) {
+            Some("read") => ("READ", wr::RDMA_READ),
+            Some("send") => ("SEND", wr::SEND),
+            _ => ("WRITE", wr::RDMA_WRITE),
+        };
+        let count: u32 = args
+            .iter()
+            .find_map(|a| a.strip_prefix("count=")?.parse().ok())
+            .unwrap_or(512);
         let before = pair.counters();
-        let t = pair.transfer(wr::RDMA_WRITE, 64 << 10, 1, 512);
-        let rate = f64::from(512u32 << 16) / t.as_secs_f64();
-        println!("WRITE 64 KiB, 1 QP, once: {:.0} MiB/s", mib(rate));
-        println!("per WRITE, A / B:");
+        let t = pair.transfer(op, 64 << 10, 1, count as usize);
+        let rate = f64::from(count) * f64::from(1u32 << 16) / t.as_secs_f64();
+        println!("{name} 64 KiB, 1 QP, {count} once: {:.0} MiB/s", mib(rate));
+        println!("per {name}, A / B:");
         for ((name, a0, b0), (_, a1, b1)) in before.iter().zip(pair.counters()) {
-            let per = |x: u64, x0: &u64| (x - x0) as f64 / 512.0;
+            let per = |x: u64, x0: &u64| (x - x0) as f64 / f64::from(count);
             println!("  {name:<18} {:.2} / {:.2}", per(a1, a0), per(b1, b0));
         }
         drop(pair);
@@ -376,6 +393,7 @@ fn bandwidth(pair: &Pair) {
             ("SEND", wr::SEND),
         ] {
             for qps in [1, QPS] {
+                let copied = pair.copied();
                 let rate = median(
                     (0..RUNS)
                         .map(|_| {
@@ -385,10 +403,12 @@ fn bandwidth(pair: &Pair) {
                         .collect(),
                 );
                 println!(
-                    "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}",
+                    "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}  \
+                     frames not built in the ring {}",
                     len >> 10,
                     mib(rate),
-                    rate / copy
+                    rate / copy,
+                    pair.copied() - copied
                 );
             }
         }

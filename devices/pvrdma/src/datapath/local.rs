@@ -191,13 +191,15 @@ const ANSWER_WAIT: Duration = Duration::from_millis(10);
 ///
 /// SETUP's tag is the channel's version: what the rings carry. Version 4
 /// carries segments (several MTUs of a message in one frame), which a
-/// VMM of version 3 would refuse as malformed packets, failing the QP; so
+/// VMM of version 3 would refuse as malformed packets, failing the QP;
+/// version 5 adds the ring's skip records (`shm_ring::SKIP`), which a
+/// VMM of version 4 would take for a corrupt ring; so
 /// the consumer answers ACCEPT (with the ring sender's instance) once it
 /// maps a ring, or REFUSE for a SETUP of another version (logged on both
 /// sides), and the sender sends segments only into an accepted ring and
 /// takes the wire for a peer that refused its ring or never read it (an
 /// older VMM ignores both the SETUP and the answer).
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING4";
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING5";
 /// What every version's SETUP tag starts with.
 const SETUP_ANY: &[u8; 15] = b"PVRDMA-SHM-RING";
 const ACCEPT: &[u8; 16] = b"PVRDMA-SHM-TAKEN";
@@ -744,10 +746,42 @@ impl LocalChannel {
         peers.values().any(|p| !p.backlog.is_empty())
     }
 
-    /// Whether frames to `mac` wait for room in its ring.
-    pub(crate) fn backlogged_to(&self, mac: [u8; 6]) -> bool {
-        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        peers.get(&mac).is_some_and(|p| !p.backlog.is_empty())
+    /// Bytes that fit in the accepted ring of `mac` (0 while frames to it
+    /// wait for room); `None` without one. A ring with less room than
+    /// `need` is a refusal, as in [`LocalChannel::send`]: if it stays so
+    /// for [`ANSWER_WAIT`], the peer is asked whether it is still there
+    /// (a full ring may belong to one that is gone), and if not, its ring
+    /// is forgotten and its QPs take the wire.
+    pub(crate) fn room_to(&self, mac: [u8; 6], need: usize) -> Option<usize> {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let peer = peers.get_mut(&mac)?;
+        if !peer.accepted() {
+            return None;
+        }
+        let room = if peer.backlog.is_empty() {
+            peer.ring.room()
+        } else {
+            0
+        };
+        if room < need {
+            if peer.unanswered.is_none() {
+                peer.unanswered = Some((Instant::now(), peer.ring.tail()));
+            }
+            if !peer.alive() {
+                peers.remove(&mac);
+                return None;
+            }
+        }
+        Some(room)
+    }
+
+    /// Whether frames wait for room in a ring, or a ring has less than
+    /// `room` bytes of it.
+    pub(crate) fn short_of(&self, room: usize) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers
+            .values_mut()
+            .any(|p| !p.backlog.is_empty() || (p.accepted() && p.ring.room() < room))
     }
 
     /// Pushes the frames waiting for room in full rings. Returns the
@@ -1226,6 +1260,32 @@ mod tests {
         // owner gets the frames after that.
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], &frame), Sent::NotLocal);
         assert_eq!(a.send([2, 0, 0, 0, 2, 2], b"after"), Sent::Local);
+        assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
+        drop((a, new));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A QP that waits for room in a full ring (flow control) sends
+    /// nothing that could be refused: asking for the room must notice a
+    /// dead peer as a refused frame does.
+    #[test]
+    fn a_full_ring_of_a_dead_peer_is_forgotten_when_room_is_asked_for() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-room-{}", std::process::id()));
+        let mac = [2, 0, 0, 0, 8, 2];
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 8, 1], false).unwrap();
+        let old = LocalChannel::bind(&dir, mac, false).unwrap();
+        assert_eq!(a.send(mac, b"first"), Sent::Local);
+        assert_eq!(recv(&old, 8, Wake::Socket).len(), 1);
+        let new = LocalChannel::bind(&dir, mac, true).unwrap();
+        new.claim().unwrap();
+        while a.send(mac, &[7u8; 1000]) == Sent::Local {}
+        // (Without its BYE: a VMM that died.)
+        std::mem::forget(std::mem::take(&mut *old.inbound.lock().unwrap()));
+        drop(old);
+        assert_eq!(a.room_to(mac, 4096), Some(0), "full: the clock starts");
+        std::thread::sleep(ANSWER_WAIT * 2);
+        assert_eq!(a.room_to(mac, 4096), None, "its ring is forgotten");
+        assert_eq!(a.send(mac, b"after"), Sent::Local);
         assert_eq!(recv(&new, 8, Wake::Socket), vec![b"after".to_vec()]);
         drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);

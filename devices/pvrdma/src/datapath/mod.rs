@@ -64,13 +64,18 @@ impl Clock {
 /// worker gives other QPs and events a turn.
 pub(crate) const BUDGET: usize = 64;
 /// The same towards a same-host peer, whose packets are segments of up
-/// to 32 KiB: 256 KiB per call, so that one call cannot overflow the
-/// peer's ring and backlog (several MiB) on its own. While frames to the
-/// peer wait for room in its ring, none: the QP waits (the worker defers
-/// it until the backlog drains) instead of building more segments in
-/// buffers for the backlog, a copy more each (the QPs' windows,
-/// `req::SEGMENT_WINDOW` each, can add up to more than the ring holds).
+/// to 32 KiB: 256 KiB per call, and no more than the peer's ring has
+/// room for ([`SEGMENT_ROOM`] each). With less, or while frames to the
+/// peer wait for room in its ring (the backlog), none: the QP waits (the
+/// worker defers it, see `worker::waits_for_room`) instead of building
+/// segments in buffers for the backlog, a copy more each (the QPs'
+/// windows, `req::SEGMENT_WINDOW` each, can add up to more than the ring
+/// holds).
 const SEGMENT_BUDGET: usize = 8;
+/// Ring room one segment takes at most: its payload, headers (at most
+/// 100 bytes: Ethernet, VLAN, IPv6, UDP, BTH, RETH, immediate) and the
+/// ring's length word and padding.
+pub(crate) const SEGMENT_ROOM: usize = MAX_SEGMENT as usize + 256;
 
 /// Why the worker runs a QP.
 #[derive(Clone, Copy)]
@@ -401,8 +406,9 @@ pub(crate) fn run_qp<M: GuestMemory>(
     let same_host = local.is_some_and(|l| l.has_ring(dst_mac));
     engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
     let budget = match local {
-        Some(l) if same_host && l.backlogged_to(dst_mac) => 0,
-        _ if same_host => SEGMENT_BUDGET,
+        Some(l) if same_host => {
+            (l.room_to(dst_mac, SEGMENT_ROOM).unwrap_or(0) / SEGMENT_ROOM).min(SEGMENT_BUDGET)
+        }
         _ => BUDGET,
     };
     let mut done = Completions::default();

@@ -44,6 +44,10 @@ pub(crate) struct Cq {
     pub(crate) ctx: u32,
     pub(crate) ring: ProducerRing,
     pub(crate) arm: Arm,
+    /// The guest has armed it at least once: it waits on it for
+    /// notifications (a CQ it only polls, such as the kernel's
+    /// `IB_POLL_DIRECT` ones, must not get any: Linux warns of them).
+    pub(crate) ever_armed: bool,
     /// Overflowed or its ring state went bad: CQ_ERR was posted and no
     /// more CQEs are written, as rather than overwrite.
     pub(crate) broken: bool,
@@ -97,6 +101,7 @@ pub(crate) fn handle_create_cq<M: GuestMemory>(
             ctx: req.ctx_handle,
             ring: ProducerRing::new(ring),
             arm: Arm::None,
+            ever_armed: false,
             broken: false,
             refs: Refs::default(),
             pages: total.into(),
@@ -144,9 +149,29 @@ pub(crate) fn handle_destroy_cq<M>(
 }
 
 impl Cq {
+    /// After a restore, before the guest's next arm: arms the CQ for any
+    /// completion if the guest has armed it before and it is unarmed now.
+    /// The source pauses its device once the vCPUs stopped, and an ARM
+    /// doorbell rung just before may not have reached its worker yet: the
+    /// saved CQ then looks unarmed while the guest sleeps until notified.
+    /// If the guest was polling instead, the notification is one more
+    /// wake-up than it asked for, which every CQ consumer handles.
+    pub(crate) fn rearm_restored<M: GuestMemory>(
+        &mut self,
+        mem: &M,
+        env: &Env,
+        events: &mut EventRings,
+        handle: u32,
+    ) {
+        if self.ever_armed && self.arm == Arm::None && !self.broken {
+            env.metrics.cq_rearmed.inc();
+            self.arm(mem, env, events, handle, false);
+        }
+    }
+
     /// ARM / ARM_SOL doorbell: the guest just found the CQ empty (or
     /// wants the next completion) and asks for a notification.
-    pub(crate) fn handle_arm<M: GuestMemory>(
+    pub(crate) fn arm<M: GuestMemory>(
         &mut self,
         mem: &M,
         env: &Env,
@@ -154,10 +179,10 @@ impl Cq {
         handle: u32,
         solicited: bool,
     ) {
-        env.metrics.doorbell_cq_arm.inc();
         if self.broken {
             return;
         }
+        self.ever_armed = true;
         let unconsumed = match self.ring.unconsumed(mem) {
             Ok(n) => n,
             Err(e) => {
@@ -208,6 +233,19 @@ impl Cq {
             self.arm = Arm::None;
             events.post_cq_notify(mem, &env.irq, &env.metrics, handle);
         }
+    }
+
+    /// Its notification state and the CQEs the guest has not polled, for
+    /// the VMM's exit log (a guest that sleeps on a CQ shows there).
+    pub(crate) fn describe<M: GuestMemory>(&self, mem: &M) -> String {
+        let unpolled = self
+            .ring
+            .unconsumed(mem)
+            .map_or_else(|e| e.to_string(), |n| n.to_string());
+        format!(
+            "arm={:?} ever_armed={} broken={} unpolled={unpolled}",
+            self.arm, self.ever_armed, self.broken
+        )
     }
 
     /// The CQ cannot take completions any more: post CQ_ERR once.
