@@ -154,28 +154,34 @@ ipv4_mapped_gid() {
   echo "$1" | awk -F. '{ printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n", $1, $2, $3, $4 }'
 }
 
-# find_gid: GIDX := the index of the RoCE v2 GID of MY_IP in DEV's port 1.
+# find_gid [IP [TYPE...]]: GIDX := the index of the GID of IP (default MY_IP) in DEV's port 1 whose
+# type (as sysfs says it) is the first TYPE the table has (default "RoCE v2").
 find_gid() {
-  _want=$(ipv4_mapped_gid "$MY_IP")
+  _want=$(ipv4_mapped_gid "${1:-$MY_IP}")
   _port=/sys/class/infiniband/$DEV/ports/1
-  for _f in "$_port"/gids/*; do
-    _i=${_f##*/}
-    [ "$(cat "$_f" 2> /dev/null)" = "$_want" ] || continue
-    [ "$(cat "$_port/gid_attrs/types/$_i" 2> /dev/null)" = "RoCE v2" ] || continue
-    GIDX=$_i
-    return 0
+  [ $# -gt 0 ] && shift
+  [ $# -gt 0 ] || set -- "RoCE v2"
+  for _type in "$@"; do
+    for _f in "$_port"/gids/*; do
+      _i=${_f##*/}
+      [ "$(cat "$_f" 2> /dev/null)" = "$_want" ] || continue
+      [ "$(cat "$_port/gid_attrs/types/$_i" 2> /dev/null)" = "$_type" ] || continue
+      GIDX=$_i
+      return 0
+    done
   done
   return 1
 }
 
-# device_ready: DEV is there, its port 1 ACTIVE and GIDX := the RoCE v2 GID of MY_IP (up to 60 s
-# each), said as "GID dev=D idx=N gid=G mtu=M"; fails with a message.
+# device_ready [IP [TYPE...]]: DEV is there, its port 1 ACTIVE and GIDX := find_gid IP TYPE... (up
+# to 60 s each), said as "GID dev=D idx=N gid=G type=T mtu=M"; fails with a message.
 device_ready() {
   [ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV"
   retry 60 port_active || fail "$DEV port 1 not ACTIVE after 60 s: $(cat "/sys/class/infiniband/$DEV/ports/1/state")"
-  retry 60 find_gid || fail "no RoCE v2 GID of $MY_IP on $DEV after 60 s"
-  find_gid
-  say "GID dev=$DEV idx=$GIDX gid=$(cat "/sys/class/infiniband/$DEV/ports/1/gids/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
+  retry 60 find_gid "$@" || fail "no ${2:-RoCE v2} GID of ${1:-$MY_IP} on $DEV after 60 s"
+  find_gid "$@"
+  _port=/sys/class/infiniband/$DEV/ports/1
+  say "GID dev=$DEV idx=$GIDX gid=$(cat "$_port/gids/$GIDX") type=$(tr ' ' _ < "$_port/gid_attrs/types/$GIDX") mtu=$(cat /sys/class/net/eth0/mtu)"
 }
 
 # eth0_up_with_gid: eth0 up with MY_IP/24, then GIDX := its RoCE v2 GID on DEV (ib_core adds it

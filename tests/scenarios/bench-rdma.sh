@@ -1,28 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Scenario of `cargo run -p e2e --bin bench-rdma` (issue 5 benchmark): ibv_rc_pingpong and
-# ib_write_bw between two guests A (10.13.0.1, servers) and B (10.13.0.2, clients) on one bridge
+# Scenario of `cargo run -p e2e --bin bench-rdma` (issues 5 and 15): ibv_rc_pingpong and
+# ib_{write,read,send}_bw between two guests A (10.13.0.1, servers) and B (10.13.0.2, clients) on one bridge
 # br0 (10.13.0.254) of this host, each VMM's NIC on its own TAP (tapa, tapb), one pair after the
 # other, for each configuration in CONFIGS:
 #   pvrdma-local  --pvrdma tap=...,mac=... (vmxnet3 + PVRDMA), the VMMs' default same-host channel
 #   pvrdma-wire   the same with local=off on both: the RoCE v2 frames cross the TAPs and the bridge
+#                 (both with PVRDMA_OPTS appended to --pvrdma, if set: e.g. poll=0)
 #   rxe           --net tap=...,mac=... (vmxnet3 only); the guests run Linux Soft-RoCE (rdma_rxe,
 #                 rxe0 on eth0), so their RoCE v2 frames cross the same TAPs and bridge
+#   qemu-pvrdma   QEMU 7.2's own `-device pvrdma` instead of our VMM (see launch_qemu_pvrdma): its
+#                 verbs run on Soft-RoCE rxe0 of this host, no RoCE frame touches the TAPs
 # Same kernel, initramfs and guest script (tests/guest/bench-rdma.sh) for all, one vCPU each.
-# Writes $OUT/bench.tsv: config, program (pp | bw), round, client rc, server rc, figure (pp:
-# usec/iter; bw: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
+# Writes $OUT/bench.tsv: config, program (pp | write | read | send), round, client rc, server rc,
+# figure (pp: usec/iter; the others: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
 # that its cycle-clock calibration failed, which makes its figures 0.00); and $OUT/bench.env: per
 # config, the VMMs' exits, the RoCE v2 frames (UDP 4791) this host sent to each TAP meanwhile and
-# the guests' set-up failures. Logs: bench-<config>-{a,b}-{serial,vmm}.log.
+# the guests' set-up failures. Logs: bench-<config>-{a,b}-{serial,vmm}.log (QEMU's output in the
+# -vmm.log), qemu-pvrdma-mux.log (PVRDMA_MUX_BIN's).
 
 isolate_network
 
 BENCH_LIMIT=${BENCH_LIMIT:-600}
 PROG_LIMIT=${PROG_LIMIT:-120}
+# qemu-pvrdma's ib_write_bw and ib_read_bw, which hang there (tests/guest/bench-rdma.sh).
+ONCE_LIMIT=${ONCE_LIMIT:-30}
 READY_WAIT=${READY_WAIT:-240}
 IP_A=10.13.0.1
 IP_B=10.13.0.2
 HOST_IP=10.13.0.254
+# qemu-pvrdma: both guests' RoCE address (see tests/guest/bench-rdma.sh), also on QEMU's backend.
+SHARED_IP=10.13.9.11
+MUX_SOCK=$WORK/rdmacm-mux.sock
 
 l1_bridge br0
 ip addr add "$HOST_IP/24" dev br0
@@ -34,26 +43,79 @@ for dev in tapa tapb; do
   frame_counter "$dev" || record bench "counter_$dev=fail"
 done
 
+# eui64_link_local MAC: the fe80:: address (and GID) a NIC with MAC derives.
+eui64_link_local() {
+  local a b c d e f
+  IFS=: read -r a b c d e f <<<"$1"
+  printf 'fe80::%x:%x:%x:%x\n' $(((0x$a ^ 2) << 8 | 0x$b)) $((0x$c << 8 | 0xff)) $((0xfe << 8 | 0x$d)) $((0x$e << 8 | 0x$f))
+}
+
+# qemu_pvrdma_backend MAC...: what QEMU's pvrdma needs in this host, once per run: Soft-RoCE rxe0
+# on a dummy netdev d0 and the rdmacm-mux stand-in (PVRDMA_MUX_BIN) on MUX_SOCK; then the guest
+# GIDs of the NICs with the MACs on d0. QEMU 7.2 maps each guest GID to rxe0's GID of the same
+# value and refuses one that rxe0 lacks; for RC it uses the guest's GID 0 (fe80:: of its MAC) as
+# well as the one the QP names (SHARED_IP's). Both guests share SHARED_IP: rxe delivers locally
+# only when source and destination GIDs are equal. Fails with a log line.
+qemu_pvrdma_backend() {
+  local mac
+  if [[ ! -e /sys/class/net/d0 ]]; then
+    [[ -x ${PVRDMA_MUX_BIN:-} ]] || { log "PVRDMA_MUX_BIN is not set to an executable"; return 1; }
+    modprobe -a dummy rdma_rxe || { log "modprobe dummy rdma_rxe failed"; return 1; }
+    if ! { ip link add d0 type dummy && ip link set d0 up && ip addr add "$SHARED_IP/32" dev d0 &&
+      rdma link add rxe0 type rxe netdev d0; }; then
+      log "rxe0 on a dummy d0 failed"
+      return 1
+    fi
+    "$PVRDMA_MUX_BIN" "$MUX_SOCK" > "$OUT/qemu-pvrdma-mux.log" 2>&1 &
+    wait_for_line "$OUT/qemu-pvrdma-mux.log" 'listening' 30 $! || return 1
+  fi
+  for mac in "$@"; do
+    ip -6 addr add "$(eui64_link_local "$mac")/64" dev d0 nodad || { log "d0: fe80:: of $mac failed"; return 1; }
+  done
+  wait_rxe_gid rxe0 "$SHARED_IP" 60 > /dev/null || { log "rxe0 has no GID of $SHARED_IP"; return 1; }
+  { rdma link show; grep -H . /sys/class/infiniband/rxe0/ports/1/gids/* | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'; } > "$OUT/qemu-pvrdma-rxe0.txt" 2>&1 || true
+}
+
+# launch_qemu_pvrdma NAME IMG ROLE MAC: a guest of QEMU's own pvrdma in the background (bench-net's
+# launch_qemu plus what the device needs: guest RAM shared, vmxnet3 at function 0 and pvrdma at
+# function 1 of one slot, which vmw_pvrdma pairs, and the mux chardev); its pid in GUEST_PID.
+launch_qemu_pvrdma() {
+  qemu-system-x86_64 -M q35 -accel kvm -cpu host -smp 1 -m 512M -bios /usr/share/qemu/qboot.rom \
+    -object memory-backend-ram,id=mb,size=512M,share=on -numa node,memdev=mb \
+    -display none -monitor none -nodefaults -no-reboot -serial "file:$OUT/$1-serial.log" \
+    -kernel "$PVRDMA_KERNEL" -initrd "$PVRDMA_GUEST_INITRAMFS" -append "$GUEST_CMDLINE pvtest=run pvrun=/dev/vda" \
+    -drive "file=$2,format=raw,if=none,id=disk0,readonly=on" -device virtio-blk-pci,drive=disk0 \
+    -netdev "tap,id=net0,ifname=tap$3,script=no,downscript=no" -device "vmxnet3,netdev=net0,mac=$4,addr=10.0,multifunction=on" \
+    -chardev "socket,id=mads,path=$MUX_SOCK" -device pvrdma,addr=10.1,ibdev=rxe0,netdev=d0,mad-chardev=mads \
+    > "$OUT/$1-vmm.log" 2>&1 &
+  GUEST_PID=$!
+}
+
 # launch CONFIG ROLE IP MAC: one guest of CONFIG in the background; its pid in GUEST_PID.
 launch() {
-  local config=$1 role=$2 ip=$3 mac=$4 peer=$IP_B kind=pvrdma nic
+  local config=$1 role=$2 ip=$3 mac=$4 peer=$IP_B kind=pvrdma nic=()
   [[ $role == b ]] && peer=$IP_A
   case $config in
-    pvrdma-local) nic=(--pvrdma "tap=tap$role,mac=$mac") ;;
-    pvrdma-wire) nic=(--pvrdma "tap=tap$role,mac=$mac,local=off") ;;
+    pvrdma-local) nic=(--pvrdma "tap=tap$role,mac=$mac${PVRDMA_OPTS:+,$PVRDMA_OPTS}") ;;
+    pvrdma-wire) nic=(--pvrdma "tap=tap$role,mac=$mac,local=off${PVRDMA_OPTS:+,$PVRDMA_OPTS}") ;;
     rxe)
       nic=(--net "tap=tap$role,mac=$mac")
       kind=rxe
       ;;
+    qemu-pvrdma) kind=qemu-pvrdma ;;
     *)
       log "bench-rdma: unknown configuration $config"
       return 1
       ;;
   esac
   local name=bench-$config-$role
-  guest_script_disk "$WORK/$name-run.img" "ROLE=$role KIND=$kind MY_IP=$ip PEER_IP=$peer HOST_IP=$HOST_IP ROUNDS=${ROUNDS:?}
+  guest_script_disk "$WORK/$name-run.img" "ROLE=$role KIND=$kind MY_IP=$ip PEER_IP=$peer HOST_IP=$HOST_IP SHARED_IP=$SHARED_IP ROUNDS=${ROUNDS:?}
 PP_ITERS=${PP_ITERS:?} PP_SIZE=${PP_SIZE:?} BW_ITERS=${BW_ITERS:?} BW_SIZE=${BW_SIZE:?} PORT_BASE=18900
-LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT" "$GUEST_SCRIPTS/bench-rdma.sh"
+LIMIT=$PROG_LIMIT ONCE_LIMIT=$ONCE_LIMIT READY_WAIT=$READY_WAIT" "$GUEST_SCRIPTS/bench-rdma.sh"
+  if [[ $kind == qemu-pvrdma ]]; then
+    launch_qemu_pvrdma "$name" "$WORK/$name-run.img" "$role" "$mac"
+    return 0
+  fi
   run_guest "$name" "$WORK/$name-run.img" "${nic[@]}"
   GUEST_PID=$VMM_PID
 }
@@ -76,10 +138,10 @@ figures() {
     }
     !inside || file == 1 { next }
     prog == "pp" && / iters in .* usec\/iter/ { fig[prog SUBSEP round] = $(NF - 1) }
-    prog == "bw" && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
-    prog == "bw" && /#bytes/ { header = 1 }
+    prog != "pp" && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
+    prog != "pp" && /#bytes/ { header = 1 }
     # perftest could not calibrate its cycle clock (noisy nested guest): its figures are 0.00.
-    prog == "bw" && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
+    prog != "pp" && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
     END {
       for (i = 1; i <= n; i++) {
         split(order[i], k, SUBSEP)
@@ -96,9 +158,14 @@ for config in ${CONFIGS:?}; do
   t0=$(now_us)
   before_a=$(frames_counted tapa) before_b=$(frames_counted tapb)
   # MACs of their own per pair: no same-host channel socket of a previous pair is ever addressed.
-  launch "$config" a "$IP_A" "52:54:00:13:0$pair:01"
+  mac_a=52:54:00:13:0$pair:01 mac_b=52:54:00:13:0$pair:02
+  if [[ $config == qemu-pvrdma ]] && ! qemu_pvrdma_backend "$mac_a" "$mac_b"; then
+    record bench "$config.a_exit=not-started" "$config.b_exit=not-started" "$config.fail=backend-set-up"
+    continue
+  fi
+  launch "$config" a "$IP_A" "$mac_a"
   pid_a=$GUEST_PID
-  launch "$config" b "$IP_B" "52:54:00:13:0$pair:02"
+  launch "$config" b "$IP_B" "$mac_b"
   pid_b=$GUEST_PID
   # Each VMM must end once its guest powered off (60 s grace, as in rdma.sh).
   wait_for_line "$OUT/bench-$config-b-serial.log" 'GUEST-POWEROFF' "$BENCH_LIMIT" "$pid_b" || true

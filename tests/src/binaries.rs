@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The binaries under test: `pvrdma-vmm` and its API client `pvrdma-remote`.
+//! The binaries under test: `pvrdma-vmm` and its API client `pvrdma-remote`; and this crate's
+//! `rdmacm-mux-stub`, which bench-rdma's QEMU pvrdma guests need.
 //!
 //! They are built before the tests run (`cargo build --release --bins`; `.ci/run` does it) and
-//! found through `PVRDMA_VMM_BIN` / `PVRDMA_REMOTE_BIN`, else in `$CARGO_TARGET_DIR/release` or
+//! found through `PVRDMA_VMM_BIN` / `PVRDMA_REMOTE_BIN` / `PVRDMA_MUX_BIN`, else in `$CARGO_TARGET_DIR/release` or
 //! the workspace's `target/release`. A missing binary is an error that says how to build it.
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use crate::{announce, workspace_root, Error, Result};
 
 pub const VMM_ENV: &str = "PVRDMA_VMM_BIN";
 pub const REMOTE_ENV: &str = "PVRDMA_REMOTE_BIN";
+pub const MUX_ENV: &str = "PVRDMA_MUX_BIN";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmmBinaries {
@@ -36,6 +38,12 @@ pub fn vmm() -> Result<PathBuf> {
         age(&path)
     ));
     Ok(path)
+}
+
+/// Finds `rdmacm-mux-stub` (`src/bin/rdmacm-mux-stub.rs`): `cargo run --bin bench-rdma` does not
+/// build it.
+pub fn mux_stub() -> Result<PathBuf> {
+    find(MUX_ENV, "rdmacm-mux-stub")
 }
 
 fn release_dir() -> PathBuf {

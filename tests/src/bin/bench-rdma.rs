@@ -1,16 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-//! RDMA benchmark between two guests (issue 5): `ibv_rc_pingpong` time per iteration and
-//! `ib_write_bw` average bandwidth between two guests on one bridge of the same test host, through
-//! our PVRDMA device (over the VMMs' same-host channel, and again with `local=off` so that the
-//! RoCE v2 frames cross the TAPs and the bridge) against two guests running Linux Soft-RoCE
-//! (rdma_rxe on their vmxnet3, our VMM's plain `--net`); medians and the ratios. Figures, not a
-//! test; but a run in which a program failed says so and exits non-zero.
+//! RDMA benchmark between two guests (issues 5 and 15): `ibv_rc_pingpong` time per iteration and
+//! `ib_write_bw`, `ib_read_bw` and `ib_send_bw` average bandwidth between two guests on one bridge
+//! of the same test host, through our PVRDMA device (over the VMMs' same-host channel, and again
+//! with `local=off` so that the RoCE v2 frames cross the TAPs and the bridge) against two
+//! baselines: two guests running Linux Soft-RoCE (rdma_rxe on their vmxnet3, our VMM's plain
+//! `--net`), and two guests of QEMU 7.2 with its own `-device pvrdma` (backed by Soft-RoCE in the
+//! test host; it posts every work request as a SEND, so its RDMA WRITE and READ run once and are
+//! reported as unsupported when they fail). Medians and the ratios of the same run. Figures, not a
+//! test; but a run in which a program or a configuration failed says so and exits non-zero.
 //!
-//! Usage: `cargo run --release -p e2e --bin bench-rdma -- [--rounds N] [--pp-iters N]
-//! [--pp-size BYTES] [--bw-iters N] [--bw-size BYTES]` (defaults: 5 rounds, ibv_rc_pingpong
-//! -n 200 -s 4096, ib_write_bw -n 200 -s 65536). Each round runs each program once; the figures
-//! are the ones the client (guest B) prints, timed by its own clock. Inside the nested test host
-//! every figure is tiny (~50x slower than native and worse): only the ratios mean something.
+//! Usage: `cargo build --release --bins && cargo run --release -p e2e --bin bench-rdma --
+//! [--rounds N] [--configs C,..] [--pvrdma-opts K=V,..] [--pp-iters N] [--pp-size BYTES]
+//! [--bw-iters N] [--bw-size BYTES]` (defaults: 5 rounds, all four configurations,
+//! ibv_rc_pingpong -n 200 -s 4096, ib_*_bw -n 200 -s 65536; `--bins` builds the rdmacm-mux
+//! stand-in the QEMU guests need). Each
+//! round runs each program once; the figures are the ones the client (guest B) prints, timed by
+//! its own clock. Inside the nested test host every figure is tiny (~50x slower than native and
+//! worse): only the ratios mean something.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -24,51 +30,108 @@ use e2e::testhost::{self, Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
 /// The configurations, in the order the scenario runs them: (name in the scenario, label).
-const CONFIGS: [(&str, &str); 3] = [
+const CONFIGS: [(&str, &str); 4] = [
     ("pvrdma-local", "pvrdma-vmm, same-host channel"),
     ("pvrdma-wire", "pvrdma-vmm, local=off (TAPs)"),
     ("rxe", "Soft-RoCE (rxe in the guests)"),
+    (QEMU, "QEMU 7.2 pvrdma (rxe in L1)"),
 ];
-const BASELINE: &str = "rxe";
+/// Ours: the first two of [`CONFIGS`]; the others are the baselines.
+const OURS: usize = 2;
+const QEMU: &str = "qemu-pvrdma";
+/// Issue 15 goal 4: ours at least this many times QEMU pvrdma's bandwidth, at most its inverse
+/// times its pingpong time.
+const QEMU_GOAL: f64 = 3.0;
 
 fn main() -> ExitCode {
-    bench::exit("bench-rdma", run(Args::parse()))
+    bench::exit("bench-rdma", run(&Args::parse()))
 }
 
-/// RDMA between two guests: our device (same-host channel and `local=off`) against Soft-RoCE.
-#[derive(Parser, Debug, Clone, Copy, PartialEq, Eq)]
+/// RDMA between two guests: our device (same-host channel and `local=off`) against Soft-RoCE and
+/// QEMU's pvrdma.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
 #[command(name = "bench-rdma")]
 struct Args {
     /// Rounds; each runs each program once per configuration.
     #[arg(long, default_value_t = 5, value_parser = bench::positive)]
     rounds: u32,
+    /// The configurations to run (comma-separated; a ratio needs both of its own): pvrdma-local,
+    /// pvrdma-wire, rxe, qemu-pvrdma.
+    #[arg(long, value_delimiter = ',', default_value = "pvrdma-local,pvrdma-wire,rxe,qemu-pvrdma",
+          value_parser = config_name)]
+    configs: Vec<String>,
+    /// More options for our configurations' `--pvrdma` (e.g. `poll=0`), appended after theirs.
+    #[arg(long, default_value = "", value_parser = pvrdma_opts)]
+    pvrdma_opts: String,
     /// ibv_rc_pingpong iterations (-n).
     #[arg(long, default_value_t = 200, value_parser = bench::positive)]
     pp_iters: u32,
     /// ibv_rc_pingpong message size in bytes (-s).
     #[arg(long, default_value_t = 4096, value_parser = bench::positive)]
     pp_size: u32,
-    /// ib_write_bw iterations (-n).
+    /// ib_{write,read,send}_bw iterations (-n).
     #[arg(long, default_value_t = 200, value_parser = bench::positive)]
     bw_iters: u32,
-    /// ib_write_bw message size in bytes (-s).
+    /// ib_{write,read,send}_bw message size in bytes (-s).
     #[arg(long, default_value_t = 65536, value_parser = bench::positive)]
     bw_size: u32,
 }
 
-/// The two programs: (name in bench.tsv, what is reported, whether higher is better).
+fn config_name(s: &str) -> Result<String, String> {
+    if CONFIGS.iter().any(|c| c.0 == s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s}: not one of {}",
+            CONFIGS.map(|c| c.0).join(", ")
+        ))
+    }
+}
+
+/// `--pvrdma` options as the VMM parses them: `key=value` pairs, comma-separated, of characters
+/// that need no quoting in the scenario.
+fn pvrdma_opts(s: &str) -> Result<String, String> {
+    let pairs_ok = s.split(',').all(|kv| {
+        kv.split_once('=')
+            .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+            && kv
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '=' | '_' | '-' | ':' | '.'))
+    });
+    if s.is_empty() || pairs_ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s}: expected key=value[,key=value...]"))
+    }
+}
+
+/// The programs, in the order a round runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Prog {
     PingPong,
     WriteBw,
+    ReadBw,
+    SendBw,
 }
 
 impl Prog {
+    const ALL: [Self; 4] = [Self::PingPong, Self::WriteBw, Self::ReadBw, Self::SendBw];
+
+    /// Its name in bench.tsv (and in the guest's BENCH-RDMA-BEGIN lines).
     fn key(self) -> &'static str {
         match self {
             Self::PingPong => "pp",
-            Self::WriteBw => "bw",
+            Self::WriteBw => "write",
+            Self::ReadBw => "read",
+            Self::SendBw => "send",
         }
+    }
+
+    /// QEMU 7.2's pvrdma posts every work request to its backend as a SEND: RDMA WRITE and READ
+    /// cannot work there. The guest runs them in the first round only; their failure is a
+    /// result, not a failed run.
+    fn unsupported_by(self, config: &str) -> bool {
+        config == QEMU && matches!(self, Self::WriteBw | Self::ReadBw)
     }
 }
 
@@ -157,18 +220,24 @@ fn summarize(rounds: &[Round], wanted: u32) -> Summary {
     }
 }
 
-fn run(args: Args) -> Result<(), String> {
+fn run(args: &Args) -> Result<(), String> {
     let assets = assets::get().map_err(|e| e.to_string())?;
     let vmm = binaries::vmm().map_err(|e| e.to_string())?;
-    let configs: Vec<&str> = CONFIGS.iter().map(|c| c.0).collect();
-    // Per pair: ~90 s for two guests to boot and set up, then per round two programs of at most
-    // PROG_LIMIT each (typically a few seconds with pvrdma-vmm, ~70 s with Soft-RoCE, whose pair
-    // takes ~4.5 min with 3 rounds, ~7 min with 5).
+    // The selected configurations, in the scenario's order.
+    let configs: Vec<(&str, &str)> = CONFIGS
+        .into_iter()
+        .filter(|c| args.configs.iter().any(|s| s == c.0))
+        .collect();
+    // Per pair: ~90 s for two guests to boot and set up, then per round four programs of at most
+    // PROG_LIMIT each (typically a few seconds with pvrdma-vmm, ~70 s each with Soft-RoCE).
     let prog_limit = 120u64;
-    let per_pair = 360 + u64::from(args.rounds) * 2 * prog_limit;
-    let env = vec![
+    let per_pair = 360 + u64::from(args.rounds) * 4 * prog_limit;
+    let mut env = vec![
         ("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string()),
-        ("CONFIGS".to_string(), configs.join(" ")),
+        (
+            "CONFIGS".to_string(),
+            configs.iter().map(|c| c.0).collect::<Vec<_>>().join(" "),
+        ),
         ("ROUNDS".to_string(), args.rounds.to_string()),
         ("PP_ITERS".to_string(), args.pp_iters.to_string()),
         ("PP_SIZE".to_string(), args.pp_size.to_string()),
@@ -176,7 +245,12 @@ fn run(args: Args) -> Result<(), String> {
         ("BW_SIZE".to_string(), args.bw_size.to_string()),
         ("PROG_LIMIT".to_string(), prog_limit.to_string()),
         ("BENCH_LIMIT".to_string(), per_pair.to_string()),
+        ("PVRDMA_OPTS".to_string(), args.pvrdma_opts.clone()),
     ];
+    if configs.iter().any(|c| c.0 == QEMU) {
+        let mux = binaries::mux_stub().map_err(|e| e.to_string())?;
+        env.push((binaries::MUX_ENV.to_string(), mux.display().to_string()));
+    }
     let scenario = Scenario {
         name: "bench-rdma".to_string(),
         env,
@@ -207,8 +281,14 @@ fn run(args: Args) -> Result<(), String> {
     // The configurations run one after the other: other work on this host while one of them runs
     // skews the ratios (the test host alone keeps about one core busy).
     println!("  this host's load average (1/5/15 min) before: {load_before}; after: {load_after}");
+    if !args.pvrdma_opts.is_empty() {
+        println!(
+            "  our configurations with --pvrdma ...,{}",
+            args.pvrdma_opts
+        );
+    }
     let mut failures = Vec::new();
-    for (config, label) in CONFIGS {
+    for &(config, label) in &configs {
         let get = |k: &str| env.get(&format!("{config}.{k}")).unwrap_or("?");
         println!(
             "  {label}: VMM exits a={} b={}; RoCE v2 frames sent to tapa/tapb: {}/{}; {} s",
@@ -220,84 +300,127 @@ fn run(args: Args) -> Result<(), String> {
         );
         failures.extend(pair_failures(label, get));
     }
-    let progs = [
-        (
-            Prog::PingPong,
-            format!(
-                "ibv_rc_pingpong -n {} -s {}: usec/iter (lower is better)",
-                args.pp_iters, args.pp_size
-            ),
-        ),
-        (
-            Prog::WriteBw,
-            format!(
-                "ib_write_bw -n {} -s {}: BW average MB/s (higher is better)",
-                args.bw_iters, args.bw_size
-            ),
-        ),
-    ];
-    for (prog, title) in progs {
-        println!("{title}");
-        let mut medians = BTreeMap::new();
-        for (config, label) in CONFIGS {
-            let all = rounds
-                .get(&(config.to_string(), prog.key().to_string()))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let s = summarize(all, args.rounds);
-            for p in &s.problems {
-                failures.push(format!("{label}, {}: {p}", prog.key()));
-            }
-            if s.figures.is_empty() {
-                println!("    {label:<32} FAILED: no round with a figure");
-                if s.problems.is_empty() {
-                    failures.push(format!(
-                        "{label}, {}: no round with a figure (perftest clock calibration failed in rounds {:?})",
-                        prog.key(),
-                        s.no_clock
-                    ));
-                }
-                continue;
-            }
-            let m = median(&s.figures);
-            let no_clock = if s.no_clock.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    "; no figure in round(s) {:?}: perftest's clock calibration failed",
-                    s.no_clock
-                )
-            };
-            println!(
-                "    {label:<32} median {m:10.2}  min {:10.2}  max {:10.2}  ({} rounds with a figure of {}{no_clock}){}",
-                s.figures[0],
-                s.figures[s.figures.len() - 1],
-                s.figures.len(),
-                args.rounds,
-                if s.problems.is_empty() { "" } else { "  FAILED ROUNDS" }
-            );
-            // A ratio only from configurations all of whose rounds succeeded.
-            if s.problems.is_empty() {
-                medians.insert(config, m);
-            }
-        }
-        for (config, label) in &CONFIGS[..2] {
-            match (medians.get(config), medians.get(BASELINE)) {
-                (Some(ours), Some(rxe)) => match prog {
-                    Prog::PingPong => println!(
-                        "    ratio {label} / Soft-RoCE, time per iteration: {:.2} (below 1: pvrdma-vmm faster)",
-                        ours / rxe
-                    ),
-                    Prog::WriteBw => println!(
-                        "    ratio {label} / Soft-RoCE, bandwidth: {:.2} (above 1: pvrdma-vmm faster)",
-                        ours / rxe
-                    ),
-                },
-                _ => println!("    ratio {label} / Soft-RoCE: n/a (a run failed, see below)"),
-            }
-        }
+    for prog in Prog::ALL {
+        let medians = prog_figures(prog, args, &configs, &rounds, &mut failures);
+        print_ratios(prog, &configs, &medians);
     }
     bench::report_failures(&failures, "program run(s) or guest(s)", &outcome.out)
+}
+
+/// Prints one program's figures for each configuration and returns the medians of those all of
+/// whose rounds succeeded; what failed goes to `failures` (QEMU's unsupported programs excepted,
+/// when their round ran and failed).
+fn prog_figures<'a>(
+    prog: Prog,
+    args: &Args,
+    configs: &[(&'a str, &str)],
+    rounds: &BTreeMap<(String, String), Vec<Round>>,
+    failures: &mut Vec<String>,
+) -> BTreeMap<&'a str, f64> {
+    let (n, s) = match prog {
+        Prog::PingPong => (args.pp_iters, args.pp_size),
+        _ => (args.bw_iters, args.bw_size),
+    };
+    match prog {
+        Prog::PingPong => {
+            println!("ibv_rc_pingpong -n {n} -s {s}: usec/iter (lower is better)");
+        }
+        _ => println!(
+            "ib_{}_bw -n {n} -s {s}: BW average MB/s (higher is better)",
+            prog.key()
+        ),
+    }
+    let mut medians = BTreeMap::new();
+    for &(config, label) in configs {
+        let all = rounds
+            .get(&(config.to_string(), prog.key().to_string()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let unsupported = prog.unsupported_by(config);
+        let s = summarize(all, if unsupported { 1 } else { args.rounds });
+        if unsupported && s.figures.is_empty() && !all.is_empty() {
+            println!(
+                "    {label:<32} unsupported by QEMU's device: {}",
+                s.problems.join("; ")
+            );
+            continue;
+        }
+        for p in &s.problems {
+            failures.push(format!("{label}, {}: {p}", prog.key()));
+        }
+        if s.figures.is_empty() {
+            println!("    {label:<32} FAILED: no round with a figure");
+            if s.problems.is_empty() {
+                failures.push(format!(
+                    "{label}, {}: no round with a figure (perftest clock calibration failed in rounds {:?})",
+                    prog.key(),
+                    s.no_clock
+                ));
+            }
+            continue;
+        }
+        let m = median(&s.figures);
+        let no_clock = if s.no_clock.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; no figure in round(s) {:?}: perftest's clock calibration failed",
+                s.no_clock
+            )
+        };
+        println!(
+            "    {label:<32} median {m:10.2}  min {:10.2}  max {:10.2}  ({} rounds with a figure{no_clock}){}",
+            s.figures[0],
+            s.figures[s.figures.len() - 1],
+            s.figures.len(),
+            if s.problems.is_empty() { "" } else { "  FAILED ROUNDS" }
+        );
+        // A ratio only from configurations all of whose rounds succeeded.
+        if s.problems.is_empty() {
+            medians.insert(config, m);
+        }
+    }
+    medians
+}
+
+/// Prints each of our configurations' ratio to each baseline of the same run, with issue 15's goal
+/// against QEMU; "n/a" where either has no median (its failure is listed at the end).
+fn print_ratios(prog: Prog, configs: &[(&str, &str)], medians: &BTreeMap<&str, f64>) {
+    let ours = configs
+        .iter()
+        .filter(|c| CONFIGS[..OURS].iter().any(|o| o.0 == c.0));
+    for &(config, label) in ours {
+        for &(base, base_label) in configs {
+            if CONFIGS[..OURS].iter().any(|o| o.0 == base) || prog.unsupported_by(base) {
+                continue;
+            }
+            let (Some(o), Some(b)) = (medians.get(config), medians.get(base)) else {
+                println!("    ratio {label} / {base_label}: n/a (a run failed, see below)");
+                continue;
+            };
+            let r = o / b;
+            let (what, better) = match prog {
+                Prog::PingPong => ("time per iteration", "below 1: pvrdma-vmm faster"),
+                _ => ("bandwidth", "above 1: pvrdma-vmm faster"),
+            };
+            let goal = if base == QEMU {
+                let (met, bound) = qemu_goal(prog, r);
+                format!("; goal {bound}: {}", if met { "met" } else { "NOT met" })
+            } else {
+                String::new()
+            };
+            println!("    ratio {label} / {base_label}, {what}: {r:.2} ({better}{goal})");
+        }
+    }
+}
+
+/// Issue 15 goal 4 for `prog`: whether `ratio` (ours / QEMU pvrdma's median) meets it, and the
+/// bound it was held to.
+fn qemu_goal(prog: Prog, ratio: f64) -> (bool, String) {
+    match prog {
+        Prog::PingPong => (ratio <= 1.0 / QEMU_GOAL, format!("<= 1/{QEMU_GOAL}")),
+        _ => (ratio >= QEMU_GOAL, format!(">= {QEMU_GOAL}")),
+    }
 }
 
 #[cfg(test)]
@@ -312,8 +435,23 @@ mod tests {
     fn arguments_have_defaults_and_are_checked() {
         let d = parse_args("").unwrap();
         assert_eq!((d.rounds, d.pp_iters, d.bw_size), (5, 200, 65536));
-        let a = parse_args("--rounds 5 --bw-iters 50").unwrap();
+        assert_eq!(d.configs.len(), CONFIGS.len());
+        let a = parse_args("--rounds 5 --bw-iters 50 --configs qemu-pvrdma,rxe").unwrap();
         assert_eq!((a.rounds, a.bw_iters), (5, 50));
+        assert_eq!(a.configs, vec![QEMU.to_string(), "rxe".to_string()]);
+        assert!(parse_args("--configs rxe,qemu").is_err());
+        assert_eq!(
+            parse_args("--pvrdma-opts poll=0,max_qp=8")
+                .unwrap()
+                .pvrdma_opts,
+            "poll=0,max_qp=8"
+        );
+        for bad in ["poll", "poll=0,", "poll=0;reboot", "=1", "poll=$(x)"] {
+            assert!(
+                parse_args(&format!("--pvrdma-opts {bad}")).is_err(),
+                "{bad}"
+            );
+        }
         assert!(parse_args("--rounds 0").is_err());
         assert!(parse_args("--rounds").is_err());
         assert!(parse_args("--what 3").is_err());
@@ -321,17 +459,17 @@ mod tests {
 
     #[test]
     fn failed_and_missing_rounds_are_problems() {
-        let tsv = "rxe\tpp\t1\t0\t0\t812.5\nrxe\tpp\t2\t1\t0\tNA\nrxe\tbw\t1\t0\t0\t3.20\nbad\n\
-                   pvrdma-local\tbw\t1\t0\tnone\t4.1\n";
+        let tsv = "rxe\tpp\t1\t0\t0\t812.5\nrxe\tpp\t2\t1\t0\tNA\nrxe\twrite\t1\t0\t0\t3.20\nbad\n\
+                   pvrdma-local\twrite\t1\t0\tnone\t4.1\n";
         let r = parse_tsv(tsv);
         let pp = summarize(&r[&("rxe".to_string(), "pp".to_string())], 2);
         assert_eq!(pp.figures, vec![812.5]);
         assert_eq!(pp.problems.len(), 1);
-        let bw = summarize(&r[&("rxe".to_string(), "bw".to_string())], 2);
+        let bw = summarize(&r[&("rxe".to_string(), "write".to_string())], 2);
         assert_eq!(bw.figures, vec![3.2]);
         assert_eq!(bw.problems, vec!["1 of 2 rounds ran".to_string()]);
         // A server that never ran makes the round a failure even with a figure.
-        let ours = summarize(&r[&("pvrdma-local".to_string(), "bw".to_string())], 1);
+        let ours = summarize(&r[&("pvrdma-local".to_string(), "write".to_string())], 1);
         assert!(ours.figures.is_empty());
         assert_eq!(ours.problems.len(), 1);
     }
@@ -340,17 +478,30 @@ mod tests {
     fn zero_figures_are_not_results() {
         // perftest prints 0.00 when its clock calibration fails: the scenario says NOCLOCK then,
         // a round without a figure but not a failure; a bare 0.00 is a failure.
-        let r =
-            parse_tsv("rxe\tbw\t1\t0\t0\t0.00\nrxe\tbw\t2\t0\t0\tNOCLOCK\nrxe\tbw\t3\t0\t0\t2.5\n");
-        let rounds = &r[&("rxe".to_string(), "bw".to_string())];
+        let r = parse_tsv(
+            "rxe\twrite\t1\t0\t0\t0.00\nrxe\twrite\t2\t0\t0\tNOCLOCK\nrxe\twrite\t3\t0\t0\t2.5\n",
+        );
+        let rounds = &r[&("rxe".to_string(), "write".to_string())];
         assert!(!rounds[0].ok());
         let s = summarize(rounds, 3);
         assert_eq!(s.figures, vec![2.5]);
         assert_eq!(s.no_clock, vec![2]);
         assert_eq!(s.problems.len(), 1);
         // A failed program with the calibration message is still a failure.
-        let r = parse_tsv("rxe\tbw\t1\t1\t0\tNOCLOCK\n");
-        let s = summarize(&r[&("rxe".to_string(), "bw".to_string())], 1);
+        let r = parse_tsv("rxe\twrite\t1\t1\t0\tNOCLOCK\n");
+        let s = summarize(&r[&("rxe".to_string(), "write".to_string())], 1);
         assert_eq!((s.no_clock.len(), s.problems.len()), (0, 1));
+    }
+
+    #[test]
+    fn qemu_goal_is_three_times_the_bandwidth_and_a_third_of_the_time() {
+        assert!(qemu_goal(Prog::SendBw, 3.0).0);
+        assert!(!qemu_goal(Prog::SendBw, 2.9).0);
+        assert!(qemu_goal(Prog::PingPong, 0.33).0);
+        assert!(!qemu_goal(Prog::PingPong, 0.34).0);
+        // Only QEMU's RDMA WRITE and READ may fail without failing the run.
+        assert!(Prog::WriteBw.unsupported_by(QEMU) && Prog::ReadBw.unsupported_by(QEMU));
+        assert!(!Prog::SendBw.unsupported_by(QEMU) && !Prog::PingPong.unsupported_by(QEMU));
+        assert!(!Prog::WriteBw.unsupported_by("rxe"));
     }
 }
