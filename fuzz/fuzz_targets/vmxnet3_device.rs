@@ -16,8 +16,9 @@
 //! resets them (`Harness::reset`: configuration space and MSI-X restored, RESET_DEV, the MAC
 //! and DriverShared registers, backend, port and guest memory as new), which leaves them as a
 //! new function would be (the device test `persist::a_reset_function_is_a_new_one`). An input
-//! that migrated leaves nothing: its destination announces the MAC for 450 ms after its
-//! resume, on a timer that would fire in later inputs, so the next input builds a new one.
+//! that migrated goes on with the destination and keeps the source, reset as soon as it
+//! migrated, for the next input: the destination announces the MAC for 450 ms after its
+//! resume, on a timer that would fire in later inputs, so it goes with its input.
 //! Invariants: no panic, no hang (a worker that never finishes its turn hangs the input),
 //! no allocation over `-malloc_limit_mb`; ioeventfds registered and unregistered in
 //! pairs (the strict mock asserts it); a snapshot of the device restores onto a fresh one;
@@ -264,6 +265,8 @@ fuzz_target!(|data: &[u8]| {
     // The harness posts into the layout's rings only once the device has accepted them.
     let mut posting = h.activate_with(l) == 0;
     let mut migrations = 0;
+    // The function the next input runs on, once a migration left this one's destination.
+    let mut next = None;
     for _ in 0..MAX_OPS {
         if input.is_empty() {
             break;
@@ -358,8 +361,13 @@ fuzz_target!(|data: &[u8]| {
                 migrations += 1;
                 h.bus.pause().expect("pause");
                 let dest = Harness::migrate(&h);
-                drop(h);
-                h = dest;
+                // The source starts over at once, as a new function (it resumes first:
+                // the worker of a paused one would wait), and is what the next input
+                // runs on; it sits idle meanwhile.
+                let mut source = std::mem::replace(&mut h, dest);
+                source.bus.resume().expect("resume");
+                source.reset();
+                next = Some(source);
                 h.bus.resume().expect("resume");
                 settle();
             }
@@ -382,9 +390,15 @@ fuzz_target!(|data: &[u8]| {
     assert_healthy(&mut h);
     // Reset now rather than at the next input's start: what this input allocated is freed
     // within it, so libFuzzer's leak check (run when an input allocates more than it frees)
-    // does not run after every input.
-    if migrations == 0 {
-        h.reset();
-        HARNESS.set(Some(h));
-    }
+    // does not run after every input. A destination is not kept (its MAC announcements run
+    // on a timer for 450 ms after its resume, into later inputs): its source, reset when
+    // it migrated, is.
+    let kept = match next {
+        Some(source) => source,
+        None => {
+            h.reset();
+            h
+        }
+    };
+    HARNESS.set(Some(kept));
 });

@@ -37,7 +37,8 @@ pub fn enable() {
     ENABLED.with(|e| e.set(true));
 }
 
-pub(crate) fn enabled() -> bool {
+/// Whether workers this thread spawns run on it ([`enable`]).
+pub fn enabled() -> bool {
     ENABLED.with(Cell::get)
 }
 
