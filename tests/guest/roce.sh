@@ -62,20 +62,6 @@ ip_of() {
   esac
 }
 
-# gid_of IP: GIDX := the index of DEV's GID of IP whose type is GID_TYPE.
-gid_of() {
-  _want=$(ipv4_mapped_gid "$1")
-  _port=/sys/class/infiniband/$DEV/ports/1
-  for _f in "$_port"/gids/*; do
-    _i=${_f##*/}
-    [ "$(cat "$_f" 2> /dev/null)" = "$_want" ] || continue
-    [ "$(cat "$_port/gid_attrs/types/$_i" 2> /dev/null)" = "$GID_TYPE" ] || continue
-    GIDX=$_i
-    return 0
-  done
-  return 1
-}
-
 # cm_limit SERVER: LIMIT for an rping over the VLAN of which SERVER is the server.
 cm_limit() {
   LIMIT=$CM_LIMIT
@@ -127,8 +113,8 @@ httpd -f -p "$SIG_PORT" -h "$SIG_DIR" &
 
 [ -d "/sys/class/infiniband/$DEV" ] || fail "no /sys/class/infiniband/$DEV: vmw_pvrdma did not register"
 GID_IP=${MY_VIP:-$MY_IP}
-retry 120 gid_of "$GID_IP" || fail "no $GID_TYPE GID of $GID_IP in the GID table after 120 s"
-gid_of "$GID_IP"
+retry 120 find_gid "$GID_IP" "$GID_TYPE" || fail "no $GID_TYPE GID of $GID_IP in the GID table after 120 s"
+find_gid "$GID_IP" "$GID_TYPE"
 _gids=/sys/class/infiniband/$DEV/ports/1
 say "GID idx=$GIDX gid=$(cat "$_gids/gids/$GIDX") type=$(tr ' ' _ < "$_gids/gid_attrs/types/$GIDX") ndev=$(cat "$_gids/gid_attrs/ndevs/$GIDX" 2> /dev/null)"
 echo "SECTION-BEGIN gids"
