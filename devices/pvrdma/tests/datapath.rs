@@ -955,6 +955,13 @@ fn device_migration_keeps_queue_pairs_and_traffic() {
     assert_eq!(a.read(40_000, 4), b"back");
 }
 
+/// B posts a receive and A SENDs it 8 bytes: B's completion.
+fn one_send(a: &Side, b: &Side, wr_id: u64) -> Cqe {
+    b.sim.post_recv_sges(&b.qp, wr_id, &[b.sge(0, 64)]);
+    a.send(wr_id, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
+    b.cqes(1)[0]
+}
+
 /// A destination VMM starts its vCPUs a moment before it resumes its
 /// devices: an ARM doorbell the guest rings then reaches a paused device.
 /// It takes effect once the device resumes, or the guest would sleep on its
@@ -968,9 +975,7 @@ fn an_arm_rung_while_paused_takes_effect_on_resume() {
     b.sim.arm_cq(&b.cq, false);
     assert!(b.sim.wait_until(|s| s.metric("doorbell_held") == 1));
     b.sim.device().resume().expect("resume");
-    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
-    assert_eq!(b.cqes(1)[0].wr_id, 1);
+    assert_eq!(one_send(&a, &b, 1).wr_id, 1);
     assert!(b.sim.wait_until(|s| s.metric("cq_notify_posted") == 1));
     assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
 }
@@ -987,9 +992,7 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
     // Armed and notified once before: a CQ the guest waits on with arms.
     b.sim.arm_cq(&b.cq, false);
     assert!(b.sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1));
-    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
-    assert_eq!(b.cqes(1)[0].wr_id, 1);
+    assert_eq!(one_send(&a, &b, 1).wr_id, 1);
     assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
     // The arm the source's worker takes only once paused.
     b.sim.device().pause().expect("pause");
@@ -1001,9 +1004,7 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
     };
     assert!(b.sim.wait_until(|s| s.metric("cq_rearmed") == 1));
     assert!(b.sim.cq_notifications().is_empty(), "nothing to poll yet");
-    b.sim.post_recv_sges(&b.qp, 2, &[b.sge(0, 64)]);
-    a.send(2, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
-    assert_eq!(b.cqes(1)[0].wr_id, 2);
+    assert_eq!(one_send(&a, &b, 2).wr_id, 2);
     assert!(b.sim.wait_until(|s| s.metric("cq_notify_posted") == 1));
     assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
 }
@@ -1017,9 +1018,7 @@ fn a_migration_arms_no_cq_the_guest_only_polls() {
         sim: b.sim.migrate(),
         ..b
     };
-    b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
-    a.send(1, wr::SEND, &[a.sge(0, 8)], (0, 0), 0);
-    assert_eq!(b.cqes(1)[0].wr_id, 1);
+    assert_eq!(one_send(&a, &b, 1).wr_id, 1);
     assert_eq!(b.sim.metric("cq_rearmed"), 0);
     assert_eq!(b.sim.metric("cq_notify_posted"), 0);
 }
