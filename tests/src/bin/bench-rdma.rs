@@ -39,6 +39,11 @@ const CONFIGS: [(&str, &str); 4] = [
 /// Ours: the first two of [`CONFIGS`]; the others are the baselines.
 const OURS: usize = 2;
 const QEMU: &str = "qemu-pvrdma";
+
+/// Whether `config` is one of ours (not a baseline).
+fn is_ours(config: &str) -> bool {
+    CONFIGS[..OURS].iter().any(|o| o.0 == config)
+}
 /// Issue 15 goal 4: ours at least this many times QEMU pvrdma's bandwidth, at most its inverse
 /// times its pingpong time.
 const QEMU_GOAL: f64 = 3.0;
@@ -386,12 +391,10 @@ fn prog_figures<'a>(
 /// Prints each of our configurations' ratio to each baseline of the same run, with issue 15's goal
 /// against QEMU; "n/a" where either has no median (its failure is listed at the end).
 fn print_ratios(prog: Prog, configs: &[(&str, &str)], medians: &BTreeMap<&str, f64>) {
-    let ours = configs
-        .iter()
-        .filter(|c| CONFIGS[..OURS].iter().any(|o| o.0 == c.0));
+    let ours = configs.iter().filter(|c| is_ours(c.0));
     for &(config, label) in ours {
         for &(base, base_label) in configs {
-            if CONFIGS[..OURS].iter().any(|o| o.0 == base) || prog.unsupported_by(base) {
+            if is_ours(base) || prog.unsupported_by(base) {
                 continue;
             }
             let (Some(o), Some(b)) = (medians.get(config), medians.get(base)) else {
