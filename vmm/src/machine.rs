@@ -259,6 +259,8 @@ impl Machine {
             }
             StartAs::Paused => None,
         };
+        // The guest runs from here (or would, paused): the doorbells are
+        // registered while it does.
         let t2 = Instant::now();
         vm.flush_ioevents().map_err(VmmError::EventLoop)?;
         // After a migration's hand-over the guest waits for this.
@@ -282,7 +284,7 @@ impl Machine {
             poweroff,
             reset,
             vcpu_exits: exits,
-            booted_at: Instant::now(),
+            booted_at: t2,
             paused: how == StartAs::Paused,
         })
     }

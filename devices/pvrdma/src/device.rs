@@ -304,8 +304,8 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
 }
 
 impl<M: GuestAddressSpace> Pvrdma<M> {
-    /// The next-hop MACs of the connected QPs.
-    fn rc_peer_macs(&self) -> Vec<[u8; 6]> {
+    /// The next-hop MACs of the connected QPs, each once.
+    fn rc_peer_macs(&self) -> std::collections::BTreeSet<[u8; 6]> {
         let state = self.shared.lock();
         state
             .session
