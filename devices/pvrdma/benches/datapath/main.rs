@@ -215,7 +215,12 @@ impl Pair {
     /// Frames of both devices that went to a same-host peer through a
     /// buffer instead of being built in its ring (its ring was full).
     fn copied(&self) -> u64 {
-        self.a.sim.metric("roce_local_copied") + self.b.sim.metric("roce_local_copied")
+        self.both("roce_local_copied")
+    }
+
+    /// Device counter `name` of A and B together.
+    fn both(&self, name: &str) -> u64 {
+        self.a.sim.metric(name) + self.b.sim.metric(name)
     }
 
     /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
@@ -594,7 +599,7 @@ fn message_rate(pair: &Pair) {
 /// hand-off without an idle vCPU's wake-up; the polled one is the
 /// hand-off between two threads that poll as the busy-polling workers do.
 fn latency(pair: &Pair) {
-    let kicks = || pair.a.sim.metric("roce_local_kicks") + pair.b.sim.metric("roce_local_kicks");
+    let kicks = || pair.both("roce_local_kicks");
     let kicked = kicks();
     let baselines = [
         ("eventfd, blocked", Handoff::Blocked),
