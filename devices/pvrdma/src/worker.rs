@@ -465,7 +465,8 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Whether a same-host ring has no room for a segment, or frames wait
-    /// for room: QPs deferred for room wait for the timer then.
+    /// for room: QPs deferred for room wait for more room (the next piece
+    /// of work, see [`Worker::finish`]) or the timer then.
     fn channel_short(&self) -> bool {
         self.shared
             .env
