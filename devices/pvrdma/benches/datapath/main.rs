@@ -549,6 +549,7 @@ fn bandwidth(pair: &Pair) {
         ] {
             for qps in [1, QPS] {
                 let copied = pair.copied();
+                let kicked = pair.both("roce_local_kicks");
                 // The two modes' runs alternate, so that both see the
                 // same minutes of the machine.
                 let mut rates = [Vec::new(), Vec::new()];
@@ -561,13 +562,15 @@ fn bandwidth(pair: &Pair) {
                 let [poll, sleep] = rates.map(median);
                 println!(
                     "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}  \
-                     | CQ sleep: {:>8.0} MiB/s  {:.3}  | frames not built in the ring {}",
+                     | CQ sleep: {:>8.0} MiB/s  {:.3}  | frames not built in the ring {}  \
+                     | kicks per message {:.2}",
                     len >> 10,
                     mib(poll),
                     poll / copy,
                     mib(sleep),
                     sleep / copy,
-                    pair.copied() - copied
+                    pair.copied() - copied,
+                    (pair.both("roce_local_kicks") - kicked) as f64 / (2 * RUNS * count) as f64
                 );
             }
         }
