@@ -283,8 +283,11 @@ pub(crate) fn wait_for_vm(
                 for result in handover.try_iter() {
                     receiving = false;
                     match result {
-                        Ok(guest) => return Ok(Some((guest, api, progress))),
-                        Err(e) => log::error!("Incoming migration failed: {e}"),
+                        Handover::Running(guest) => return Ok(Some((*guest, api, progress))),
+                        // The source kept the VM: another attempt may come.
+                        Handover::Refused(e) => log::error!("Incoming migration failed: {e}"),
+                        // The source let go of it: nothing is left to serve.
+                        Handover::Lost(e) => return Err(VmmError::Restore(e)),
                     }
                 }
                 continue;
@@ -299,14 +302,30 @@ pub(crate) fn wait_for_vm(
     }
 }
 
+/// What the receiving thread hands the VMM waiting for a VM.
+enum Handover {
+    /// The VM runs here.
+    Running(Box<Guest>),
+    /// The migration failed before `Complete`: the source still runs the VM.
+    Refused(String),
+    /// The VM was handed over but cannot start here: it is lost, and the
+    /// VMM ends with this error rather than wait on as if nothing happened.
+    Lost(String),
+}
+
 /// Runs a VM handed over here at once, on the receiving thread: the guest
 /// waits for this, not for the control loop to take the VM over.
-fn run_here(received: Received<Machine>) -> Result<Guest, String> {
+fn run_here(received: Received<Machine>) -> Handover {
     let t0 = Instant::now();
-    let guest = received
-        .target
-        .start(StartAs::Resumed)
-        .map_err(|e| crate::error_chain(&e))?;
+    let guest = match received.target.start(StartAs::Resumed) {
+        Ok(guest) => guest,
+        Err(e) => {
+            return Handover::Lost(format!(
+                "the VM was handed over but did not start: {}",
+                crate::error_chain(&e)
+            ))
+        }
+    };
     // Up to the vCPUs let go: what the guest waited for.
     log::info!(
         "Migration received; the VM runs here now (started in {} ms)",
@@ -314,7 +333,7 @@ fn run_here(received: Received<Machine>) -> Result<Guest, String> {
     );
     // The guest runs: what was held since the state came goes out now.
     drop(received.quiet);
-    Ok(guest)
+    Handover::Running(Box::new(guest))
 }
 
 /// Starts a receiver thread for `params`: the listening socket is bound
@@ -323,7 +342,7 @@ fn start_receiver(
     params: &api::ReceiveMigrationParams,
     serial: &SerialConfig,
     progress: &Progress,
-    handover: Sender<Result<Guest, String>>,
+    handover: Sender<Handover>,
     wake: &EventFd,
 ) -> ApiResponse {
     let url: MigrationUrl = params
@@ -364,10 +383,11 @@ fn start_receiver(
         .name("migration".into())
         .spawn(move || {
             sandbox::enter(sandbox::Kind::Vmm);
-            let result = receive::<Machine>(&listener, &host, &progress)
-                .map_err(|e| crate::error_chain(&e))
-                .and_then(run_here);
-            if let Err(e) = &result {
+            let result = match receive::<Machine>(&listener, &host, &progress) {
+                Ok(received) => run_here(received),
+                Err(e) => Handover::Refused(crate::error_chain(&e)),
+            };
+            if let Handover::Refused(e) | Handover::Lost(e) = &result {
                 if let Some(info) = crate::lock(&progress).as_mut() {
                     info.status = MigrationStatus::Failed;
                     info.error = Some(e.clone());
