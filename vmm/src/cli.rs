@@ -69,9 +69,8 @@ pub struct Cli {
     /// (defaults: 8192 QPs, at most 16384; 16384 CQs, 16384 MRs, 8G of guest memory mapped by
     /// rings and MRs) are advertised to the guest; a command beyond them fails with ENOMEM and
     /// a log line. Each QP holds an open file: the VMM raises its soft limit to the hard one.
-    /// The device's worker busy-polls for US microseconds (at most 1000, 0: never; default 50, or
-    /// 0 when the VMM may run on one CPU only) after each piece of work before it sleeps: small
-    /// messages then need no wake-up.
+    /// The device's worker busy-polls for US microseconds (default 50, at most 1000, 0: never)
+    /// after each piece of work before it sleeps: small messages then need no wake-up.
     /// Repeatable, up to 4: each device has a slot, MAC, TAP, budgets and QPN and key spaces
     /// of its own; the guest names them vmw_pvrdma0, vmw_pvrdma1, ... in this order.
     #[arg(

@@ -279,7 +279,7 @@ pub struct PvrdmaConfig {
     #[serde(default)]
     pub budget: PvrdmaBudget,
     /// `poll=US`: how long the device's worker busy-polls after work
-    /// (`pvrdma::PvrdmaConfig::busy_poll`; `None`: `pvrdma::default_busy_poll` for this host).
+    /// (`pvrdma::PvrdmaConfig::busy_poll`; `None`: its default).
     #[serde(default)]
     pub poll_us: Option<u32>,
 }

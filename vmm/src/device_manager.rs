@@ -296,8 +296,6 @@ impl DeviceManager {
             let id = format!("net{index}");
             add_vmxnet3(&mut bus, net, id, false, mem, &hooks, &mut counters)?;
         }
-        // Chosen, and logged, once for the devices without `poll=`.
-        let mut default_poll = None;
         for (index, rdma) in config.pvrdma.iter().enumerate() {
             let mut bus = crate::lock(&pci);
             // One converged slot per device: the NIC at function 0 owns the
@@ -321,10 +319,9 @@ impl DeviceManager {
                 // The source VMM still holds the same-host socket of the
                 // MAC while it migrates the VM here.
                 local_takeover: incoming,
-                busy_poll: match rdma.poll_us {
-                    Some(us) => std::time::Duration::from_micros(us.into()),
-                    None => *default_poll.get_or_insert_with(default_busy_poll),
-                },
+                busy_poll: rdma.poll_us.map_or(pvrdma::DEFAULT_BUSY_POLL, |us| {
+                    std::time::Duration::from_micros(us.into())
+                }),
                 ..pvrdma::PvrdmaConfig::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
@@ -400,20 +397,6 @@ impl DeviceManager {
     pub fn serial_room(&self) -> &EventFd {
         &self.serial_room
     }
-}
-
-/// The PVRDMA workers' busy-poll unless `poll=` is given: none when this
-/// process may run on one CPU only (`pvrdma::default_busy_poll`; the count
-/// is its affinity, `sched_getaffinity`, and its cgroup's CPU quota as
-/// `available_parallelism` reads them; one if unknown). Logs the choice.
-fn default_busy_poll() -> std::time::Duration {
-    let cpus = std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
-    let poll = pvrdma::default_busy_poll(cpus);
-    log::info!(
-        "PVRDMA workers busy-poll {} us after work by default ({cpus} CPU(s) available; poll= sets it)",
-        poll.as_micros()
-    );
-    poll
 }
 
 /// Adds a vmxnet3 NIC on `net`'s TAP as function 0 of a new slot, with its

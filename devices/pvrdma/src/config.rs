@@ -234,7 +234,7 @@ pub struct PvrdmaConfig {
     /// looks) after data-path work before it sleeps; zero: never. While
     /// it polls, peers need not kick it and it need not be woken: each
     /// saves a thread wake-up on a small message (docs/benchmarks.md). An
-    /// idle worker sleeps. The VMM's default is [`default_busy_poll`].
+    /// idle worker sleeps.
     pub busy_poll: std::time::Duration,
     /// A busy-polling worker whose yield of the CPU took longer than this
     /// stops polling and sleeps: other threads want the CPU (vCPUs, other
@@ -245,24 +245,9 @@ pub struct PvrdmaConfig {
     pub busy_yield: std::time::Duration,
 }
 
-/// [`PvrdmaConfig::busy_poll`] unless configured, where the VMM has more
-/// than one CPU: a few wake-ups' worth, enough to catch the ACK of a small
-/// message without sleeping.
+/// [`PvrdmaConfig::busy_poll`] unless configured: a few wake-ups' worth,
+/// enough to catch the ACK of a small message without sleeping.
 pub const DEFAULT_BUSY_POLL: std::time::Duration = std::time::Duration::from_micros(50);
-
-/// The VMM's busy-poll unless configured, for a process that may run on
-/// `cpus` CPUs (its affinity): none on one CPU. There the work a poller
-/// waits for (the guest's next doorbell, the peer VMM's next frame) comes
-/// from threads that need the very CPU it spins on, so each poll only
-/// delays it; the same-host pingpong in the one-CPU test host ran
-/// faster without it (docs/benchmarks.md, session 13).
-pub fn default_busy_poll(cpus: std::num::NonZeroUsize) -> std::time::Duration {
-    if cpus.get() > 1 {
-        DEFAULT_BUSY_POLL
-    } else {
-        std::time::Duration::ZERO
-    }
-}
 /// [`PvrdmaConfig::busy_yield`].
 pub const DEFAULT_BUSY_YIELD: std::time::Duration = std::time::Duration::from_micros(20);
 
@@ -292,19 +277,6 @@ mod tests {
         assert!("rocev2".parse::<GidType>().is_err());
         assert_eq!(GidType::default().abi(), 2);
         assert_eq!(GidType::RoceV1.abi(), 1);
-    }
-
-    #[test]
-    fn one_cpu_does_not_busy_poll() {
-        use std::num::NonZeroUsize;
-        assert_eq!(
-            default_busy_poll(NonZeroUsize::MIN),
-            std::time::Duration::ZERO
-        );
-        for cpus in [2, 64] {
-            let cpus = NonZeroUsize::new(cpus).unwrap();
-            assert_eq!(default_busy_poll(cpus), DEFAULT_BUSY_POLL);
-        }
     }
 
     #[test]

@@ -71,9 +71,7 @@ mod worker;
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 pub mod sim_driver;
 
-pub use config::{
-    default_busy_poll, GidType, Limits, LimitsError, PvrdmaConfig, DEFAULT_BUSY_POLL, MAX_QP,
-};
+pub use config::{GidType, Limits, LimitsError, PvrdmaConfig, DEFAULT_BUSY_POLL, MAX_QP};
 pub use device::{Pvrdma, PvrdmaError};
 pub use namespace::{IdAllocatorState, Namespace, NamespaceError, NamespaceState};
 pub use worker::SpawnError;
