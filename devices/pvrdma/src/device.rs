@@ -10,13 +10,13 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use device_worker::WorkerHandle;
 use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
     BarKind, BarSpec, DeviceCounters, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration,
-    PciDevice, PciHeader,
+    PciDevice, PciHeader, QueuePairCounters,
 };
 use pvrdma_abi::regs::{
     BAR_MSIX, BAR_REG, BAR_UAR, NUM_VECTORS, PCI_DEVICE_ID_PVRDMA, PCI_VENDOR_ID_VMWARE,
@@ -31,7 +31,7 @@ use crate::datapath::local::LocalChannel;
 use crate::datapath::wire::{Inbox, Wire};
 use crate::datapath::Clock;
 use crate::events::Interrupts;
-use crate::metrics::{CountersHandle, Metrics};
+use crate::metrics::Metrics;
 use crate::regs;
 use crate::snapshot;
 use crate::state::{Env, Shared, State};
@@ -404,5 +404,43 @@ impl<M: GuestAddressSpace + Send> PciDevice for Pvrdma<M> {
         if bar == BAR_UAR {
             self.sync_uar();
         }
+    }
+}
+
+/// The VMM's handle on one device's counters (see [`crate::Pvrdma::counters`]).
+/// The device counters are atomics; the per-QP ones are read under the
+/// device's state lock, which is only ever held for one command or one
+/// batch of frames. The state is held weakly: the handle must not keep a
+/// dropped device's QPs, doorbells and same-host rings alive.
+struct CountersHandle {
+    metrics: Arc<Metrics>,
+    shared: Weak<Shared>,
+}
+
+impl DeviceCounters for CountersHandle {
+    fn values(&self) -> Vec<(&'static str, u64)> {
+        self.metrics.snapshot()
+    }
+
+    /// The QPs with a transport engine (RTR and later), in handle order;
+    /// none once the device is gone.
+    fn queue_pairs(&self) -> Option<Vec<QueuePairCounters>> {
+        let Some(shared) = self.shared.upgrade() else {
+            return Some(Vec::new());
+        };
+        let state = shared.lock();
+        let qps = state
+            .session
+            .iter()
+            .flat_map(|s| s.objects.qps.values())
+            .filter_map(|qp| {
+                qp.engine.as_ref().map(|engine| QueuePairCounters {
+                    qpn: qp.qpn,
+                    error: engine.is_error(),
+                    values: engine.metrics.named(),
+                })
+            })
+            .collect();
+        Some(qps)
     }
 }
