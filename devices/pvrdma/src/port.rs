@@ -15,8 +15,8 @@ use pvrdma_abi::wqe::event;
 use vm_memory::GuestMemory;
 
 use crate::caps::{DEFAULT_PKEY, MAX_PKEYS, PORT_NUM};
-use crate::cmd::{check, CmdError};
 use crate::config::Limits;
+use crate::error::{check, CmdError};
 use crate::state::{Ctx, Env, Session};
 
 /// RoCE v2 headers around an IB payload, as `iboe_get_mtu` counts them

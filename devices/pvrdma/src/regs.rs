@@ -21,8 +21,9 @@ use pvrdma_abi::regs::{version, Ctl, Reg, Vector};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use crate::caps::device_caps;
-use crate::cmd::{self, errno};
+use crate::cmd;
 use crate::dsr;
+use crate::error::errno;
 use crate::namespace::Namespace;
 use crate::objects::Objects;
 use crate::state::{Ctx, Session, Shared, State};

@@ -17,8 +17,8 @@ use vm_memory::GuestMemory;
 
 use super::ctx::{release_ctx, take_ctx};
 use super::{get, Refs};
-use crate::cmd::{check, CmdError};
 use crate::config::pages_for;
+use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ProducerRing, Ring, RingError};

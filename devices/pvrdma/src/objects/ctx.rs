@@ -18,7 +18,7 @@ use pvrdma_abi::PAGE_SHIFT;
 use rdma_transport::verbs::{WcOpcode, WrOpcode};
 
 use super::{get, Refs, KERNEL_CTX};
-use crate::cmd::CmdError;
+use crate::error::CmdError;
 use crate::state::Ctx;
 
 /// A user context: one process's verbs context and its UAR page.

@@ -23,7 +23,7 @@ use net_port::{Port, SeenVlans};
 use pvrdma_abi::cmd::{CreateBindReq, DestroyBindReq};
 use rdma_transport::net::{ip_from_gid, Encap, RoceVersion};
 
-use crate::cmd::{check, CmdError};
+use crate::error::{check, CmdError};
 use crate::state::Ctx;
 
 /// VLAN ids are 12-bit; 0xFFF means "no VLAN".

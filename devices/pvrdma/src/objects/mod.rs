@@ -33,8 +33,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cmd::CmdError;
 use crate::config::Limits;
+use crate::error::CmdError;
 use crate::uar::{Doorbells, Owner};
 
 /// The kernel's context: always there, owns UAR page 0.

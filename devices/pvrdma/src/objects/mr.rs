@@ -19,7 +19,7 @@ use vm_memory::GuestMemory;
 use super::ctx::{pd_ctx, release_pd, take_pd};
 use super::{get, KERNEL_CTX};
 use crate::caps::MAX_FAST_REG_PAGES;
-use crate::cmd::{check, CmdError};
+use crate::error::{check, CmdError};
 use crate::pdir::PageDir;
 use crate::state::Ctx;
 

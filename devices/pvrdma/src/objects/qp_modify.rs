@@ -20,8 +20,8 @@ use vm_memory::GuestMemory;
 use super::get_mut;
 use super::gid::GidTable;
 use crate::caps::{MAX_PKEYS, MAX_RD_ATOMIC, PORT_NUM};
-use crate::cmd::{check, CmdError};
 use crate::datapath::{self, Input};
+use crate::error::{check, CmdError};
 use crate::state::Ctx;
 
 /// QP access flags: local write, remote write/read/atomic, MW bind.

@@ -18,8 +18,8 @@ use vm_memory::GuestMemory;
 
 use super::ctx::{pd_ctx, release_pd, take_pd};
 use super::{get, get_mut, Refs};
-use crate::cmd::{check, CmdError};
 use crate::config::pages_for;
+use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring};
