@@ -384,7 +384,8 @@ impl<M: GuestAddressSpace + Send> PciDevice for Pvrdma<M> {
             BAR_UAR => {
                 let state = self.shared.lock();
                 let objects = state.session.as_ref().map(|s| &s.objects);
-                uar::handle_write(objects, &self.shared.env.metrics, offset, data);
+                let doorbells_of = |owner, handle| objects?.doorbells(owner, handle);
+                uar::handle_write(doorbells_of, &self.shared.env.metrics, offset, data);
             }
             // The PBA is read-only.
             _ => guest_warn!(
