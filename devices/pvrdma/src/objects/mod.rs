@@ -26,7 +26,6 @@ pub(crate) mod ctx;
 pub(crate) mod gid;
 pub(crate) mod mr;
 pub(crate) mod qp;
-pub(crate) mod qp_modify;
 pub(crate) mod srq;
 
 use std::collections::BTreeMap;

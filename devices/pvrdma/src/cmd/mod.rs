@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The command channel (ABI doc 3): one `match` from command code to
 //! `handle_<cmd>`, request decoding from a single copy of the slot, and
-//! the response and error conventions.
+//! the response conventions (the error ones are in `error`). The handlers
+//! live with the objects they create (`objects`, `port`); MODIFY_QP, which
+//! also drives the data path, lives here (`qp_modify`).
 //!
 //! A command runs synchronously inside the REQUEST write: the 184-byte
 //! request is copied out of the command slot once, decoded from that copy,
@@ -15,6 +17,8 @@
     clippy::arithmetic_side_effects
 )]
 
+mod qp_modify;
+
 use std::mem::size_of;
 
 use pvrdma_abi::cmd::{CmdCode, CmdHdr, RespHdr, REQ_SIZE, RESP_SIZE};
@@ -22,7 +26,7 @@ use vm_memory::{ByteValued, GuestMemory};
 
 use crate::error::CmdError;
 use crate::objects::qp::CreateQpResponse;
-use crate::objects::{cq, ctx, gid, mr, qp, qp_modify, srq};
+use crate::objects::{cq, ctx, gid, mr, qp, srq};
 use crate::port;
 use crate::state::Ctx;
 

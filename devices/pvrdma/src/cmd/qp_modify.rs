@@ -17,11 +17,11 @@ use pvrdma_abi::verbs::{
 use pvrdma_abi::QPN_MASK;
 use vm_memory::GuestMemory;
 
-use super::get_mut;
-use super::gid::GidTable;
 use crate::caps::{MAX_PKEYS, MAX_RD_ATOMIC, PORT_NUM};
 use crate::datapath::{self, Input};
 use crate::error::{check, CmdError};
+use crate::objects::get_mut;
+use crate::objects::gid::GidTable;
 use crate::state::Ctx;
 
 /// QP access flags: local write, remote write/read/atomic, MW bind.
