@@ -29,12 +29,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::config::{LimitsError, PvrdmaConfig};
 use crate::datapath::local::LocalChannel;
 use crate::datapath::wire::{Inbox, Wire};
-use crate::datapath::Clock;
+use crate::env::{Clock, Env};
 use crate::events::Interrupts;
 use crate::metrics::Metrics;
 use crate::regs;
 use crate::snapshot;
-use crate::state::{Env, Shared, State};
+use crate::state::{Shared, State};
 use crate::uar::{self, Hub};
 use crate::worker::{SpawnError, Worker};
 
@@ -180,12 +180,12 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 irq: Interrupts::new(msix),
                 metrics,
                 hub: Arc::new(hub),
-                wire: Wire {
-                    backend,
-                    inbox,
-                    local,
-                },
                 clock: Clock::new(),
+            },
+            wire: Wire {
+                backend,
+                inbox,
+                local,
             },
             state: Mutex::new(State::new()),
             paused: AtomicBool::new(false),
@@ -211,7 +211,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     fn pause(&mut self) -> Result<(), MigratableError> {
         let _state = self.shared.lock();
         self.shared.paused.store(true, Ordering::Release);
-        self.shared.env.wire.inbox.set_discard(true);
+        self.shared.wire.inbox.set_discard(true);
         Ok(())
     }
 
@@ -220,14 +220,14 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     /// A device restored for an incoming migration also becomes its MAC's
     /// owner on the same-host channel now, when the VM runs here.
     fn resume(&mut self) -> Result<(), MigratableError> {
-        if let Some(local) = &self.shared.env.wire.local {
+        if let Some(local) = &self.shared.wire.local {
             if let Err(e) = local.claim() {
                 log::warn!("pvrdma: cannot take over the MAC's same-host socket ({e}); peers on this host reach the VM over the wire");
             }
             local.announce(self.rc_peer_macs());
         }
         self.shared.paused.store(false, Ordering::Release);
-        self.shared.env.wire.inbox.set_discard(false);
+        self.shared.wire.inbox.set_discard(false);
         self.shared.kick_all();
         Ok(())
     }
@@ -287,7 +287,7 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
             );
         }
         drop(state);
-        if let Some(local) = self.shared.env.wire.local.as_ref() {
+        if let Some(local) = self.shared.wire.local.as_ref() {
             local.log_rings();
         }
     }

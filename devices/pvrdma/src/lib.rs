@@ -53,6 +53,7 @@ mod config;
 mod datapath;
 mod device;
 mod dsr;
+mod env;
 mod error;
 mod events;
 pub mod namespace;

@@ -16,8 +16,9 @@ use vm_memory::GuestMemory;
 
 use crate::caps::{DEFAULT_PKEY, MAX_PKEYS, PORT_NUM};
 use crate::config::Limits;
+use crate::env::Env;
 use crate::error::{check, CmdError};
-use crate::state::{Ctx, Env, Session};
+use crate::state::{Ctx, Session};
 
 /// RoCE v2 headers around an IB payload, as `iboe_get_mtu` counts them
 /// (GRH/IP, UDP, BTH, XRC, AtomicETH, ICRC).

@@ -129,7 +129,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     state.active = saved.active;
     env.irq.set_imr(saved.imr);
     env.irq.set_icr(saved.icr);
-    env.wire.inbox.set_open(saved.active);
+    shared.wire.inbox.set_open(saved.active);
     let attached = start.elapsed();
     if let Some(s) = &state.session {
         log::info!("pvrdma: restored {}", s.objects.peer_ids());

@@ -13,53 +13,25 @@
 )]
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use net_port::Port;
-
-use crate::config::PvrdmaConfig;
 use crate::datapath::wire::Wire;
-use crate::datapath::Clock;
 use crate::dsr::LoadedDsr;
-use crate::events::Interrupts;
+use crate::env::Env;
 use crate::metrics::Metrics;
 use crate::namespace::Namespace;
 use crate::objects::gid::GidTable;
 use crate::objects::Objects;
-use crate::uar::Hub;
 
 /// ERR before the first successful CTL (QEMU's value): "not ready".
 pub(crate) const ERR_NOT_READY: u32 = 0xffff;
 
-/// What never changes after construction.
-#[derive(Debug)]
-pub(crate) struct Env {
-    pub(crate) config: PvrdmaConfig,
-    pub(crate) port: Arc<Port>,
-    pub(crate) irq: Interrupts,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) hub: Arc<Hub>,
-    pub(crate) wire: Wire,
-    pub(crate) clock: Clock,
-}
-
-impl Env {
-    /// Routes frames the engine emitted (see [`Wire::route`]); the caller
-    /// sends what is returned once it has released the state lock.
-    pub(crate) fn route(&self, gids: &GidTable, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
-        self.wire.route(gids, &self.metrics, frames)
-    }
-
-    /// Sends routed frames (see [`Wire::send`]); never under the state
-    /// lock: the same-host channel may wait for a receiver.
-    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
-        self.wire.send(&self.metrics, frames);
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) env: Env,
+    /// Frames in and out: the port's backend, the inbox and the same-host
+    /// channel.
+    pub(crate) wire: Wire,
     pub(crate) state: Mutex<State>,
     /// Quiesced for a snapshot or migration: the worker takes no work and
     /// received frames are discarded until resume.
@@ -73,6 +45,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Routes frames the engine emitted (see [`Wire::route`]); the caller
+    /// sends what is returned once it has released the state lock.
+    pub(crate) fn route(&self, gids: &GidTable, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        self.wire.route(gids, &self.env.metrics, frames)
+    }
+
+    /// Sends routed frames (see [`Wire::send`]); never under the state
+    /// lock: the same-host channel may wait for a receiver.
+    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
+        self.wire.send(&self.env.metrics, frames);
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

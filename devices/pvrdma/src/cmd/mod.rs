@@ -24,6 +24,7 @@ use std::mem::size_of;
 use pvrdma_abi::cmd::{CmdCode, CmdHdr, RespHdr, REQ_SIZE, RESP_SIZE};
 use vm_memory::{ByteValued, GuestMemory};
 
+use crate::datapath::wire::Wire;
 use crate::error::CmdError;
 use crate::objects::qp::CreateQpResponse;
 use crate::objects::{cq, ctx, gid, mr, qp, srq};
@@ -99,9 +100,11 @@ pub(crate) fn header(req: &[u8; REQ_SIZE]) -> CmdHdr {
 
 /// Executes the command in `req` and returns the complete response
 /// (header filled in) and the status for ERR. `None` for a command code
-/// outside the ABI, which gets no response at all.
+/// outside the ABI, which gets no response at all. `wire` sends the frames
+/// a command makes the data path emit.
 pub(crate) fn execute<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
+    wire: &Wire,
     req: &[u8; REQ_SIZE],
 ) -> (Option<Response>, u32) {
     let hdr = header(req);
@@ -112,7 +115,7 @@ pub(crate) fn execute<M: GuestMemory>(
             return (None, CmdError::Unknown(other).errno());
         }
     };
-    let (mut resp, status) = match dispatch(cx, code, req) {
+    let (mut resp, status) = match dispatch(cx, wire, code, req) {
         Ok(resp) => {
             cx.metrics().cmd_executed.inc();
             (resp, 0)
@@ -144,6 +147,7 @@ fn run_create_qp<M: GuestMemory>(
 
 fn dispatch<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
+    wire: &Wire,
     code: CmdCode,
     req: &[u8; REQ_SIZE],
 ) -> Result<Response, CmdError> {
@@ -158,7 +162,7 @@ fn dispatch<M: GuestMemory>(
         CmdCode::ResizeCq => run(req, |r| cq::handle_resize_cq(cx, r)),
         CmdCode::DestroyCq => run_noop(req, |r| cq::handle_destroy_cq(cx, r)),
         CmdCode::CreateQp => run_create_qp(cx, req),
-        CmdCode::ModifyQp => run_noop(req, |r| qp_modify::handle_modify_qp(cx, r)),
+        CmdCode::ModifyQp => run_noop(req, |r| qp_modify::handle_modify_qp(cx, wire, r)),
         CmdCode::QueryQp => run(req, |r| qp::handle_query_qp(cx, r)),
         CmdCode::DestroyQp => run(req, |r| qp::handle_destroy_qp(cx, r)),
         CmdCode::CreateUc => run(req, |r| ctx::handle_create_uc(cx, r)),

@@ -18,11 +18,12 @@ use vm_memory::GuestMemory;
 use super::ctx::{release_ctx, take_ctx};
 use super::{get, Refs};
 use crate::config::pages_for;
+use crate::env::Env;
 use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ProducerRing, Ring, RingError};
-use crate::state::{Ctx, Env};
+use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 /// Bytes of one CQE.

@@ -28,12 +28,13 @@ use super::cq::Cq;
 use super::ctx::{pd_ctx, release_pd, take_pd, Numbering};
 use super::{get, Objects, KERNEL_CTX};
 use crate::config::pages_for;
+use crate::env::Env;
 use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::namespace::{Namespace, GSI_QP};
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring, RingError};
-use crate::state::{Ctx, Env};
+use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;

@@ -19,11 +19,12 @@ use vm_memory::GuestMemory;
 use super::ctx::{pd_ctx, release_pd, take_pd};
 use super::{get, get_mut, Refs};
 use crate::config::pages_for;
+use crate::env::Env;
 use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring};
-use crate::state::{Ctx, Env};
+use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
