@@ -18,7 +18,7 @@ use crate::caps::{DEFAULT_PKEY, MAX_PKEYS, PORT_NUM};
 use crate::config::Limits;
 use crate::env::Env;
 use crate::error::{check, CmdError};
-use crate::state::{Ctx, Session};
+use crate::objects::session::{Ctx, Session};
 
 /// RoCE v2 headers around an IB payload, as `iboe_get_mtu` counts them
 /// (GRH/IP, UDP, BTH, XRC, AtomicETH, ICRC).

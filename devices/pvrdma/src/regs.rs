@@ -25,8 +25,9 @@ use crate::cmd;
 use crate::dsr;
 use crate::error::errno;
 use crate::namespace::Namespace;
+use crate::objects::session::{Ctx, Session};
 use crate::objects::Objects;
-use crate::state::{Ctx, Session, Shared, State};
+use crate::state::{Shared, State};
 
 /// The device API version: 64-bit PFNs and separate QP handles.
 pub(crate) const DEVICE_VERSION: u32 = version::QP_HANDLE;

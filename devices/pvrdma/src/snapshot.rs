@@ -23,8 +23,9 @@ use vm_migration::{MigratableError, Snapshot};
 
 use crate::dsr::LoadedDsr;
 use crate::namespace::{Namespace, NamespaceState};
+use crate::objects::session::Session;
 use crate::objects::Objects;
-use crate::state::{Session, Shared};
+use crate::state::Shared;
 
 /// The component name in a VM snapshot.
 pub(crate) const ID: &str = "pvrdma";

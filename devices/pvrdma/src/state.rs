@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The device state shared by the vCPU thread (register writes, commands)
-//! and the worker thread (doorbells, link changes), and the context every
-//! command handler gets.
+//! and the worker thread (doorbells, link changes): the environment, the
+//! wire and, under one lock, the registers and the session.
 //!
 //! Lock order: [`Shared::state`], then the MSI-X table inside
 //! [`Interrupts`]. Nothing that holds the MSI-X lock takes the state lock.
@@ -16,12 +16,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::datapath::wire::Wire;
-use crate::dsr::LoadedDsr;
 use crate::env::Env;
-use crate::metrics::Metrics;
-use crate::namespace::Namespace;
 use crate::objects::gid::GidTable;
-use crate::objects::Objects;
+use crate::objects::session::Session;
 
 /// ERR before the first successful CTL (QEMU's value): "not ready".
 pub(crate) const ERR_NOT_READY: u32 = 0xffff;
@@ -95,33 +92,5 @@ impl State {
             uar_base: None,
             session: None,
         }
-    }
-}
-
-/// Everything from a DSR load to RESET: dropping it drops every object,
-/// mapping and doorbell registration.
-#[derive(Debug)]
-pub(crate) struct Session {
-    pub(crate) dsr: LoadedDsr,
-    pub(crate) ns: Namespace,
-    pub(crate) objects: Objects,
-    /// The port state last reported to the guest.
-    pub(crate) link_up: bool,
-}
-
-/// What a command handler works with.
-pub(crate) struct Ctx<'a, M> {
-    pub(crate) mem: &'a M,
-    pub(crate) env: &'a Env,
-    pub(crate) s: &'a mut Session,
-    /// BAR2's guest-physical base (for UAR PFNs), decoding or not.
-    pub(crate) bar2: Option<u64>,
-    /// Where new doorbells are registered.
-    pub(crate) uar_base: Option<u64>,
-}
-
-impl<M> Ctx<'_, M> {
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.env.metrics
     }
 }

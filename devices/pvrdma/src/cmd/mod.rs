@@ -27,9 +27,9 @@ use vm_memory::{ByteValued, GuestMemory};
 use crate::datapath::wire::Wire;
 use crate::error::CmdError;
 use crate::objects::qp::CreateQpResponse;
+use crate::objects::session::Ctx;
 use crate::objects::{cq, ctx, gid, mr, qp, srq};
 use crate::port;
-use crate::state::Ctx;
 
 /// Bytes of a response, header included.
 pub(crate) struct Response {

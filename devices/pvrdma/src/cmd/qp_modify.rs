@@ -23,7 +23,7 @@ use crate::datapath::{self, Input};
 use crate::error::{check, CmdError};
 use crate::objects::get_mut;
 use crate::objects::gid::GidTable;
-use crate::state::Ctx;
+use crate::objects::session::Ctx;
 
 /// QP access flags: local write, remote write/read/atomic, MW bind.
 const QP_ACCESS: u32 = access::LOCAL_WRITE

@@ -16,6 +16,7 @@ use pvrdma_abi::wqe::{event, Cqe};
 use vm_memory::GuestMemory;
 
 use super::ctx::{release_ctx, take_ctx};
+use super::session::Ctx;
 use super::{get, Refs};
 use crate::config::pages_for;
 use crate::env::Env;
@@ -23,7 +24,6 @@ use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ProducerRing, Ring, RingError};
-use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 /// Bytes of one CQE.

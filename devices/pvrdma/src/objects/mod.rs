@@ -26,6 +26,7 @@ pub(crate) mod ctx;
 pub(crate) mod gid;
 pub(crate) mod mr;
 pub(crate) mod qp;
+pub(crate) mod session;
 pub(crate) mod srq;
 
 use std::collections::BTreeMap;

@@ -26,6 +26,7 @@ use vm_memory::GuestMemory;
 
 use super::cq::Cq;
 use super::ctx::{pd_ctx, release_pd, take_pd, Numbering};
+use super::session::Ctx;
 use super::{get, Objects, KERNEL_CTX};
 use crate::config::pages_for;
 use crate::env::Env;
@@ -34,7 +35,6 @@ use crate::events::EventRings;
 use crate::namespace::{Namespace, GSI_QP};
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring, RingError};
-use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;

@@ -17,6 +17,7 @@ use pvrdma_abi::wqe::{event, rq_stride};
 use vm_memory::GuestMemory;
 
 use super::ctx::{pd_ctx, release_pd, take_pd};
+use super::session::Ctx;
 use super::{get, get_mut, Refs};
 use crate::config::pages_for;
 use crate::env::Env;
@@ -24,7 +25,6 @@ use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring};
-use crate::state::Ctx;
 use crate::uar::{Doorbell, Doorbells};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
