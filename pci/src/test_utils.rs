@@ -54,6 +54,13 @@ impl MockMsi {
         lock(&self.state).irqfds[gsi].read().unwrap_or(0)
     }
 
+    /// A copy of vector `gsi`'s irqfd (non-blocking), to wait on as a
+    /// guest's interrupt handler would; reading it counts as [`Self::fired`]
+    /// does. Panics if `gsi` was never allocated.
+    pub fn irqfd(&self, gsi: usize) -> io::Result<EventFd> {
+        lock(&self.state).irqfds[gsi].try_clone()
+    }
+
     /// The route installed for `gsi`, if any.
     pub fn route(&self, gsi: u32) -> Option<MsiMessage> {
         lock(&self.state).routes.get(&gsi).copied()

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
+use crate::assets::Assets;
+use crate::testhost::{self, Outcome, Scenario};
+
 /// A benchmark's exit: 0 when `result` is Ok, else its error on stderr under the bench's `name`.
 pub fn exit(name: &str, result: Result<(), String>) -> ExitCode {
     match result {
@@ -17,6 +20,16 @@ pub fn exit(name: &str, result: Result<(), String>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a bench's scenario in a test host: its outcome, or an error if it could not run or
+/// did not exit 0.
+pub fn run_scenario(scenario: &Scenario, assets: &Assets) -> Result<Outcome, String> {
+    let outcome = testhost::run(scenario, assets).map_err(|e| e.to_string())?;
+    if outcome.exit_code != Some(0) {
+        return Err(format!("scenario failed\n{}", outcome.context()));
+    }
+    Ok(outcome)
 }
 
 /// A count of one or more, for the benchmarks' numeric arguments.

@@ -77,6 +77,12 @@ impl Outcome {
         self.out.join(name)
     }
 
+    /// The text of a file the scenario wrote to `$OUT`; the error names the file.
+    pub fn read(&self, name: &str) -> std::result::Result<String, String> {
+        let path = self.file(name);
+        fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
     /// A failure message: `what`, the last `lines` lines of each of `logs` (files in `$OUT`; the
     /// missing ones are skipped) and [`Outcome::context`].
     pub fn failure(&self, what: &str, logs: &[String], lines: usize) -> String {

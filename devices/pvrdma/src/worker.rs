@@ -492,7 +492,8 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Whether a same-host ring has no room for a segment, or frames wait
-    /// for room: QPs deferred for room wait for the timer then.
+    /// for room: QPs deferred for room wait for more room (the next piece
+    /// of work, see [`Worker::finish`]) or the timer then.
     fn channel_short(&self) -> bool {
         self.shared
             .wire
@@ -780,9 +781,11 @@ impl<M: GuestAddressSpace> Stoppable for Worker<M> {
             return self.take_local();
         }
         let spin = shared.env.config.busy_poll;
-        // QPs waiting for room in a peer's ring wait for the consumer:
-        // polling would only take CPU from it (the timer comes back).
-        let polling = !self.deferred && self.worked_at.is_some_and(|t| t.elapsed() < spin);
+        // Also while QPs wait for room in a peer's ring: the peer's ACKs
+        // (in our ring, taken without a kick while we poll) make the room,
+        // and each resumes them (`finish`); asleep, the worker waited for
+        // a kick of each or for its timer.
+        let polling = self.worked_at.is_some_and(|t| t.elapsed() < spin);
         if polling {
             let yielded = Instant::now();
             std::thread::yield_now();

@@ -7,13 +7,12 @@
 //! Inside the nested test host every figure is ~50x native: only the ratio means something.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use e2e::bench::{self, median};
-use e2e::testhost::{self, Hosts, Scenario};
+use e2e::testhost::{Hosts, Scenario};
 use e2e::{assets, binaries};
 
 const QEMU: &str = "qemu-microvm";
@@ -53,12 +52,8 @@ fn run(Args { runs }: Args) -> Result<(), String> {
         // Several L2 guests in one L1: single-threaded TCG (see Hosts::One).
         hosts: Hosts::One { l1_cpus: 1 },
     };
-    let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
-    if outcome.exit_code != Some(0) {
-        return Err(format!("scenario failed\n{}", outcome.context()));
-    }
-    let tsv_path = outcome.file("bench.tsv");
-    let tsv = fs::read_to_string(&tsv_path).map_err(|e| format!("{}: {e}", tsv_path.display()))?;
+    let outcome = bench::run_scenario(&scenario, &assets)?;
+    let tsv = outcome.read("bench.tsv")?;
     let samples = measured_samples(&tsv);
 
     println!(

@@ -22,7 +22,6 @@
 //! test host the copy runs at TCG speed: the absolute times say nothing about a real host, the
 //! ratios a little. docs/benchmarks.md has the figures and their reading.
 
-use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use clap::Parser;
 use e2e::bench::{loadavg, median, pair_failures};
 use e2e::blackout::{vmm_logs, Stages};
 use e2e::results::KeyValues;
-use e2e::testhost::{self, Hosts, Scenario};
+use e2e::testhost::{Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
 /// The QP count of the baseline cell.
@@ -404,15 +403,9 @@ fn run(args: &Args) -> Result<(), String> {
         hosts: Hosts::One { l1_cpus: 1 },
     };
     let load_before = loadavg();
-    let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
+    let outcome = bench::run_scenario(&scenario, &assets)?;
     let load_after = loadavg();
-    if outcome.exit_code != Some(0) {
-        return Err(format!("scenario failed\n{}", outcome.context()));
-    }
-    let read = |name: &str| {
-        let path = outcome.file(name);
-        fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-    };
+    let read = |name: &str| outcome.read(name);
     let mut migrations = parse_tsv(&read("bench.tsv").unwrap_or_default());
     for memory in &args.memory {
         let prefix = format!("bench-mig-{memory}-");

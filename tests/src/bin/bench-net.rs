@@ -10,13 +10,12 @@
 //! ratio means something.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use e2e::bench::{self, median};
-use e2e::testhost::{self, Hosts, Scenario};
+use e2e::testhost::{Hosts, Scenario};
 use e2e::{assets, binaries};
 
 const QEMU: &str = "qemu";
@@ -82,12 +81,8 @@ fn run(args: Args) -> Result<(), String> {
         // Two L2 guests at a time: single-threaded TCG (see Hosts::One).
         hosts: Hosts::One { l1_cpus: 1 },
     };
-    let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
-    if outcome.exit_code != Some(0) {
-        return Err(format!("scenario failed\n{}", outcome.context()));
-    }
-    let tsv_path = outcome.file("bench.tsv");
-    let tsv = fs::read_to_string(&tsv_path).map_err(|e| format!("{}: {e}", tsv_path.display()))?;
+    let outcome = bench::run_scenario(&scenario, &assets)?;
+    let tsv = outcome.read("bench.tsv")?;
     let rounds = parse_tsv(&tsv);
 
     println!(

@@ -19,14 +19,13 @@
 //! worse): only the ratios mean something.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
 use e2e::bench::{loadavg, median, pair_failures};
 use e2e::results::KeyValues;
-use e2e::testhost::{self, Hosts, Scenario};
+use e2e::testhost::{Hosts, Scenario};
 use e2e::{assets, bench, binaries};
 
 /// The configurations, in the order the scenario runs them: (name in the scenario, label).
@@ -264,15 +263,9 @@ fn run(args: &Args) -> Result<(), String> {
         hosts: Hosts::One { l1_cpus: 1 },
     };
     let load_before = loadavg();
-    let outcome = testhost::run(&scenario, &assets).map_err(|e| e.to_string())?;
+    let outcome = bench::run_scenario(&scenario, &assets)?;
     let load_after = loadavg();
-    if outcome.exit_code != Some(0) {
-        return Err(format!("scenario failed\n{}", outcome.context()));
-    }
-    let read = |name: &str| {
-        let path = outcome.file(name);
-        fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
-    };
+    let read = |name: &str| outcome.read(name);
     let rounds = parse_tsv(&read("bench.tsv").unwrap_or_default());
     let env = KeyValues::read(&outcome.file("bench.env")).map_err(|e| e.to_string())?;
 

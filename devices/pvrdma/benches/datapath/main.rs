@@ -5,17 +5,20 @@
 //! - RDMA WRITE, RDMA READ and SEND bandwidth, 4 KiB, 64 KiB and 1 MiB
 //!   messages, 1 and 16 QPs (16 signaled WRs in flight in all), between
 //!   two devices over the same-host channel, against a single-core memcpy
-//!   of the same bytes;
+//!   of the same bytes; the driver polls its CQs, and beside that figure
+//!   sleeps on their interrupt instead ([`Reap`]);
 //! - the message rate of 64-byte SENDs, 1 and 16 QPs;
 //! - 8-byte RDMA WRITE with immediate, post to the peer's receive
-//!   completion, against a one-way eventfd hand-off between two threads.
+//!   completion, against one-way eventfd hand-offs between two threads
+//!   ([`Handoff`]; goal 2's baseline is the one pinned to one CPU, the
+//!   only one that is not bimodal on this VM).
 //!
 //! Both devices are driven by simulated guest drivers; completions are
 //! polled the way a guest polls its CQ. Every figure is the median of
 //! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
-//! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send` and
-//! `count=N` for another stream), no baseline (for
+//! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send`,
+//! `count=N` and `cq=sleep` for another stream), no baseline (for
 //! `valgrind --tool=callgrind --separate-threads=yes`), and prints the
 //! data path's events per WRITE (frames, kicks, doorbells). `poll=US` sets
 //! how long the device workers busy-poll after work (0 for callgrind,
@@ -26,6 +29,7 @@
 //! `-- wire profile` moves 512 WRITEs of 64 KiB over it once.
 
 use std::hint::black_box;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use pvrdma::sim_driver::endpoint::{GID_A, GID_B, IOVA, MAC_A, MAC_B, RIGHTS};
@@ -33,7 +37,7 @@ use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::{QpSpec, RcPath, SimCq, SimDriver, SimQp};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 mod wire;
 
@@ -49,6 +53,32 @@ const MR_LEN: u64 = 1 << 20;
 const RUN_BYTES: u64 = 32 << 20;
 /// Pings per latency run.
 const PINGS: usize = 1000;
+/// The MSI-X vector the device signals CQ notifications on (vector 0 is
+/// the command channel's, 1 the async events').
+const CQ_VECTOR: usize = 2;
+
+/// How the simulated driver learns of completions in a bandwidth run.
+#[derive(Clone, Copy, PartialEq)]
+enum Reap {
+    /// Polls its CQs, yielding the CPU between polls: a spinning
+    /// `ibv_poll_cq` loop, a thread that competes with the device's
+    /// workers for the CPUs.
+    Poll,
+    /// Polls its CQs until they are empty, arms them and polls once more
+    /// (`ibv_req_notify_cq`), then sleeps on the CQ's MSI-X vector
+    /// (`ibv_get_cq_event`): the driver of a guest that streams and
+    /// leaves the CPUs to the device while it waits.
+    Sleep,
+}
+
+impl Reap {
+    fn name(self) -> &'static str {
+        match self {
+            Reap::Poll => "poll",
+            Reap::Sleep => "sleep",
+        }
+    }
+}
 
 /// One device: a PD, a CQ, [`QPS`] RC QPs and a 1 MiB MR at [`IOVA`].
 struct Side {
@@ -56,6 +86,9 @@ struct Side {
     cq: SimCq,
     qps: Vec<SimQp>,
     key: u32,
+    /// The MSI-X vector of CQ notifications, which a sleeping driver
+    /// waits on ([`Reap::Sleep`]).
+    cq_irq: EventFd,
 }
 
 impl Side {
@@ -72,11 +105,13 @@ impl Side {
         };
         let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
         let (mr, _) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
+        let cq_irq = sim.msi.irqfd(CQ_VECTOR).expect("CQ vector");
         Side {
             sim,
             cq,
             qps,
             key: mr.lkey,
+            cq_irq,
         }
     }
 
@@ -170,6 +205,7 @@ impl Pair {
             "roce_local_kicks",
             "roce_local_copied",
             "doorbell_qp",
+            "doorbell_cq_arm",
         ]
         .into_iter()
         .map(|n| (n, self.a.sim.metric(n), self.b.sim.metric(n)))
@@ -179,13 +215,18 @@ impl Pair {
     /// Frames of both devices that went to a same-host peer through a
     /// buffer instead of being built in its ring (its ring was full).
     fn copied(&self) -> u64 {
-        self.a.sim.metric("roce_local_copied") + self.b.sim.metric("roce_local_copied")
+        self.both("roce_local_copied")
+    }
+
+    /// Device counter `name` of A and B together.
+    fn both(&self, name: &str) -> u64 {
+        self.a.sim.metric(name) + self.b.sim.metric(name)
     }
 
     /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
     /// over the first `qps` QPs, [`DEPTH`] in flight in all; SENDs land
     /// in receives B keeps posted. Returns the elapsed time.
-    fn transfer(&self, opcode: u32, len: u32, qps: usize, count: usize) -> Duration {
+    fn transfer(&self, opcode: u32, len: u32, qps: usize, count: usize, reap: Reap) -> Duration {
         let (a, b) = (&self.a, &self.b);
         let send = opcode == wr::SEND;
         let mut recvs = self.recvs.borrow_mut();
@@ -203,7 +244,9 @@ impl Pair {
         let t0 = Instant::now();
         let (mut posted, mut done, mut received) = (0, 0, 0);
         let mut spins = 0u32;
+        let mut armed = false;
         while done < count || (send && received < count) {
+            let reaped = done + received;
             for i in 0..qps {
                 while posted < count && inflight[i] < depth && (!send || recvs[i] > 0) {
                     a.post(i, posted as u64, opcode, len, b.key, 0);
@@ -226,13 +269,56 @@ impl Pair {
                     received += 1;
                 }
             }
-            std::thread::yield_now();
+            match reap {
+                Reap::Poll => std::thread::yield_now(),
+                // Nothing new: arm, and look once more before sleeping (a
+                // CQE written before the arm raises no notification).
+                Reap::Sleep if done + received == reaped && !armed => {
+                    a.sim.arm_cq(&a.cq, false);
+                    if send {
+                        b.sim.arm_cq(&b.cq, false);
+                    }
+                    armed = true;
+                }
+                Reap::Sleep if done + received == reaped => {
+                    self.sleep_on_cqs(send);
+                    armed = false;
+                }
+                // An arm left pending fires later; the vector remembers it.
+                Reap::Sleep => {}
+            }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) {
                 assert!(Instant::now() < deadline, "no progress in 60 s");
             }
         }
         t0.elapsed()
+    }
+
+    /// Sleeps until A's CQ (and B's, for `send`) notifies, at most a
+    /// second, then takes the notifications.
+    fn sleep_on_cqs(&self, send: bool) {
+        let sides: &[&Side] = if send {
+            &[&self.a, &self.b]
+        } else {
+            &[&self.a]
+        };
+        let mut fds: Vec<libc::pollfd> = sides
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.cq_irq.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds, which poll
+        // only writes the `revents` of.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1000) };
+        assert!(rc >= 0, "poll: {}", std::io::Error::last_os_error());
+        for s in sides {
+            let _ = s.cq_irq.read();
+            s.sim.cq_notifications();
+        }
     }
 
     /// 8-byte WRITE_WITH_IMM from A's QP 0: post to B's CQE. The
@@ -286,13 +372,65 @@ fn memcpy_bandwidth(len: usize, count: usize) -> f64 {
     (count * len) as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// One way of an eventfd ping-pong between two threads.
-fn eventfd_latency() -> Duration {
-    let (ping, pong) = (EventFd::new(0).unwrap(), EventFd::new(0).unwrap());
+/// How the two threads of the eventfd baseline wait for each other's
+/// signal, for [`eventfd_latency`].
+#[derive(Clone, Copy)]
+enum Handoff {
+    /// Blocked in `read`, wherever the scheduler puts them: on this VM
+    /// either about 2 us (the woken thread runs on the writer's CPU, or on
+    /// a busy one) or 20-30 us (an idle vCPU has to be woken), from run to
+    /// run.
+    Blocked,
+    /// Blocked in `read`, both pinned to one CPU: every wake-up is the
+    /// same-CPU switch, never an idle vCPU's wake-up.
+    SameCpu,
+    /// Never blocked: each polls its non-blocking eventfd, yielding the
+    /// CPU between looks, as the device's workers busy-poll.
+    Polled,
+}
+
+/// Pins the calling thread to `cpu`; returns the CPU set it had.
+fn pin_to(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data, all zero is an empty set; the
+    // calls get its size and write only the set passed.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(libc::sched_getaffinity(0, size, &mut old), 0);
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &set),
+            0,
+            "pin to CPU {cpu}"
+        );
+        old
+    }
+}
+
+/// One way of an eventfd ping-pong between two threads that wait as
+/// `how` says.
+fn eventfd_latency(how: Handoff) -> Duration {
+    let flags = match how {
+        Handoff::Polled => EFD_NONBLOCK,
+        Handoff::Blocked | Handoff::SameCpu => 0,
+    };
+    let (ping, pong) = (EventFd::new(flags).unwrap(), EventFd::new(flags).unwrap());
     let (ping2, pong2) = (ping.try_clone().unwrap(), pong.try_clone().unwrap());
+    let wait = move |e: &EventFd| {
+        while e.read().is_err() {
+            std::thread::yield_now();
+        }
+    };
+    // SAFETY: sched_getcpu takes no argument.
+    let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("a CPU");
+    let pinned = matches!(how, Handoff::SameCpu).then(|| pin_to(cpu));
     let echo = std::thread::spawn(move || {
+        if pinned.is_some() {
+            pin_to(cpu);
+        }
         for _ in 0..PINGS {
-            ping2.read().unwrap();
+            wait(&ping2);
             pong2.write(1).unwrap();
         }
     });
@@ -300,10 +438,15 @@ fn eventfd_latency() -> Duration {
     for _ in 0..PINGS {
         let t0 = Instant::now();
         ping.write(1).unwrap();
-        pong.read().unwrap();
+        wait(&pong);
         samples.push(t0.elapsed() / 2);
     }
     echo.join().unwrap();
+    if let Some(old) = pinned {
+        // SAFETY: `old` is the set this thread had, of the size passed.
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&old), &old) };
+        assert_eq!(rc, 0, "unpin");
+    }
     median(samples)
 }
 
@@ -342,10 +485,19 @@ fn main() {
             .iter()
             .find_map(|a| a.strip_prefix("count=")?.parse().ok())
             .unwrap_or(512);
+        // `cq=sleep`: the driver sleeps on its CQ's interrupt.
+        let reap = match args.iter().find_map(|a| a.strip_prefix("cq=")) {
+            Some("sleep") => Reap::Sleep,
+            _ => Reap::Poll,
+        };
         let before = pair.counters();
-        let t = pair.transfer(op, 64 << 10, 1, count as usize);
+        let t = pair.transfer(op, 64 << 10, 1, count as usize, reap);
         let rate = f64::from(count) * f64::from(1u32 << 16) / t.as_secs_f64();
-        println!("{name} 64 KiB, 1 QP, {count} once: {:.0} MiB/s", mib(rate));
+        println!(
+            "{name} 64 KiB, 1 QP, {count} once, CQ {}: {:.0} MiB/s",
+            reap.name(),
+            mib(rate)
+        );
         println!("per {name}, A / B:");
         for ((name, a0, b0), (_, a1, b1)) in before.iter().zip(pair.counters()) {
             let per = |x: u64, x0: &u64| (x - x0) as f64 / f64::from(count);
@@ -374,7 +526,10 @@ fn mib(bps: f64) -> f64 {
 }
 
 fn bandwidth(pair: &Pair) {
-    println!("bandwidth, median of {RUNS} runs, {DEPTH} in flight in all");
+    println!(
+        "bandwidth, median of {RUNS} runs, {DEPTH} in flight in all; the driver polls its CQs \
+         (yielding between polls), and beside it sleeps on their interrupt (runs alternate)"
+    );
     for len in [4u32 << 10, 64 << 10, 1 << 20] {
         let count = (RUN_BYTES / u64::from(len)).max(64) as usize;
         let copy = median(
@@ -394,21 +549,28 @@ fn bandwidth(pair: &Pair) {
         ] {
             for qps in [1, QPS] {
                 let copied = pair.copied();
-                let rate = median(
-                    (0..RUNS)
-                        .map(|_| {
-                            let t = pair.transfer(op, len, qps, count);
-                            (count as f64 * f64::from(len)) / t.as_secs_f64()
-                        })
-                        .collect(),
-                );
+                let kicked = pair.both("roce_local_kicks");
+                // The two modes' runs alternate, so that both see the
+                // same minutes of the machine.
+                let mut rates = [Vec::new(), Vec::new()];
+                for _ in 0..RUNS {
+                    for (r, reap) in rates.iter_mut().zip([Reap::Poll, Reap::Sleep]) {
+                        let t = pair.transfer(op, len, qps, count, reap);
+                        r.push((count as f64 * f64::from(len)) / t.as_secs_f64());
+                    }
+                }
+                let [poll, sleep] = rates.map(median);
                 println!(
                     "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}  \
-                     frames not built in the ring {}",
+                     | CQ sleep: {:>8.0} MiB/s  {:.3}  | frames not built in the ring {}  \
+                     | kicks per message {:.2}",
                     len >> 10,
-                    mib(rate),
-                    rate / copy,
-                    pair.copied() - copied
+                    mib(poll),
+                    poll / copy,
+                    mib(sleep),
+                    sleep / copy,
+                    pair.copied() - copied,
+                    (pair.both("roce_local_kicks") - kicked) as f64 / (2 * RUNS * count) as f64
                 );
             }
         }
@@ -423,26 +585,44 @@ fn message_rate(pair: &Pair) {
         let count = 20_000;
         let rate = median(
             (0..RUNS)
-                .map(|_| count as f64 / pair.transfer(wr::SEND, 64, qps, count).as_secs_f64())
+                .map(|_| {
+                    let t = pair.transfer(wr::SEND, 64, qps, count, Reap::Poll);
+                    count as f64 / t.as_secs_f64()
+                })
                 .collect(),
         );
         println!("  {qps:>2} QP: {rate:>9.0} messages/s");
     }
 }
 
-/// Runs of the eventfd baseline and of the RDMA ping alternate, so that
-/// each ratio compares two measurements taken a moment apart: the
-/// baseline swings from 2 to 30 us between runs on a shared VM.
+/// Runs of the eventfd baselines and of the RDMA ping alternate, so that
+/// each ratio compares measurements taken a moment apart. Three
+/// baselines ([`Handoff`]): the blocked hand-off swings between its two
+/// modes from run to run on this VM; the pinned one is the blocked
+/// hand-off without an idle vCPU's wake-up; the polled one is the
+/// hand-off between two threads that poll as the busy-polling workers do.
 fn latency(pair: &Pair) {
-    let kicks = || pair.a.sim.metric("roce_local_kicks") + pair.b.sim.metric("roce_local_kicks");
+    let kicks = || pair.both("roce_local_kicks");
     let kicked = kicks();
-    let (mut lat, mut efd, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    let baselines = [
+        ("eventfd, blocked", Handoff::Blocked),
+        ("eventfd, blocked, one CPU", Handoff::SameCpu),
+        ("eventfd, polled", Handoff::Polled),
+    ];
+    let mut lat = Vec::new();
+    let mut base = vec![Vec::new(); baselines.len()];
+    let mut ratio = vec![Vec::new(); baselines.len()];
     for _ in 0..RUNS {
-        let e = eventfd_latency().as_secs_f64() * 1e6;
+        let e: Vec<f64> = baselines
+            .iter()
+            .map(|&(_, how)| eventfd_latency(how).as_secs_f64() * 1e6)
+            .collect();
         let l = pair.write_latency().as_secs_f64() * 1e6;
         lat.push(l);
-        efd.push(e);
-        ratio.push(l / e);
+        for (k, e) in e.into_iter().enumerate() {
+            base[k].push(e);
+            ratio[k].push(l / e);
+        }
     }
     let each = |v: &[f64]| {
         v.iter()
@@ -450,22 +630,21 @@ fn latency(pair: &Pair) {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    println!("latency, median of {RUNS} runs of {PINGS}, the two interleaved");
+    println!("latency, median of {RUNS} runs of {PINGS}, the baselines' runs interleaved");
     println!(
-        "  8-byte WRITE_WITH_IMM post -> peer's CQE: {:.1} us  ({})",
+        "  8-byte WRITE_WITH_IMM post -> peer's CQE: {:>5.1} us  ({})",
         median(lat.clone()),
         each(&lat)
     );
-    println!(
-        "  eventfd one-way hand-off:                 {:.1} us  ({})",
-        median(efd.clone()),
-        each(&efd)
-    );
-    println!(
-        "  ratio (RDMA / eventfd of the same run):   {:.1}  ({})",
-        median(ratio.clone()),
-        each(&ratio)
-    );
+    for (k, (name, _)) in baselines.iter().enumerate() {
+        println!(
+            "  one-way {name:<26} {:>5.1} us  ({}); ratio {:.1} ({})",
+            median(base[k].clone()),
+            each(&base[k]),
+            median(ratio[k].clone()),
+            each(&ratio[k])
+        );
+    }
     // A kick wakes a worker that slept: busy-polling workers need few.
     let pings = (RUNS * PINGS) as f64;
     println!(

@@ -37,7 +37,7 @@ use pvrdma::sim_driver::ib::wr;
 use pvrdma::sim_driver::{RcPath, SimDriver};
 use pvrdma::PvrdmaConfig;
 
-use crate::{median, mib, Pair, RUNS, RUN_BYTES};
+use crate::{median, mib, Pair, Reap, RUNS, RUN_BYTES};
 
 /// The RDMA message of the comparison.
 const MSG: u32 = 64 << 10;
@@ -429,7 +429,9 @@ pub fn run(profile: bool) {
         let size = 128usize << path_mtu;
         let wire = WirePair::new(mtu, path_mtu);
         let transfer = |count| {
-            let t = wire.pair.transfer(wr::RDMA_WRITE, MSG, 1, count);
+            let t = wire
+                .pair
+                .transfer(wr::RDMA_WRITE, MSG, 1, count, Reap::Poll);
             (count as f64 * f64::from(MSG)) / t.as_secs_f64()
         };
         if profile {

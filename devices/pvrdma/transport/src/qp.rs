@@ -737,6 +737,14 @@ impl Qp {
         if starting && next_needs_response && self.outstanding_rd_atomic() >= limit {
             return false;
         }
+        // A WRITE or SEND queued behind this WQE goes out without waiting
+        // for a response (a READ or atomic may wait for earlier ones, a
+        // local operation sends nothing): [`req_step`]'s `follows`.
+        let follows = self.sq.get(self.next.saturating_add(1)).is_some_and(|s| {
+            s.done.is_none()
+                && !s.e.wqe.opcode.needs_response()
+                && !matches!(s.e.wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr)
+        });
         let Some(slot) = self.sq.get_mut(self.next) else {
             return false;
         };
@@ -747,7 +755,7 @@ impl Qp {
         if self.req.offset == 0 && self.req.prev.is_none() {
             slot.first_psn = Some(self.req.psn);
         }
-        match req_step(&mut self.req, &slot.e.wqe, &ra) {
+        match req_step(&mut self.req, &slot.e.wqe, &ra, follows) {
             ReqStep::Packet {
                 hdrs,
                 payload_off,

@@ -106,7 +106,8 @@ pub struct ReqState {
     pub offset: u32,
     /// Opcode of the previous packet of the current message.
     pub prev: Option<Opcode>,
-    /// Packets of the current message since the last AckReq.
+    /// PSNs sent since the last AckReq (of this message, or of earlier
+    /// ones that asked for none: [`req_step`]'s `follows`).
     pub since_ack_req: u32,
 }
 
@@ -222,7 +223,17 @@ pub fn window(a: &ReqAttrs) -> u32 {
 }
 
 /// Plans the next packet of `wqe` and advances `st` as if it were sent.
-pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
+///
+/// `follows`: another message goes out right behind this one (the send
+/// queue holds a WRITE or SEND after it, which waits for no response).
+/// While the QP sends segments, a message with one behind it asks for no
+/// ACK of its own: the last of a run does, and one every half window. So
+/// a stream's ACKs are one per run of messages the requester sends
+/// however the receiver takes them; a receiver that kept up with the
+/// ring used to ACK every message, one that lagged every batch of four
+/// (docs/benchmarks.md, `speed6`). On a wire every message asks, as
+/// rxe's do.
+pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs, follows: bool) -> ReqStep {
     if matches!(wqe.opcode, WrOpcode::LocalInv | WrOpcode::RegMr) {
         return ReqStep::Local;
     }
@@ -251,7 +262,8 @@ pub fn req_step(st: &mut ReqState, wqe: &SendWqe, a: &ReqAttrs) -> ReqStep {
     // segment those of the MTU packets it stands for.
     let psns = read_psns(if is_read { rest } else { payload_len }, mtu);
     st.since_ack_req = st.since_ack_req.saturating_add(psns);
-    let ack_req = !a.ud && (done || st.since_ack_req >= window.div_ceil(2));
+    let asks = done && !(follows && seg > mtu);
+    let ack_req = !a.ud && (asks || st.since_ack_req >= window.div_ceil(2));
     if ack_req {
         st.since_ack_req = 0;
     }
@@ -456,7 +468,7 @@ mod tests {
         let w = wqe(WrOpcode::SendWithImm, 2500);
         let mut got = vec![];
         loop {
-            match req_step(&mut st, &w, &RC) {
+            match req_step(&mut st, &w, &RC, false) {
                 ReqStep::Packet {
                     hdrs,
                     payload_off,
@@ -504,7 +516,7 @@ mod tests {
             payload_len,
             done,
             ..
-        } = req_step(&mut st, &w, &a)
+        } = req_step(&mut st, &w, &a, false)
         {
             got.push((
                 hdrs.bth.opcode,
@@ -545,7 +557,7 @@ mod tests {
             let mut st = ReqState::default();
             let w = wqe(WrOpcode::RdmaWrite, 4 << 20);
             let mut ack_reqs = vec![];
-            while let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &a) {
+            while let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &a, false) {
                 if hdrs.bth.ack_req {
                     ack_reqs.push(st.psn.get());
                 }
@@ -562,10 +574,10 @@ mod tests {
             ..ReqState::default()
         };
         let w = wqe(WrOpcode::RdmaWrite, 1 << 20);
-        assert_eq!(req_step(&mut st, &w, &RC), ReqStep::WindowFull);
+        assert_eq!(req_step(&mut st, &w, &RC, false), ReqStep::WindowFull);
         st.una = Psn::new(1024 - 127);
         assert!(matches!(
-            req_step(&mut st, &w, &RC),
+            req_step(&mut st, &w, &RC, false),
             ReqStep::Packet {
                 payload_len: 1024,
                 ..
@@ -581,7 +593,7 @@ mod tests {
             payload_len,
             done,
             ..
-        } = req_step(&mut st, &wqe(WrOpcode::RdmaRead, 3000), &RC)
+        } = req_step(&mut st, &wqe(WrOpcode::RdmaRead, 3000), &RC, false)
         else {
             panic!()
         };
@@ -607,7 +619,7 @@ mod tests {
         };
         let psn = rewind(&mut st, &read, first, first.add(2), RC.mtu);
         assert_eq!(psn, Psn::new(1));
-        let ReqStep::Packet { hdrs, done, .. } = req_step(&mut st, &read, &RC) else {
+        let ReqStep::Packet { hdrs, done, .. } = req_step(&mut st, &read, &RC, false) else {
             panic!()
         };
         assert_eq!((hdrs.bth.psn, done), (Psn::new(1), true));
@@ -616,7 +628,7 @@ mod tests {
         assert_eq!((st.psn, st.offset, st.prev), (Psn::new(2), 0, None));
         // From its first PSN, the whole READ.
         rewind(&mut st, &read, first, first, RC.mtu);
-        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &read, &RC) else {
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &read, &RC, false) else {
             panic!()
         };
         assert_eq!(hdrs.reth.map(|r| (r.va, r.len)), Some((0x10_0000, 3000)));
@@ -626,7 +638,7 @@ mod tests {
         rewind(&mut st, &write, first, first.add(1), RC.mtu);
         let ReqStep::Packet {
             hdrs, payload_off, ..
-        } = req_step(&mut st, &write, &RC)
+        } = req_step(&mut st, &write, &RC, false)
         else {
             panic!()
         };
@@ -649,7 +661,7 @@ mod tests {
             swap: 2,
             ..Remote::default()
         };
-        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &RC) else {
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &RC, false) else {
             panic!()
         };
         assert_eq!(
@@ -667,7 +679,7 @@ mod tests {
             payload_len,
             done,
             ..
-        } = req_step(&mut st, &wqe(WrOpcode::Send, 0), &RC)
+        } = req_step(&mut st, &wqe(WrOpcode::Send, 0), &RC, false)
         else {
             panic!()
         };
@@ -677,11 +689,11 @@ mod tests {
         );
         st.psn = st.una.add(MAX_UNACKED_PSNS);
         assert_eq!(
-            req_step(&mut st, &wqe(WrOpcode::Send, 1), &RC),
+            req_step(&mut st, &wqe(WrOpcode::Send, 1), &RC, false),
             ReqStep::WindowFull
         );
         assert_eq!(
-            req_step(&mut st, &wqe(WrOpcode::LocalInv, 0), &RC),
+            req_step(&mut st, &wqe(WrOpcode::LocalInv, 0), &RC, false),
             ReqStep::Local
         );
     }
@@ -693,7 +705,7 @@ mod tests {
         let mut w = wqe(WrOpcode::Send, 100);
         w.remote.ud_qpn = 1;
         w.remote.ud_qkey = crate::hdr::GSI_QKEY;
-        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &ud) else {
+        let ReqStep::Packet { hdrs, .. } = req_step(&mut st, &w, &ud, false) else {
             panic!()
         };
         assert_eq!(
@@ -705,11 +717,11 @@ mod tests {
         );
         assert_eq!(hdrs.bth.dqpn, 1);
         assert_eq!(
-            req_step(&mut st, &wqe(WrOpcode::Send, 2000), &ud),
+            req_step(&mut st, &wqe(WrOpcode::Send, 2000), &ud, false),
             ReqStep::CqeErr(WcStatus::LocLenErr)
         );
         assert_eq!(
-            req_step(&mut st, &wqe(WrOpcode::RdmaWrite, 1), &ud),
+            req_step(&mut st, &wqe(WrOpcode::RdmaWrite, 1), &ud, false),
             ReqStep::CqeErr(WcStatus::LocQpOpErr)
         );
     }

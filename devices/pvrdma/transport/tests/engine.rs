@@ -484,13 +484,17 @@ fn segments_on_the_same_host_channel_and_a_switch_to_the_wire() {
     }
 }
 
-/// A run of same-host requests that each ask for an ACK (a stream of
-/// WRITEs, taken from the ring in one batch) is answered with one ACK,
-/// of the last PSN, when the run ends (`flush`); from a wire each gets
-/// its own, as rxe does. The requester completes all of them either way.
+/// A stream of same-host WRITEs is answered with one ACK, of the last
+/// PSN, however the receiver takes it: in one batch from the ring (a run
+/// whose ACKs are held until its end, `flush`), or one request per run,
+/// as a receiver that keeps up with its ring does (only the last request
+/// of the sender's run asks for an ACK). From a wire every request asks
+/// and gets its own, as rxe's do. The requester completes all of them
+/// either way.
 #[test]
-fn same_host_requests_of_one_run_get_one_ack() {
-    for same_host in [true, false] {
+fn same_host_streams_get_one_ack_however_the_receiver_takes_them() {
+    for (same_host, one_run) in [(true, true), (true, false), (false, true), (false, false)] {
+        let case = format!("same host: {same_host}, one run: {one_run}");
         let mut w = World::new(0xff_fffe, false);
         w.same_host = same_host;
         for n in &mut w.n {
@@ -505,13 +509,18 @@ fn same_host_requests_of_one_run_get_one_ack() {
         let requests = std::mem::take(&mut w.n[0].out.0);
         assert_eq!(requests.len(), 4);
         let b = &mut w.n[1];
+        let mut asked = Vec::new();
         for f in &requests {
             let pkt = if same_host {
                 parse_unsealed(f).unwrap()
             } else {
                 parse(f).unwrap()
             };
+            asked.push(pkt.hdrs.bth.ack_req);
             b.on_packet(&pkt, 0);
+            if !one_run {
+                b.flush(0);
+            }
         }
         b.flush(0);
         let acks: Vec<u32> = b
@@ -521,14 +530,42 @@ fn same_host_requests_of_one_run_get_one_ack() {
             .map(|f| parse(f).unwrap().hdrs.bth.psn.get())
             .collect();
         if same_host {
-            assert_eq!(acks, [0x01], "one ACK, of the last PSN");
+            assert_eq!(asked, [false, false, false, true], "{case}");
+            assert_eq!(acks, [0x01], "one ACK, of the last PSN; {case}");
         } else {
-            assert_eq!(acks, [0xff_fffe, 0xff_ffff, 0, 1]);
+            assert_eq!(asked, [true; 4], "{case}");
+            assert_eq!(acks, [0xff_fffe, 0xff_ffff, 0, 1], "{case}");
         }
         w.run(100);
-        assert_eq!(w.wcs(0, true).len(), 4, "same host: {same_host}");
+        assert_eq!(w.wcs(0, true).len(), 4, "{case}");
         assert_eq!(w.n[1].mem.buf[8192..8992], w.n[0].mem.buf[..800]);
     }
+}
+
+/// A same-host WRITE with a READ queued behind it still asks for its ACK:
+/// the READ may wait for earlier READs' responses, and the WRITE must
+/// not wait for a retransmission timeout meanwhile.
+#[test]
+fn a_same_host_write_before_a_read_asks_for_its_ack() {
+    let mut w = World::new(100, false);
+    w.same_host = true;
+    for n in &mut w.n {
+        n.qp.set_segment(MAX_SEGMENT);
+    }
+    w.fill(0);
+    w.post(0, WrOpcode::RdmaWrite, 200, 0, remote(4096));
+    w.post(0, WrOpcode::RdmaWrite, 200, 200, remote(4296));
+    w.post(0, WrOpcode::RdmaRead, 16, 400, remote(0));
+    w.n[0].flush(0);
+    let asked: Vec<bool> = w.n[0]
+        .out
+        .0
+        .iter()
+        .map(|f| parse_unsealed(f).unwrap().hdrs.bth.ack_req)
+        .collect();
+    assert_eq!(asked, [false, true, true]);
+    w.run(100);
+    assert_eq!(w.wcs(0, true).len(), 3);
 }
 
 /// Many small READs outstanding on a lossy link: lost requests and
