@@ -35,7 +35,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::datapath::local::{Batch, KickWatch, Wake};
-use crate::datapath::{self, Input, Outcome, SEGMENT_ROOM};
+use crate::datapath::{self, Input, SEGMENT_ROOM};
 
 use crate::datapath::wire::Wire;
 use crate::env::Env;
@@ -236,8 +236,21 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// Takes what a run of QP `handle` left: frames to send, more work.
-    fn finish_run(&mut self, objects: &Objects, handle: u32, out: Outcome) {
+    /// Runs QP `handle` for `input` at `now`, then takes what the run
+    /// left: frames to send, more work.
+    #[allow(clippy::too_many_arguments)]
+    fn run_qp(
+        &mut self,
+        mem: &M::M,
+        env: &Env,
+        events: &mut EventRings,
+        objects: &mut Objects,
+        handle: u32,
+        now: u64,
+        input: Input<'_>,
+    ) {
+        let wire = &self.shared.wire;
+        let out = datapath::run_qp(mem, env, wire, events, objects, handle, now, input);
         let frames = self.shared.route(&objects.gids, out.frames);
         self.outgoing.extend(frames);
         if out.more && self.busy.insert(handle) {
@@ -282,17 +295,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 Some(o) if o.engine.is_some() => {
                     env.metrics.doorbell_qp.inc();
                     let now = env.clock.now();
-                    let out = datapath::run_qp(
-                        mem,
-                        env,
-                        &w.shared.wire,
-                        events,
-                        objects,
-                        handle,
-                        now,
-                        Input::Kick,
-                    );
-                    w.finish_run(objects, handle, out);
+                    w.run_qp(mem, env, events, objects, handle, now, Input::Kick);
                 }
                 Some(_) => qp::handle_doorbell(mem, env, events, objects, handle),
                 None => {}
@@ -384,17 +387,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         pkts: &[Packet<'_>],
     ) {
         let now = env.clock.now();
-        let out = datapath::run_qp(
-            mem,
-            env,
-            &self.shared.wire,
-            events,
-            objects,
-            handle,
-            now,
-            Input::Packets(pkts),
-        );
-        self.finish_run(objects, handle, out);
+        self.run_qp(mem, env, events, objects, handle, now, Input::Packets(pkts));
     }
 
     /// Frames from VMMs of this host: received like steered ones, but
@@ -466,17 +459,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                     .collect()
             };
             for (handle, input) in due {
-                let out = datapath::run_qp(
-                    mem,
-                    env,
-                    &w.shared.wire,
-                    events,
-                    objects,
-                    handle,
-                    now,
-                    input,
-                );
-                w.finish_run(objects, handle, out);
+                w.run_qp(mem, env, events, objects, handle, now, input);
             }
         });
     }
