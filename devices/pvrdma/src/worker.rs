@@ -364,7 +364,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             };
             if current != Some(handle) {
                 if let Some(h) = current {
-                    self.run_packets(mem, env, events, objects, h, &run);
+                    let now = env.clock.now();
+                    self.run_qp(mem, env, events, objects, h, now, Input::Packets(&run));
                 }
                 run.clear();
                 current = Some(handle);
@@ -372,22 +373,9 @@ impl<M: GuestAddressSpace> Worker<M> {
             run.push(pkt);
         }
         if let Some(h) = current {
-            self.run_packets(mem, env, events, objects, h, &run);
+            let now = env.clock.now();
+            self.run_qp(mem, env, events, objects, h, now, Input::Packets(&run));
         }
-    }
-
-    /// Runs QP `handle` on `pkts`.
-    fn run_packets(
-        &mut self,
-        mem: &M::M,
-        env: &Env,
-        events: &mut EventRings,
-        objects: &mut Objects,
-        handle: u32,
-        pkts: &[Packet<'_>],
-    ) {
-        let now = env.clock.now();
-        self.run_qp(mem, env, events, objects, handle, now, Input::Packets(pkts));
     }
 
     /// Frames from VMMs of this host: received like steered ones, but
