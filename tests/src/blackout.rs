@@ -2,13 +2,13 @@
 //! Where a live migration's blackout went, read off the two VMMs' logs: the source's switch-over
 //! line (pause and save, the last dirty memory, the state sent and restored, the hand-over) and
 //! the destination's restore and start lines. The source's blackout ends when the destination
-//! answers `Complete`; the guest runs again only once the destination has started its vCPUs
-//! and resumed its devices, so [`Stages::guest_ms`] adds that.
+//! answers `Complete`; the guest runs again only once the destination has resumed its devices
+//! and let its vCPUs go, so [`Stages::guest_ms`] adds that (split per PCI function).
 
 use std::path::Path;
 
 /// One migration's stages, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Stages {
     /// The source: pausing the vCPUs and devices and saving their state.
     pub pause_save_ms: u64,
@@ -23,8 +23,15 @@ pub struct Stages {
     pub handover_ms: u64,
     /// What the source measured: the sum of the above.
     pub blackout_ms: u64,
-    /// The destination after the hand-over: vCPU threads started, devices resumed.
+    /// The destination after the hand-over: devices resumed, vCPUs let go (their threads are
+    /// spawned before it, with the restore; older VMMs spawned them here).
     pub start_ms: Option<u64>,
+    /// Of that, the devices resuming, and each PCI function's share (`"02.1"`, ms).
+    pub resume_ms: Option<u64>,
+    pub resumed: Vec<(String, u64)>,
+    /// Of the PVRDMA function's, its same-host channel: taking over the MAC's socket and
+    /// offering a new ring to each peer.
+    pub pvrdma_channel_ms: Option<u64>,
 }
 
 impl Stages {
@@ -55,9 +62,33 @@ impl Stages {
                     " ms",
                 )
             });
+            stages.resume_ms = dest.lines().find_map(|l| {
+                number_before(l.split("Started: ").nth(1)?, "devices resumed in ", " ms")
+            });
+            stages.resumed = dest
+                .lines()
+                .find_map(|l| l.split("PCI functions resumed: ").nth(1))
+                .map(parse_functions)
+                .unwrap_or_default();
+            stages.pvrdma_channel_ms = dest.lines().find_map(|l| {
+                let rest = l.split("pvrdma: same-host socket claimed in ").nth(1)?;
+                let claim: u64 = rest.split(" ms").next()?.parse().ok()?;
+                let rings = number_before(rest, " peers in ", " ms")?;
+                Some(claim + rings)
+            });
         }
         Some(stages)
     }
+}
+
+/// "00.0 0 ms, 02.1 35 ms" as (function, ms) pairs; what does not parse is left out.
+fn parse_functions(text: &str) -> Vec<(String, u64)> {
+    text.split(", ")
+        .filter_map(|f| {
+            let (devfn, ms) = f.trim().strip_suffix(" ms")?.split_once(' ')?;
+            Some((devfn.to_string(), ms.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The number between `before` and `after` in `text`.
@@ -107,6 +138,10 @@ mod tests {
     const DEST: &str = "[x INFO ] Listening for a migration on tcp:127.0.0.1:6709\n\
         [x INFO ] PCI functions restored: 00.0 0 ms, 01.0 42 ms, 02.0 32 ms, 02.1 107 ms\n\
         [x INFO ] Restored vCPUs in 21 ms, the VM's irqchip and clocks in 0 ms, devices in 186 ms\n\
+        [x INFO ] Prepared 1 vCPU threads (parked) in 1 ms\n\
+        [x INFO ] pvrdma: same-host socket claimed in 2 ms, rings offered to 1 peers in 30 ms\n\
+        [x INFO ] PCI functions resumed: 00.0 0 ms, 01.0 2 ms, 02.0 4 ms, 02.1 35 ms\n\
+        [x INFO ] Started: vCPU threads in 0 ms, devices resumed in 43 ms, then vCPUs let go in 0 ms\n\
         [x INFO ] Migration received; the VM runs here now (started in 76 ms)\n";
     const OTHER: &str = "[x INFO ] Listening for a migration on tcp:127.0.0.1:6708\n\
         [x INFO ] Migration to tcp:127.0.0.1:6708 completed in 1 ms\n";
@@ -126,12 +161,21 @@ mod tests {
                 handover_ms: 5,
                 blackout_ms: 411,
                 start_ms: Some(76),
+                resume_ms: Some(43),
+                resumed: [("00.0", 0), ("01.0", 2), ("02.0", 4), ("02.1", 35)]
+                    .map(|(f, ms)| (f.to_string(), ms))
+                    .to_vec(),
+                pvrdma_channel_ms: Some(32),
             }
         );
         assert_eq!(s.guest_ms(), 487);
         // Without the destination's log: the source's figures only.
         let s = Stages::read(&[SOURCE.to_string()], "tcp:127.0.0.1:6709").unwrap();
         assert_eq!((s.devices_ms, s.start_ms, s.guest_ms()), (None, None, 411));
+        assert_eq!(
+            (s.resume_ms, s.resumed.len(), s.pvrdma_channel_ms),
+            (None, 0, None)
+        );
         // A migration whose source printed no switch-over has no stages.
         assert!(Stages::read(&logs, "tcp:127.0.0.1:6708").is_none());
         assert!(Stages::read(&logs, "tcp:127.0.0.1:6700").is_none());

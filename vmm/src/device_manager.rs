@@ -67,6 +67,15 @@ pub struct IoBus {
 }
 
 impl IoBus {
+    /// A bus with nothing on it, for tests of the vCPU threads.
+    #[cfg(test)]
+    pub(crate) fn empty() -> Self {
+        Self {
+            pio: IoManager::new(),
+            pci: Arc::new(Mutex::new(PciBus::new((0, 0), (0, 0)))),
+        }
+    }
+
     pub fn pio_read(&self, port: u16, data: &mut [u8]) {
         if self.pio.pio_read(PioAddress(port), data).is_err() {
             data.fill(0xff);

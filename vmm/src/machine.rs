@@ -19,7 +19,6 @@ use crate::device_manager::{DeviceError, DeviceManager};
 use crate::kvm::{KvmError, Vm};
 use crate::memory::{self, GuestMemory, MemoryError};
 use crate::migration::{self, VcpuCpuids, VmSnapshot};
-use crate::sandbox;
 use crate::vcpu::{self, ExitReporter, VcpuError, VcpuHandle};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,20 +52,30 @@ pub enum VmmError {
 }
 
 /// A VM built but not running: what booting and an incoming migration or
-/// snapshot restore share. Its vCPUs exist; their threads start with
-/// [`Machine::start`].
+/// snapshot restore share. Its vCPUs exist; their threads are spawned
+/// parked by [`Machine::prepare`] (a migration's destination does it
+/// before the hand-over) and let go by [`Machine::start`].
 pub struct Machine {
     pub(crate) config: VmConfig,
     // KVM memory slots point into it: it lives as long as the VM.
     pub(crate) mem: Arc<GuestMemory>,
     vm: Arc<Vm>,
     devices: DeviceManager,
+    /// The vCPUs until [`Machine::prepare`] moves them into their threads.
     vcpu_fds: Vec<VcpuFd>,
+    /// Their threads, parked, once prepared.
+    parked: Option<Parked>,
     /// Each vCPU's CPUID as KVM holds it: set for a booting guest, or the
     /// restored guest's.
     cpuids: Vec<Vec<kvm_cpuid_entry2>>,
     poweroff: EventFd,
     reset: EventFd,
+}
+
+/// vCPU threads spawned paused, and where they report the VM's end.
+struct Parked {
+    vcpus: Vec<VcpuHandle>,
+    exits: Arc<ExitReporter>,
 }
 
 /// A VM whose vCPU threads run (or are parked: paused).
@@ -148,6 +157,7 @@ impl Machine {
             vm: Arc::new(vm),
             devices,
             vcpu_fds,
+            parked: None,
             cpuids,
             poweroff,
             reset,
@@ -182,51 +192,87 @@ impl Machine {
         Ok(())
     }
 
-    /// Starts the vCPU threads of a built (booted or restored) machine.
-    pub(crate) fn start(self, how: StartAs) -> Result<Guest, VmmError> {
+    /// Spawns the vCPU threads, parked until [`Machine::start`]: a
+    /// migration's destination does it once the state is restored, so
+    /// that the guest does not wait for it after the hand-over. The vCPU
+    /// state must be set by then (the fds move into the threads).
+    pub(crate) fn prepare(&mut self) -> Result<(), VmmError> {
+        if self.parked.is_some() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        vcpu::register_kick_signal()?;
+        let exits = Arc::new(ExitReporter {
+            evt: eventfd()?,
+            reason: Mutex::new(None),
+        });
+        let msrs: Arc<[u32]> = self.vm.msr_list().into();
+        let mut vcpus = Vec::with_capacity(self.vcpu_fds.len());
+        for (id, fd) in (0u8..).zip(self.vcpu_fds.drain(..)) {
+            vcpus.push(VcpuHandle::spawn(
+                id,
+                fd,
+                self.devices.bus(),
+                exits.clone(),
+                msrs.clone(),
+                true,
+            )?);
+        }
+        log::info!(
+            "Prepared {} vCPU threads (parked) in {} ms",
+            vcpus.len(),
+            t0.elapsed().as_millis()
+        );
+        self.parked = Some(Parked { vcpus, exits });
+        Ok(())
+    }
+
+    /// Lets a built (booted or restored) machine run as `how` says; its
+    /// vCPU threads are spawned now unless [`Machine::prepare`] did it.
+    pub(crate) fn start(mut self, how: StartAs) -> Result<Guest, VmmError> {
+        let t0 = Instant::now();
+        self.prepare()?;
         let Machine {
             config,
             mem,
             vm,
             devices,
-            vcpu_fds,
+            parked,
             cpuids,
             poweroff,
             reset,
+            ..
         } = self;
-        // The TAPs are open: no capability is needed from here on.
-        sandbox::drop_capabilities().map_err(|e| VmmError::Sandbox(e.to_string()))?;
-        vcpu::register_kick_signal()?;
-        let vcpu_exits = Arc::new(ExitReporter {
-            evt: eventfd()?,
-            reason: Mutex::new(None),
-        });
-        let msrs: Arc<[u32]> = vm.msr_list().into();
-        let t0 = Instant::now();
-        let mut vcpus = Vec::with_capacity(vcpu_fds.len());
-        for (id, fd) in (0u8..).zip(vcpu_fds) {
-            vcpus.push(VcpuHandle::spawn(
-                id,
-                fd,
-                devices.bus(),
-                vcpu_exits.clone(),
-                msrs.clone(),
-                how == StartAs::Paused,
-            )?);
-        }
+        let Parked { vcpus, exits } =
+            parked.ok_or_else(|| VmmError::Restore("the vCPU threads were not prepared".into()))?;
         let t1 = Instant::now();
-        if how == StartAs::Resumed {
-            devices
-                .resume()
-                .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
-        }
+        let resumed = match how {
+            StartAs::Running => {
+                vcpus.iter().for_each(VcpuHandle::resume);
+                None
+            }
+            StartAs::Resumed => {
+                let devices = &devices;
+                let took = release(|| devices.resume(), &vcpus)
+                    .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
+                Some(took)
+            }
+            StartAs::Paused => None,
+        };
+        // The guest runs from here (or would, paused): the doorbells are
+        // registered while it does.
         let t2 = Instant::now();
         vm.flush_ioevents().map_err(VmmError::EventLoop)?;
         // After a migration's hand-over the guest waits for this.
         log::info!(
-            "Started: vCPU threads in {} ms, devices resumed in {} ms",
+            "Started: vCPU threads in {} ms, devices resumed in {} ms, then vCPUs let go in {} ms",
             t1.duration_since(t0).as_millis(),
-            t2.duration_since(t1).as_millis()
+            resumed.map_or(0, |d| d.as_millis()),
+            resumed
+                .map_or(t2.duration_since(t1), |d| t2
+                    .duration_since(t1)
+                    .saturating_sub(d))
+                .as_millis()
         );
         Ok(Guest {
             config,
@@ -237,11 +283,26 @@ impl Machine {
             cpuids,
             poweroff,
             reset,
-            vcpu_exits,
-            booted_at: Instant::now(),
+            vcpu_exits: exits,
+            booted_at: t2,
             paused: how == StartAs::Paused,
         })
     }
+}
+
+/// Resumes the devices with `resume_devices`, then lets the parked
+/// `vcpus` run: a guest never runs on a paused device (its doorbells
+/// would wait for the resume). Returns how long the devices took; if they
+/// fail to resume, the vCPUs stay parked.
+fn release<E>(
+    resume_devices: impl FnOnce() -> Result<(), E>,
+    vcpus: &[VcpuHandle],
+) -> Result<std::time::Duration, E> {
+    let t0 = Instant::now();
+    resume_devices()?;
+    let took = t0.elapsed();
+    vcpus.iter().for_each(VcpuHandle::resume);
+    Ok(took)
 }
 
 impl migration::Target for Machine {
@@ -251,6 +312,10 @@ impl migration::Target for Machine {
 
     fn memory(&self) -> &GuestMemory {
         &self.mem
+    }
+
+    fn prepare(&mut self) -> Result<(), String> {
+        Machine::prepare(self).map_err(|e| crate::error_chain(&e))
     }
 
     fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String> {
@@ -332,8 +397,8 @@ impl Guest {
     }
 
     pub(crate) fn resume_vm(&mut self) -> Result<(), String> {
-        self.devices.resume().map_err(|e| crate::error_chain(&e))?;
-        self.vcpus.iter().for_each(VcpuHandle::resume);
+        let devices = &self.devices;
+        release(|| devices.resume(), &self.vcpus).map_err(|e| crate::error_chain(&e))?;
         self.paused = false;
         Ok(())
     }
@@ -403,5 +468,67 @@ mod tests {
         let swapped = [own[1].clone(), own[0].clone()];
         let e = check_cpuids(&fds, &swapped).unwrap_err();
         assert!(e.starts_with("vCPU 0: The guest's CPUID does not fit this host: CPUID leaf 0x1 EBX gives APIC ID 1"), "{e}");
+    }
+
+    /// Whether a parked vCPU has run: a vCPU with no memory and no state
+    /// ends its thread on its first KVM_RUN and reports it.
+    fn has_run(exits: &ExitReporter) -> bool {
+        exits.reason.lock().unwrap().is_some()
+    }
+
+    /// The devices resume before a parked vCPU runs, and if they cannot,
+    /// the vCPU stays parked (a guest must not run on paused devices).
+    #[test]
+    fn devices_resume_before_the_vcpus_run() {
+        let kvm = Kvm::new().unwrap();
+        let vm = kvm.create_vm().unwrap();
+        vcpu::register_kick_signal().unwrap();
+        let exits = Arc::new(ExitReporter {
+            evt: eventfd().unwrap(),
+            reason: Mutex::new(None),
+        });
+        let bus = Arc::new(crate::device_manager::IoBus::empty());
+        let msrs: Arc<[u32]> = Arc::new([]);
+        let vcpus = vec![VcpuHandle::spawn(
+            0,
+            vm.create_vcpu(0).unwrap(),
+            bus,
+            exits.clone(),
+            msrs,
+            true,
+        )
+        .unwrap()];
+        let settle = std::time::Duration::from_millis(50);
+
+        // Devices that fail to resume: the vCPU is not let go.
+        let failed = release(|| Err("no"), &vcpus);
+        assert_eq!(failed, Err("no"));
+        std::thread::sleep(settle);
+        assert!(
+            !has_run(&exits),
+            "a vCPU ran although its devices did not resume"
+        );
+
+        // While the devices resume, the vCPU is still parked; then it runs.
+        let mut ran_during_resume = None;
+        release(
+            || {
+                std::thread::sleep(settle);
+                ran_during_resume = Some(has_run(&exits));
+                Ok::<(), ()>(())
+            },
+            &vcpus,
+        )
+        .unwrap();
+        assert_eq!(
+            ran_during_resume,
+            Some(false),
+            "a vCPU ran before its devices resumed"
+        );
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while !has_run(&exits) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(has_run(&exits), "the vCPU did not run once let go");
     }
 }

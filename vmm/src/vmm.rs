@@ -79,18 +79,11 @@ impl Vmm {
             "Waiting for vm.receive-migration on {}",
             api_socket.display()
         );
-        let Some((received, api, progress)) = destination::wait_for_vm(api, serial)? else {
+        // The receiving thread starts the VM as soon as it is handed over.
+        let Some((guest, api, progress)) = destination::wait_for_vm(api, serial)? else {
             return Ok(None);
         };
-        let t0 = Instant::now();
-        let vmm = Self::start(received.target, Some(api), progress, StartAs::Resumed)?;
-        log::info!(
-            "Migration received; the VM runs here now (started in {} ms)",
-            t0.elapsed().as_millis()
-        );
-        // The guest runs: what was held since the state came goes out now.
-        drop(received.quiet);
-        Ok(Some(vmm))
+        Self::control(guest, Some(api), progress).map(Some)
     }
 
     /// Builds the VM saved in snapshot directory `dir` and runs it.
@@ -116,8 +109,15 @@ impl Vmm {
         migration: Progress,
         how: StartAs,
     ) -> Result<Self, VmmError> {
+        Self::control(machine.start(how)?, api, migration)
+    }
+
+    /// Takes a started guest over for the control loop.
+    fn control(guest: Guest, api: Option<Api>, migration: Progress) -> Result<Self, VmmError> {
+        // The TAPs are open: no capability is needed from here on.
+        sandbox::drop_capabilities().map_err(|e| VmmError::Sandbox(e.to_string()))?;
         Ok(Self {
-            guest: machine.start(how)?,
+            guest,
             api,
             migration,
             outgoing: None,

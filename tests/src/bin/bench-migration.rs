@@ -273,7 +273,7 @@ struct Row {
 }
 
 /// The stages printed, in order (see `e2e::blackout::Stages`).
-const STAGES: usize = 6;
+const STAGES: usize = 8;
 const STAGE_NAMES: [&str; STAGES] = [
     "pause+save",
     "last memory",
@@ -281,6 +281,8 @@ const STAGE_NAMES: [&str; STAGES] = [
     "(devices)",
     "handover",
     "dest start",
+    "(resume)",
+    "(pvrdma ch)",
 ];
 
 fn stage_values(s: &Stages) -> [Option<f64>; STAGES] {
@@ -292,6 +294,8 @@ fn stage_values(s: &Stages) -> [Option<f64>; STAGES] {
         s.devices_ms.map(|v| v as f64),
         ms(s.handover_ms),
         s.start_ms.map(|v| v as f64),
+        s.resume_ms.map(|v| v as f64),
+        s.pvrdma_channel_ms.map(|v| v as f64),
     ]
 }
 
@@ -329,13 +333,13 @@ fn summarize(migrations: &[Migration], memory: u32, qps: u32) -> Row {
         guest_ms: median_of(
             cell.iter()
                 .filter(|m| m.figures().is_some())
-                .map(|m| m.stages.map(|s| s.guest_ms() as f64)),
+                .map(|m| m.stages.as_ref().map(|s| s.guest_ms() as f64)),
         ),
         stages: std::array::from_fn(|i| {
             median_of(
                 cell.iter()
                     .filter(|m| m.figures().is_some())
-                    .map(|m| m.stages.and_then(|s| stage_values(&s)[i])),
+                    .map(|m| m.stages.as_ref().and_then(|s| stage_values(s)[i])),
             )
         }),
         total_s: med(&|c| c.total_s),
@@ -478,8 +482,8 @@ fn run(args: &Args) -> Result<(), String> {
             let or_dash = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             println!(
                 "      stages: pause+save {} ms, last memory {} ms ({:.1} MiB), state {} ms \
-                 (devices restored in {} ms), handover {} ms; destination start {} ms: the guest \
-                 saw {} ms",
+                 (devices restored in {} ms), handover {} ms; destination start {} ms (devices \
+                 resumed in {} ms: {}; PVRDMA's same-host channel {} ms): the guest saw {} ms",
                 s.pause_save_ms,
                 s.last_memory_ms,
                 s.last_memory_bytes as f64 / f64::from(1u32 << 20),
@@ -487,6 +491,13 @@ fn run(args: &Args) -> Result<(), String> {
                 or_dash(s.devices_ms),
                 s.handover_ms,
                 or_dash(s.start_ms),
+                or_dash(s.resume_ms),
+                s.resumed
+                    .iter()
+                    .map(|(f, ms)| format!("{f} {ms}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                or_dash(s.pvrdma_channel_ms),
                 s.guest_ms()
             );
         }
@@ -577,8 +588,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
     println!(
         "  (state: sent, restored by the destination and acknowledged; devices: the destination's \
-         share of it restoring devices; dest start: after the hand-over, vCPU threads started and \
-         devices resumed)"
+         share of it restoring devices; dest start: after the hand-over, devices resumed, then vCPUs \
+         let go; resume: the devices' share of it; pvrdma ch: of that, PVRDMA's same-host \
+         channel taking the MAC's socket over and offering rings to its peers)"
     );
     bench::report_failures(
         &failures,

@@ -24,7 +24,7 @@ use super::{
 use crate::config::{SerialConfig, VmConfig};
 use crate::incoming::HostSettings;
 use crate::logging::{Hold, Stderr};
-use crate::machine::{eventfd, Machine, VmmError};
+use crate::machine::{eventfd, Guest, Machine, StartAs, VmmError};
 use crate::memory::GuestMemory;
 use crate::requests::{dispatch_waiting, Api};
 use crate::sandbox;
@@ -180,19 +180,21 @@ fn receive_from<T: Target>(
                 let t0 = Instant::now();
                 let cpu0 = crate::thread_cpu_time();
                 match target.as_mut() {
-                    Some((t, _)) => {
-                        t.restore(&payload)
-                            .map_err(MigrationError::Restore)
-                            .map(|()| {
-                                restored = true;
-                                log::info!(
-                                    "Restored {} bytes of VM state in {} ms ({} ms of CPU)",
-                                    payload.len(),
-                                    t0.elapsed().as_millis(),
-                                    crate::thread_cpu_time().saturating_sub(cpu0).as_millis()
-                                )
-                            })
-                    }
+                    // Ready to run before the acknowledgement: the source
+                    // hands over only a VM that can start here at once.
+                    Some((t, _)) => t
+                        .restore(&payload)
+                        .and_then(|()| t.prepare())
+                        .map_err(MigrationError::Restore)
+                        .map(|()| {
+                            restored = true;
+                            log::info!(
+                                "Restored {} bytes of VM state in {} ms ({} ms of CPU)",
+                                payload.len(),
+                                t0.elapsed().as_millis(),
+                                crate::thread_cpu_time().saturating_sub(cpu0).as_millis()
+                            )
+                        }),
                     None => Err(MigrationError::Config(
                         "state before the configuration".into(),
                     )),
@@ -243,14 +245,13 @@ fn build_target<T: Target>(
 }
 
 /// Serves the API of a VMM started with only `--api-socket` until
-/// `vm.receive-migration` brings a VM: returns it, built and restored,
-/// with the API and the migration's report; `None` when `vm.shutdown`
-/// came first. `serial` is this host's console setting. The log stays
-/// held (see [`Received::quiet`]).
+/// `vm.receive-migration` brings a VM: returns it, running, with the API
+/// and the migration's report; `None` when `vm.shutdown` came first.
+/// `serial` is this host's console setting.
 pub(crate) fn wait_for_vm(
     api: Api,
     serial: &SerialConfig,
-) -> Result<Option<(Received<Machine>, Api, Progress)>, VmmError> {
+) -> Result<Option<(Guest, Api, Progress)>, VmmError> {
     let progress: Progress = Arc::new(Mutex::new(None));
     let handover_evt = eventfd()?;
     let (handover_tx, handover) = mpsc::channel();
@@ -283,7 +284,7 @@ pub(crate) fn wait_for_vm(
                 for result in handover.try_iter() {
                     receiving = false;
                     match result {
-                        Ok(machine) => return Ok(Some((machine, api, progress))),
+                        Ok(guest) => return Ok(Some((guest, api, progress))),
                         Err(e) => log::error!("Incoming migration failed: {e}"),
                     }
                 }
@@ -299,13 +300,31 @@ pub(crate) fn wait_for_vm(
     }
 }
 
+/// Runs a VM handed over here at once, on the receiving thread: the guest
+/// waits for this, not for the control loop to take the VM over.
+fn run_here(received: Received<Machine>) -> Result<Guest, String> {
+    let t0 = Instant::now();
+    let guest = received
+        .target
+        .start(StartAs::Resumed)
+        .map_err(|e| crate::error_chain(&e))?;
+    // Up to the vCPUs let go: what the guest waited for.
+    log::info!(
+        "Migration received; the VM runs here now (started in {} ms)",
+        guest.booted_at.saturating_duration_since(t0).as_millis()
+    );
+    // The guest runs: what was held since the state came goes out now.
+    drop(received.quiet);
+    Ok(guest)
+}
+
 /// Starts a receiver thread for `params`: the listening socket is bound
 /// here, so a bad URL or a taken address is the API call's error.
 fn start_receiver(
     params: &api::ReceiveMigrationParams,
     serial: &SerialConfig,
     progress: &Progress,
-    handover: Sender<Result<Received<Machine>, String>>,
+    handover: Sender<Result<Guest, String>>,
     wake: &EventFd,
 ) -> ApiResponse {
     let url: MigrationUrl = params
@@ -346,8 +365,9 @@ fn start_receiver(
         .name("migration".into())
         .spawn(move || {
             sandbox::enter(sandbox::Kind::Vmm);
-            let result =
-                receive::<Machine>(&listener, &host, &progress).map_err(|e| crate::error_chain(&e));
+            let result = receive::<Machine>(&listener, &host, &progress)
+                .map_err(|e| crate::error_chain(&e))
+                .and_then(run_here);
             if let Err(e) = &result {
                 if let Some(info) = crate::lock(&progress).as_mut() {
                     info.status = MigrationStatus::Failed;
@@ -371,7 +391,7 @@ mod tests {
     use vm_migration::test_pki;
     use vm_migration::transport::MigrationUrl;
 
-    use super::super::test_target::{config, host, progress, Memory, LACKING};
+    use super::super::test_target::{config, host, progress, Memory, LACKING, UNPREPARABLE};
     use super::super::PAGE_SIZE;
     use super::*;
 
@@ -463,6 +483,22 @@ mod tests {
             send_vm(&mut *s, &config(64 << 20), true).unwrap();
             drop(s);
             assert!(receiver.join().unwrap().is_err());
+        });
+    }
+
+    /// The VM is readied to run (vCPU threads parked) with the restore,
+    /// before the state is acknowledged: a VM that cannot start here is
+    /// refused while the source still has it, not after the hand-over.
+    #[test]
+    fn the_vm_is_prepared_before_the_state_is_acknowledged() {
+        std::thread::scope(|scope| {
+            let (receiver, mut s) = destination(scope, "unpreparable");
+            send_vm(&mut *s, &config(64 << 20), false).unwrap();
+            protocol::send_request(&mut *s, Command::State, UNPREPARABLE).unwrap();
+            let e = protocol::read_response(&mut *s).unwrap_err().to_string();
+            assert!(e.contains("no thread for its vCPUs"), "{e}");
+            let e = receiver.join().unwrap().err().unwrap().to_string();
+            assert!(e.contains("Failed to restore the VM's state"), "{e}");
         });
     }
 

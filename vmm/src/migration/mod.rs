@@ -215,6 +215,9 @@ pub trait Target: Sized {
     fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String>;
     /// Restores a [`VmSnapshot`] from its bytes; the VM stays stopped.
     fn restore(&mut self, state: &[u8]) -> Result<(), String>;
+    /// Readies a restored VM to run at once when handed over (its vCPU
+    /// threads spawned and parked), before the restore is acknowledged.
+    fn prepare(&mut self) -> Result<(), String>;
 }
 
 #[cfg(test)]
@@ -249,12 +252,13 @@ pub(crate) mod test_target {
     use crate::incoming::HostSettings;
     use crate::memory::GuestMemory;
 
-    pub(crate) struct Memory(GuestMemory);
+    /// Guest memory, and the state last restored into it.
+    pub(crate) struct Memory(GuestMemory, Vec<u8>);
 
     impl Target for Memory {
         fn build(config: VmConfig) -> Result<Self, String> {
             crate::memory::create_guest_memory(config.memory)
-                .map(Memory)
+                .map(|m| Memory(m, Vec::new()))
                 .map_err(|e| e.to_string())
         }
         fn memory(&self) -> &GuestMemory {
@@ -267,14 +271,24 @@ pub(crate) mod test_target {
                 _ => Ok(()),
             }
         }
-        fn restore(&mut self, _: &[u8]) -> Result<(), String> {
+        fn restore(&mut self, state: &[u8]) -> Result<(), String> {
+            self.1 = state.to_vec();
             Ok(())
+        }
+        /// A VM restored from the state [`UNPREPARABLE`] cannot be readied.
+        fn prepare(&mut self) -> Result<(), String> {
+            match self.1.as_slice() {
+                UNPREPARABLE => Err("no thread for its vCPUs".into()),
+                _ => Ok(()),
+            }
         }
     }
 
     pub(crate) const MAC: &str = "52:54:00:00:00:01";
     /// A CPUID the test target refuses.
     pub(crate) const LACKING: &[u8] = b"AVX-512";
+    /// A state the test target restores and then cannot prepare to run.
+    pub(crate) const UNPREPARABLE: &[u8] = b"unpreparable";
 
     /// A destination host that maps [`MAC`]'s TAP and takes up to 256 MiB.
     pub(crate) fn host() -> HostSettings {

@@ -430,6 +430,25 @@ fn is_eventfd(file: &File, ours: &EventFd) -> bool {
     same_inode && (&*file).write(&0u64.to_ne_bytes()).is_ok_and(|n| n == 8)
 }
 
+/// A new ring towards a peer, its memfd and its kick (written to 1, see
+/// the module doc), not handed over yet.
+#[derive(Debug)]
+struct Fresh {
+    ring: ShmRing,
+    file: File,
+    kick: EventFd,
+}
+
+impl Fresh {
+    fn new() -> io::Result<Self> {
+        let (ring, file) = shm_ring::create(RING_BYTES)?;
+        // A count of 1 that nobody reads: kicks write 0 (module doc).
+        let kick = EventFd::new(EFD_NONBLOCK)?;
+        kick.write(1)?;
+        Ok(Self { ring, file, kick })
+    }
+}
+
 /// One device's end of the same-host channel.
 #[derive(Debug)]
 pub(crate) struct LocalChannel {
@@ -453,6 +472,11 @@ pub(crate) struct LocalChannel {
     /// Where our socket file is until [`LocalChannel::claim`] moves it to
     /// `home`; `None` once it is there.
     staged: Mutex<Option<PathBuf>>,
+    /// A ring made ahead for the first peer: a channel bound for an
+    /// incoming migration offers its peers rings when the VM starts here,
+    /// after the hand-over, where making one (a sealed memfd, mapped) is
+    /// time the guest waits.
+    spare: Mutex<Option<Fresh>>,
     /// Which VMM owns a MAC: the inode of the socket file it bound. While
     /// a VM migrates, its MAC has two owners for a moment (the source
     /// lingers, the destination already sends), and a message must only
@@ -509,6 +533,8 @@ impl LocalChannel {
             refused: Mutex::new(BTreeMap::new()),
             watch: Mutex::new(Vec::new()),
             dir: dir.to_path_buf(),
+            // Best effort: without it the first peer's ring is made later.
+            spare: Mutex::new(take_over.then(Fresh::new).and_then(Result::ok)),
             staged: Mutex::new((own != home).then_some(own)),
             home,
             inode,
@@ -574,10 +600,12 @@ impl LocalChannel {
         let sock = UnixDatagram::unbound().ok()?;
         sock.connect(&path).ok()?;
         sock.set_write_timeout(Some(SEND_WAIT)).ok()?;
-        let (ring, file) = shm_ring::create(RING_BYTES).ok()?;
-        // A count of 1 that nobody reads: kicks write 0 (module doc).
-        let kick = EventFd::new(EFD_NONBLOCK).ok()?;
-        kick.write(1).ok()?;
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Fresh { ring, file, kick } = spare.map_or_else(Fresh::new, Ok).ok()?;
         let msg = control(SETUP, RING_BYTES as u32, self.mac, self.inode);
         let fds = [file.as_raw_fd(), kick.as_raw_fd()];
         sock.send_with_fds(&[&msg[..]], &fds).ok()?;
@@ -1233,6 +1261,29 @@ mod tests {
         assert!(other.exists(), "other MACs are not ours to clean");
         assert!(waiting(std::process::id()).exists());
         drop((new, live));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A channel bound for an incoming migration has its first ring made
+    /// at bind, and offers that one to its first peer when the VM starts.
+    #[test]
+    fn an_incoming_channel_offers_a_ring_made_ahead() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-r-{}", std::process::id()));
+        let a = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 1], false).unwrap();
+        assert!(
+            a.spare.lock().unwrap().is_none(),
+            "only a destination makes one"
+        );
+        let new = LocalChannel::bind(&dir, [2, 0, 0, 0, 6, 2], true).unwrap();
+        assert!(new.spare.lock().unwrap().is_some());
+        new.claim().unwrap();
+        new.announce([[2, 0, 0, 0, 6, 1]]);
+        assert!(new.spare.lock().unwrap().is_none(), "the ring went to A");
+        // It is a working ring: A takes it and the frames come through.
+        assert!(recv(&a, 8, Wake::Socket).is_empty());
+        assert_eq!(new.send([2, 0, 0, 0, 6, 1], b"hello"), Sent::Local);
+        assert_eq!(recv(&a, 8, Wake::Socket), vec![b"hello".to_vec()]);
+        drop((a, new));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
