@@ -7,9 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use vm_migration::stream::Stream;
 use vm_migration::test_pki;
 use vm_migration::tls::{TlsClient, TlsServer};
-use vm_migration::transport::{Listener, MigrationUrl, Stream};
+use vm_migration::transport::{Listener, MigrationUrl};
 
 const BYTES: usize = 512 << 20;
 const CHUNK: usize = 1 << 20;

@@ -3,7 +3,7 @@
 //! vm-migration: small traits that every stateful component implements
 //! ([`Pausable`], [`Snapshottable`]), the versioned [`Snapshot`] they
 //! exchange, the wire [`protocol`] between two VMMs and its
-//! [`transport`]s.
+//! [`transport`]s, each of which yields a [`stream::Stream`].
 //!
 //! State is serde-encoded behind [`Snapshot::new`] / [`Snapshot::state`]:
 //! device code never sees the encoding. The architecture named versionize
@@ -24,6 +24,7 @@
 
 pub mod bounded;
 pub mod protocol;
+pub mod stream;
 #[cfg(any(test, feature = "test-pki"))]
 pub mod test_pki;
 #[cfg(feature = "test-utils")]

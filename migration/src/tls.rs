@@ -21,7 +21,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
 
-use crate::transport::Stream;
+use crate::stream::Stream;
 
 /// How long a peer has to complete the handshake: one that connects and
 /// stays silent must not hold a listener.

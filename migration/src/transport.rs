@@ -2,12 +2,12 @@
 //! Where a migration goes: `unix:/path` or `tcp:host:port` streams, and
 //! `file:///dir` for snapshots.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::time::Duration;
 
+use crate::stream::Stream;
 use crate::tls::{TlsClient, TlsServer};
 
 #[derive(Debug, thiserror::Error)]
@@ -70,39 +70,6 @@ pub fn parse_file_url(s: &str) -> Result<PathBuf, UrlError> {
     match s.strip_prefix("file://") {
         Some(path) if path.starts_with('/') && path.len() > 1 => Ok(PathBuf::from(path)),
         _ => Err(UrlError::File(s.to_string())),
-    }
-}
-
-/// A connected migration stream.
-pub trait Stream: Read + Write + Send {
-    /// Bounds every read (`None`: wait forever).
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
-    /// Stops both directions, so a peer blocked on us sees EOF.
-    fn shutdown(&self) -> io::Result<()>;
-}
-
-impl Stream for UnixStream {
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_read_timeout(self, t)
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_write_timeout(self, t)
-    }
-    fn shutdown(&self) -> io::Result<()> {
-        UnixStream::shutdown(self, std::net::Shutdown::Both)
-    }
-}
-
-impl Stream for TcpStream {
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_read_timeout(self, t)
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_write_timeout(self, t)
-    }
-    fn shutdown(&self) -> io::Result<()> {
-        TcpStream::shutdown(self, std::net::Shutdown::Both)
     }
 }
 

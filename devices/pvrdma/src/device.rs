@@ -10,13 +10,13 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use device_worker::WorkerHandle;
 use net_port::{FrameBackend, Port, PortEvent};
 use pci::{
     BarKind, BarSpec, DeviceCounters, DeviceHooks, Msix, MsixError, PciBusError, PciConfiguration,
-    PciDevice, PciHeader,
+    PciDevice, PciHeader, QueuePairCounters,
 };
 use pvrdma_abi::regs::{
     BAR_MSIX, BAR_REG, BAR_UAR, NUM_VECTORS, PCI_DEVICE_ID_PVRDMA, PCI_VENDOR_ID_VMWARE,
@@ -29,12 +29,12 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::config::{LimitsError, PvrdmaConfig};
 use crate::datapath::local::LocalChannel;
 use crate::datapath::wire::{Inbox, Wire};
-use crate::datapath::Clock;
+use crate::env::{Clock, Env};
 use crate::events::Interrupts;
-use crate::metrics::{CountersHandle, Metrics};
+use crate::metrics::Metrics;
 use crate::regs;
 use crate::snapshot;
-use crate::state::{Env, Shared, State};
+use crate::state::{Shared, State};
 use crate::uar::{self, Hub};
 use crate::worker::{SpawnError, Worker};
 
@@ -180,12 +180,12 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
                 irq: Interrupts::new(msix),
                 metrics,
                 hub: Arc::new(hub),
-                wire: Wire {
-                    backend,
-                    inbox,
-                    local,
-                },
                 clock: Clock::new(),
+            },
+            wire: Wire {
+                backend,
+                inbox,
+                local,
             },
             state: Mutex::new(State::new()),
             paused: AtomicBool::new(false),
@@ -211,7 +211,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     fn pause(&mut self) -> Result<(), MigratableError> {
         let _state = self.shared.lock();
         self.shared.paused.store(true, Ordering::Release);
-        self.shared.env.wire.inbox.set_discard(true);
+        self.shared.wire.inbox.set_discard(true);
         Ok(())
     }
 
@@ -221,7 +221,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     /// owner on the same-host channel now, when the VM runs here.
     fn resume(&mut self) -> Result<(), MigratableError> {
         let t0 = std::time::Instant::now();
-        if let Some(local) = &self.shared.env.wire.local {
+        if let Some(local) = &self.shared.wire.local {
             if let Err(e) = local.claim() {
                 log::warn!("pvrdma: cannot take over the MAC's same-host socket ({e}); peers on this host reach the VM over the wire");
             }
@@ -237,7 +237,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
             );
         }
         self.shared.paused.store(false, Ordering::Release);
-        self.shared.env.wire.inbox.set_discard(false);
+        self.shared.wire.inbox.set_discard(false);
         self.shared.kick_all();
         Ok(())
     }
@@ -297,7 +297,7 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
             );
         }
         drop(state);
-        if let Some(local) = self.shared.env.wire.local.as_ref() {
+        if let Some(local) = self.shared.wire.local.as_ref() {
             local.log_rings();
         }
     }
@@ -394,7 +394,8 @@ impl<M: GuestAddressSpace + Send> PciDevice for Pvrdma<M> {
             BAR_UAR => {
                 let state = self.shared.lock();
                 let objects = state.session.as_ref().map(|s| &s.objects);
-                uar::handle_write(objects, &self.shared.env.metrics, offset, data);
+                let doorbells_of = |owner, handle| objects?.doorbells(owner, handle);
+                uar::handle_write(doorbells_of, &self.shared.env.metrics, offset, data);
             }
             // The PBA is read-only.
             _ => guest_warn!(
@@ -414,5 +415,43 @@ impl<M: GuestAddressSpace + Send> PciDevice for Pvrdma<M> {
         if bar == BAR_UAR {
             self.sync_uar();
         }
+    }
+}
+
+/// The VMM's handle on one device's counters (see [`crate::Pvrdma::counters`]).
+/// The device counters are atomics; the per-QP ones are read under the
+/// device's state lock, which is only ever held for one command or one
+/// batch of frames. The state is held weakly: the handle must not keep a
+/// dropped device's QPs, doorbells and same-host rings alive.
+struct CountersHandle {
+    metrics: Arc<Metrics>,
+    shared: Weak<Shared>,
+}
+
+impl DeviceCounters for CountersHandle {
+    fn values(&self) -> Vec<(&'static str, u64)> {
+        self.metrics.snapshot()
+    }
+
+    /// The QPs with a transport engine (RTR and later), in handle order;
+    /// none once the device is gone.
+    fn queue_pairs(&self) -> Option<Vec<QueuePairCounters>> {
+        let Some(shared) = self.shared.upgrade() else {
+            return Some(Vec::new());
+        };
+        let state = shared.lock();
+        let qps = state
+            .session
+            .iter()
+            .flat_map(|s| s.objects.qps.values())
+            .filter_map(|qp| {
+                qp.engine.as_ref().map(|engine| QueuePairCounters {
+                    qpn: qp.qpn,
+                    error: engine.is_error(),
+                    values: engine.metrics.named(),
+                })
+            })
+            .collect();
+        Some(qps)
     }
 }

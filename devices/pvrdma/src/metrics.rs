@@ -17,11 +17,6 @@
 )]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
-
-use pci::{DeviceCounters, QueuePairCounters};
-
-use crate::state::Shared;
 
 /// A monotonic event counter.
 #[derive(Debug, Default)]
@@ -173,44 +168,6 @@ metrics! {
     /// Of `roce_rx_no_qp`: frames for a GID of ours that is not on the
     /// frame's VLAN (or tagged frames for a GID without one).
     roce_rx_vlan_mismatch,
-}
-
-/// The VMM's handle on one device's counters (see [`crate::Pvrdma::counters`]).
-/// The device counters are atomics; the per-QP ones are read under the
-/// device's state lock, which is only ever held for one command or one
-/// batch of frames. The state is held weakly: the handle must not keep a
-/// dropped device's QPs, doorbells and same-host rings alive.
-pub(crate) struct CountersHandle {
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) shared: Weak<Shared>,
-}
-
-impl DeviceCounters for CountersHandle {
-    fn values(&self) -> Vec<(&'static str, u64)> {
-        self.metrics.snapshot()
-    }
-
-    /// The QPs with a transport engine (RTR and later), in handle order;
-    /// none once the device is gone.
-    fn queue_pairs(&self) -> Option<Vec<QueuePairCounters>> {
-        let Some(shared) = self.shared.upgrade() else {
-            return Some(Vec::new());
-        };
-        let state = shared.lock();
-        let qps = state
-            .session
-            .iter()
-            .flat_map(|s| s.objects.qps.values())
-            .filter_map(|qp| {
-                qp.engine.as_ref().map(|engine| QueuePairCounters {
-                    qpn: qp.qpn,
-                    error: engine.is_error(),
-                    values: engine.metrics.named(),
-                })
-            })
-            .collect();
-        Some(qps)
-    }
 }
 
 #[cfg(test)]

@@ -15,9 +15,10 @@ use pvrdma_abi::wqe::event;
 use vm_memory::GuestMemory;
 
 use crate::caps::{DEFAULT_PKEY, MAX_PKEYS, PORT_NUM};
-use crate::cmd::{check, CmdError};
 use crate::config::Limits;
-use crate::state::{Ctx, Env, Session};
+use crate::env::Env;
+use crate::error::{check, CmdError};
+use crate::objects::session::{Ctx, Session};
 
 /// RoCE v2 headers around an IB payload, as `iboe_get_mtu` counts them
 /// (GRH/IP, UDP, BTH, XRC, AtomicETH, ICRC).

@@ -21,11 +21,13 @@ use pvrdma_abi::regs::{version, Ctl, Reg, Vector};
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use crate::caps::device_caps;
-use crate::cmd::{self, errno};
+use crate::cmd;
 use crate::dsr;
+use crate::error::errno;
 use crate::namespace::Namespace;
+use crate::objects::session::{Ctx, Session};
 use crate::objects::Objects;
-use crate::state::{Ctx, Session, Shared, State};
+use crate::state::{Shared, State};
 
 /// The device API version: 64-bit PFNs and separate QP handles.
 pub(crate) const DEVICE_VERSION: u32 = version::QP_HANDLE;
@@ -110,7 +112,7 @@ fn handle_dsr_high<M: GuestMemory>(shared: &Shared, mem: &M, high: u32) {
     let gpa = u64::from(high) << 32 | u64::from(state.dsr_low);
     state.session = None;
     state.active = false;
-    env.wire.inbox.set_open(false);
+    shared.wire.inbox.set_open(false);
     let caps = device_caps(&env.config, env.port.state().mac);
     match dsr::load(mem, gpa, &caps) {
         Ok(dsr) => {
@@ -143,7 +145,7 @@ fn handle_ctl(shared: &Shared, value: u32) {
         Ok(Ctl::Activate) => match session.as_mut() {
             Some(session) => {
                 *active = true;
-                env.wire.inbox.set_open(true);
+                shared.wire.inbox.set_open(true);
                 session.link_up = env.port.state().link_up();
                 true
             }
@@ -153,7 +155,7 @@ fn handle_ctl(shared: &Shared, value: u32) {
         Ok(Ctl::Reset) => {
             *session = None;
             *active = false;
-            env.wire.inbox.set_open(false);
+            shared.wire.inbox.set_open(false);
             env.irq.clear();
             true
         }
@@ -201,7 +203,7 @@ fn handle_request<M: GuestMemory>(shared: &Shared, mem: &M, bar2: Option<u64>, v
         bar2,
         uar_base,
     };
-    let (resp, mut status) = cmd::execute(&mut cx, &req);
+    let (resp, mut status) = cmd::execute(&mut cx, &shared.wire, &req);
     if let Some(resp) = &resp {
         if let Err(e) = mem.write_slice(resp.as_slice(), GuestAddress(resp_slot)) {
             guest_warn!(env.metrics.cmd_failed, "response slot unwritable: {e}");

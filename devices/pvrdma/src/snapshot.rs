@@ -23,8 +23,9 @@ use vm_migration::{MigratableError, Snapshot};
 
 use crate::dsr::LoadedDsr;
 use crate::namespace::{Namespace, NamespaceState};
+use crate::objects::session::Session;
 use crate::objects::Objects;
-use crate::state::{Session, Shared};
+use crate::state::Shared;
 
 /// The component name in a VM snapshot.
 pub(crate) const ID: &str = "pvrdma";
@@ -129,7 +130,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     state.active = saved.active;
     env.irq.set_imr(saved.imr);
     env.irq.set_icr(saved.icr);
-    env.wire.inbox.set_open(saved.active);
+    shared.wire.inbox.set_open(saved.active);
     let attached = start.elapsed();
     if let Some(s) = &state.session {
         log::info!("pvrdma: restored {}", s.objects.peer_ids());

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The device state shared by the vCPU thread (register writes, commands)
-//! and the worker thread (doorbells, link changes), and the context every
-//! command handler gets.
+//! and the worker thread (doorbells, link changes): the environment, the
+//! wire and, under one lock, the registers and the session.
 //!
 //! Lock order: [`Shared::state`], then the MSI-X table inside
 //! [`Interrupts`]. Nothing that holds the MSI-X lock takes the state lock.
@@ -13,53 +13,22 @@
 )]
 
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use net_port::Port;
-
-use crate::config::PvrdmaConfig;
 use crate::datapath::wire::Wire;
-use crate::datapath::Clock;
-use crate::dsr::LoadedDsr;
-use crate::events::Interrupts;
-use crate::metrics::Metrics;
-use crate::namespace::Namespace;
+use crate::env::Env;
 use crate::objects::gid::GidTable;
-use crate::objects::Objects;
-use crate::uar::Hub;
+use crate::objects::session::Session;
 
 /// ERR before the first successful CTL (QEMU's value): "not ready".
 pub(crate) const ERR_NOT_READY: u32 = 0xffff;
 
-/// What never changes after construction.
-#[derive(Debug)]
-pub(crate) struct Env {
-    pub(crate) config: PvrdmaConfig,
-    pub(crate) port: Arc<Port>,
-    pub(crate) irq: Interrupts,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) hub: Arc<Hub>,
-    pub(crate) wire: Wire,
-    pub(crate) clock: Clock,
-}
-
-impl Env {
-    /// Routes frames the engine emitted (see [`Wire::route`]); the caller
-    /// sends what is returned once it has released the state lock.
-    pub(crate) fn route(&self, gids: &GidTable, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
-        self.wire.route(gids, &self.metrics, frames)
-    }
-
-    /// Sends routed frames (see [`Wire::send`]); never under the state
-    /// lock: the same-host channel may wait for a receiver.
-    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
-        self.wire.send(&self.metrics, frames);
-    }
-}
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) env: Env,
+    /// Frames in and out: the port's backend, the inbox and the same-host
+    /// channel.
+    pub(crate) wire: Wire,
     pub(crate) state: Mutex<State>,
     /// Quiesced for a snapshot or migration: the worker takes no work and
     /// received frames are discarded until resume.
@@ -73,6 +42,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Routes frames the engine emitted (see [`Wire::route`]); the caller
+    /// sends what is returned once it has released the state lock.
+    pub(crate) fn route(&self, gids: &GidTable, frames: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        self.wire.route(gids, &self.env.metrics, frames)
+    }
+
+    /// Sends routed frames (see [`Wire::send`]); never under the state
+    /// lock: the same-host channel may wait for a receiver.
+    pub(crate) fn send(&self, frames: Vec<Vec<u8>>) {
+        self.wire.send(&self.env.metrics, frames);
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -111,33 +92,5 @@ impl State {
             uar_base: None,
             session: None,
         }
-    }
-}
-
-/// Everything from a DSR load to RESET: dropping it drops every object,
-/// mapping and doorbell registration.
-#[derive(Debug)]
-pub(crate) struct Session {
-    pub(crate) dsr: LoadedDsr,
-    pub(crate) ns: Namespace,
-    pub(crate) objects: Objects,
-    /// The port state last reported to the guest.
-    pub(crate) link_up: bool,
-}
-
-/// What a command handler works with.
-pub(crate) struct Ctx<'a, M> {
-    pub(crate) mem: &'a M,
-    pub(crate) env: &'a Env,
-    pub(crate) s: &'a mut Session,
-    /// BAR2's guest-physical base (for UAR PFNs), decoding or not.
-    pub(crate) bar2: Option<u64>,
-    /// Where new doorbells are registered.
-    pub(crate) uar_base: Option<u64>,
-}
-
-impl<M> Ctx<'_, M> {
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.env.metrics
     }
 }

@@ -44,7 +44,6 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::metrics::Metrics;
-use crate::objects::Objects;
 
 /// One doorbell of a UAR page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -396,8 +395,14 @@ fn decode(offset: u64, value: u32) -> Option<(Vec<Doorbell>, u32)> {
 
 /// A guest write to BAR2 that no ioeventfd caught. Only 32-bit writes of
 /// a known doorbell of an object owned by that page take effect; anything
-/// else is counted and ignored.
-pub(crate) fn handle_write(objects: Option<&Objects>, metrics: &Metrics, offset: u64, data: &[u8]) {
+/// else is counted and ignored. `doorbells_of` finds the doorbells of an
+/// object by kind and handle (the session's objects, if any).
+pub(crate) fn handle_write<'a>(
+    doorbells_of: impl FnOnce(Owner, u32) -> Option<&'a Doorbells>,
+    metrics: &Metrics,
+    offset: u64,
+    data: &[u8],
+) {
     let Ok(bytes) = <[u8; 4]>::try_from(data) else {
         guest_warn!(
             metrics.doorbell_unmatched,
@@ -410,7 +415,7 @@ pub(crate) fn handle_write(objects: Option<&Objects>, metrics: &Metrics, offset:
     let page = u32::try_from(offset >> PAGE_SHIFT).unwrap_or(u32::MAX);
     let in_page = offset & (PAGE_SIZE - 1);
     let rung = decode(in_page, value).and_then(|(kinds, handle)| {
-        let doorbells = objects?.doorbells(kinds.first()?.owner(), handle)?;
+        let doorbells = doorbells_of(kinds.first()?.owner(), handle)?;
         if doorbells.page() != page {
             return None;
         }

@@ -35,14 +35,15 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::datapath::local::{Batch, KickWatch, Wake};
-use crate::datapath::{self, Input, Outcome, SEGMENT_ROOM};
+use crate::datapath::{self, Input, SEGMENT_ROOM};
 
+use crate::datapath::wire::Wire;
+use crate::env::Env;
 use crate::events::EventRings;
 use crate::metrics::Metrics;
 use crate::objects::gid::Accept;
 use crate::objects::{qp, Objects};
 use crate::port::handle_link_change;
-use crate::state::Env;
 use crate::state::Shared;
 use crate::uar::{Class, WatchOp};
 
@@ -142,8 +143,8 @@ fn nonblocking_timer() -> Result<TimerFd, SpawnError> {
 /// way). QPs towards other peers, or the wire, go on; so does a QP in
 /// the error state, which sends nothing and flushes its WQEs (a peer that
 /// stopped reading must not hold back their error completions).
-fn waits_for_room(env: &Env, objects: &Objects, handle: u32) -> bool {
-    let Some(local) = env.wire.local.as_ref() else {
+fn waits_for_room(wire: &Wire, objects: &Objects, handle: u32) -> bool {
+    let Some(local) = wire.local.as_ref() else {
         return false;
     };
     objects
@@ -235,9 +236,22 @@ impl<M: GuestAddressSpace> Worker<M> {
         }
     }
 
-    /// Takes what a run of QP `handle` left: frames to send, more work.
-    fn finish_run(&mut self, env: &Env, objects: &Objects, handle: u32, out: Outcome) {
-        let frames = env.route(&objects.gids, out.frames);
+    /// Runs QP `handle` for `input` at `now`, then takes what the run
+    /// left: frames to send, more work.
+    #[allow(clippy::too_many_arguments)]
+    fn run_qp(
+        &mut self,
+        mem: &M::M,
+        env: &Env,
+        events: &mut EventRings,
+        objects: &mut Objects,
+        handle: u32,
+        now: u64,
+        input: Input<'_>,
+    ) {
+        let wire = &self.shared.wire;
+        let out = datapath::run_qp(mem, env, wire, events, objects, handle, now, input);
+        let frames = self.shared.route(&objects.gids, out.frames);
         self.outgoing.extend(frames);
         if out.more && self.busy.insert(handle) {
             if let Err(e) = self.kick.write(1) {
@@ -281,8 +295,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 Some(o) if o.engine.is_some() => {
                     env.metrics.doorbell_qp.inc();
                     let now = env.clock.now();
-                    let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Kick);
-                    w.finish_run(env, objects, handle, out);
+                    w.run_qp(mem, env, events, objects, handle, now, Input::Kick);
                 }
                 Some(_) => qp::handle_doorbell(mem, env, events, objects, handle),
                 None => {}
@@ -308,11 +321,11 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// Frames steered to the device: each goes to the QP it names, if
     /// that QP is ours, has an engine and is in a receiving state.
     fn handle_inbox(&mut self) {
-        let frames = self.shared.env.wire.inbox.take(RX_BATCH);
+        let frames = self.shared.wire.inbox.take(RX_BATCH);
         self.with_session(true, |w, mem, env, events, objects| {
             w.receive(mem, env, events, objects, frames.iter().map(|f| parse(f)));
         });
-        let inbox = &self.shared.env.wire.inbox;
+        let inbox = &self.shared.wire.inbox;
         inbox.give_back(frames);
         if !inbox.is_empty() {
             // Come back after the other events.
@@ -351,7 +364,8 @@ impl<M: GuestAddressSpace> Worker<M> {
             };
             if current != Some(handle) {
                 if let Some(h) = current {
-                    self.run_packets(mem, env, events, objects, h, &run);
+                    let now = env.clock.now();
+                    self.run_qp(mem, env, events, objects, h, now, Input::Packets(&run));
                 }
                 run.clear();
                 current = Some(handle);
@@ -359,37 +373,23 @@ impl<M: GuestAddressSpace> Worker<M> {
             run.push(pkt);
         }
         if let Some(h) = current {
-            self.run_packets(mem, env, events, objects, h, &run);
+            let now = env.clock.now();
+            self.run_qp(mem, env, events, objects, h, now, Input::Packets(&run));
         }
-    }
-
-    /// Runs QP `handle` on `pkts`.
-    fn run_packets(
-        &mut self,
-        mem: &M::M,
-        env: &Env,
-        events: &mut EventRings,
-        objects: &mut Objects,
-        handle: u32,
-        pkts: &[Packet<'_>],
-    ) {
-        let now = env.clock.now();
-        let out = datapath::run_qp(mem, env, events, objects, handle, now, Input::Packets(pkts));
-        self.finish_run(env, objects, handle, out);
     }
 
     /// Frames from VMMs of this host: received like steered ones, but
     /// unsealed (they never crossed a wire).
     fn handle_local(&mut self, wake: Wake) {
         let shared = Arc::clone(&self.shared);
-        let Some(local) = shared.env.wire.local.as_ref() else {
+        let Some(local) = shared.wire.local.as_ref() else {
             return;
         };
         let mut batch = std::mem::take(&mut self.rx);
         local.recv(RX_BATCH, wake, &mut batch);
         let n = batch.len() as u64;
         shared.env.metrics.roce_local_rx.add(n);
-        match shared.env.wire.inbox.admits() {
+        match shared.wire.inbox.admits() {
             Some(true) => {
                 self.with_session(true, |w, mem, env, events, objects| {
                     w.receive(
@@ -427,7 +427,7 @@ impl<M: GuestAddressSpace> Worker<M> {
             let due: Vec<(u32, Input<'_>)> = if kick {
                 let (wait, run): (Vec<u32>, Vec<u32>) = busy
                     .into_iter()
-                    .partition(|&h| waits_for_room(env, objects, h));
+                    .partition(|&h| waits_for_room(&w.shared.wire, objects, h));
                 if !wait.is_empty() {
                     w.busy.extend(wait);
                     w.deferred = true;
@@ -447,8 +447,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                     .collect()
             };
             for (handle, input) in due {
-                let out = datapath::run_qp(mem, env, events, objects, handle, now, input);
-                w.finish_run(env, objects, handle, out);
+                w.run_qp(mem, env, events, objects, handle, now, input);
             }
         });
     }
@@ -457,7 +456,6 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// polls them on its timer, see [`Worker::rearm_timer`]).
     fn channel_backlogged(&self) -> bool {
         self.shared
-            .env
             .wire
             .local
             .as_ref()
@@ -469,7 +467,6 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// of work, see [`Worker::finish`]) or the timer then.
     fn channel_short(&self) -> bool {
         self.shared
-            .env
             .wire
             .local
             .as_ref()
@@ -586,7 +583,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// Watches the kicks of same-host rings that arrived, and unwatches
     /// those of rings that went, before they close.
     fn apply_kick_watch(&self, ops: &mut EventOps) {
-        let Some(local) = self.shared.env.wire.local.as_ref() else {
+        let Some(local) = self.shared.wire.local.as_ref() else {
             return;
         };
         for change in local.take_watch() {
@@ -609,7 +606,7 @@ impl<M: GuestAddressSpace> Worker<M> {
     /// resumed (on each poll of the backlog, `timer`, or once it is gone),
     /// and the timer re-armed.
     fn finish(&mut self, timer: bool) {
-        self.shared.env.send(std::mem::take(&mut self.outgoing));
+        self.shared.send(std::mem::take(&mut self.outgoing));
         if self.deferred && (timer || !self.channel_short()) {
             self.deferred = false;
             if let Err(e) = self.kick.write(1) {
@@ -640,7 +637,7 @@ impl<M: GuestAddressSpace> Worker<M> {
 
 impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
     fn init(&mut self, ops: &mut EventOps) {
-        let inbox = Arc::clone(&self.shared.env.wire.inbox);
+        let inbox = Arc::clone(&self.shared.wire.inbox);
         for (fd, data) in [
             (&self.kill, KILL_EVENT),
             (&self.wake, WATCH_EVENT),
@@ -660,7 +657,7 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
         if let Err(e) = ops.add(Events::with_data(&self.timer, TIMER_EVENT, EventSet::IN)) {
             error!("pvrdma: failed to watch the engine timer: {e}");
         }
-        if let Some(local) = self.shared.env.wire.local.as_ref() {
+        if let Some(local) = self.shared.wire.local.as_ref() {
             for (fd, wake) in local.fds() {
                 let data = match wake {
                     Wake::Socket => LOCAL_EVENT,
@@ -750,7 +747,7 @@ impl<M: GuestAddressSpace> Stoppable for Worker<M> {
     /// looks. Then the rings are told we sleep, and the loop sleeps.
     fn before_wait(&mut self) -> Poll {
         let shared = Arc::clone(&self.shared);
-        let local = shared.env.wire.local.as_ref();
+        let local = shared.wire.local.as_ref();
         if local.is_some_and(|l| l.pending()) {
             return self.take_local();
         }

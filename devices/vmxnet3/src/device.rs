@@ -14,7 +14,6 @@ use pci::{
     BarKind, BarSpec, DeviceHooks, IoEventDoorbells, Msix, MsixError, PciBusError,
     PciConfiguration, PciDevice, PciHeader,
 };
-use serde::{Deserialize, Serialize};
 use vm_memory::{GuestAddress, GuestAddressSpace};
 use vm_migration::{MigratableError, Pausable, Snapshot, Snapshottable};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -23,9 +22,9 @@ use crate::interrupt::Interrupts;
 use crate::metrics::{Vmxnet3Counters, Vmxnet3Metrics};
 use crate::persist::{self, Restored};
 use crate::regs::{
-    txprod_address, Command, PtReg, VdReg, ACTIVATE_FAILED, CONF_INTR_AUTO, LINK_DOWN, LINK_UP,
-    MAX_TX_QUEUES, MSIX_BAR, MSIX_BAR_SIZE, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET, NUM_VECTORS,
-    PT_BAR, REG_BAR_SIZE, UVRS_V1, VD_BAR, VRRS_REV1,
+    txprod_address, Command, PtReg, Regs, VdReg, ACTIVATE_FAILED, CONF_INTR_AUTO, LINK_DOWN,
+    LINK_UP, MAX_TX_QUEUES, MSIX_BAR, MSIX_BAR_SIZE, MSIX_PBA_OFFSET, MSIX_TABLE_OFFSET,
+    NUM_VECTORS, PT_BAR, REG_BAR_SIZE, UVRS_V1, VD_BAR, VRRS_REV1,
 };
 use crate::shared::{check_device_conf, write_queue_stats, write_queue_status, write_tx_threshold};
 use crate::worker::{lock, spawn_worker, Active, RunState, SharedState, SpawnError, WorkerParts};
@@ -58,18 +57,6 @@ pub enum Vmxnet3Error {
     EventFd(#[source] io::Error),
     #[error("Failed to start the device worker")]
     Worker(#[from] SpawnError),
-}
-
-/// The registers the function keeps itself (the rest of its state is the
-/// worker's too); any value is valid.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Regs {
-    /// DSAL, DSAH.
-    pub(crate) dsa: [u32; 2],
-    /// What CMD reads: the result of the last command.
-    pub(crate) cmd_result: u32,
-    /// What MACL/MACH hold.
-    pub(crate) mac: [u8; 6],
 }
 
 /// A vmxnet3 NIC (15ad:07b0, revision 1) on a frame backend.

@@ -15,9 +15,8 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{GuestAddress, GuestMemory};
 use vm_migration::{MigratableError, Snapshot};
 
-use crate::device::Regs;
 use crate::interrupt::{Interrupts, IntrState};
-use crate::regs::{MAX_RX_QUEUES, MAX_TX_QUEUES};
+use crate::regs::{Regs, MAX_RX_QUEUES, MAX_TX_QUEUES};
 use crate::ring::{PosError, RingPos};
 use crate::rx::RxQueue;
 use crate::shared::{

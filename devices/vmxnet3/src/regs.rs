@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! BAR layout, registers, commands and register values: the one home for
 //! everything Linux's `vmxnet3_defs.h` says about the register interface
-//! (revision 1, which is all this device offers).
+//! (revision 1, which is all this device offers), and the register
+//! values the function keeps itself ([`Regs`], saved by `persist`).
 //!
 //! | BAR | size | contents |
 //! |-----|------|----------|
@@ -10,6 +11,8 @@
 //! | 2 | 8 KiB | MSI-X table (0x0000) and PBA (0x1000), [`NUM_VECTORS`] vectors |
 //!
 //! Every register is 32 bits wide; other access sizes are ignored.
+
+use serde::{Deserialize, Serialize};
 
 /// BAR 0: interrupt masks and doorbells.
 pub(crate) const PT_BAR: usize = 0;
@@ -217,6 +220,18 @@ impl Command {
     pub(crate) fn from_u32(value: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|c| *c as u32 == value)
     }
+}
+
+/// The registers the function keeps itself (the rest of its state is the
+/// worker's too); any value is valid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Regs {
+    /// DSAL, DSAH.
+    pub(crate) dsa: [u32; 2],
+    /// What CMD reads: the result of the last command.
+    pub(crate) cmd_result: u32,
+    /// What MACL/MACH hold.
+    pub(crate) mac: [u8; 6],
 }
 
 #[cfg(test)]

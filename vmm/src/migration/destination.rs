@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use api::{ActionError, ApiResponse, MigrationDirection, MigrationStatus, ResponseBody};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend as _};
 use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
-use vm_migration::transport::{AcceptError, Listener, MigrationUrl, Stream};
+use vm_migration::stream::Stream;
+use vm_migration::transport::{AcceptError, Listener, MigrationUrl};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 

@@ -13,8 +13,9 @@ use api::{
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestMemoryBackend as _, GuestMemoryRegion};
 use vm_migration::protocol::{self, Command, MemoryRangeTable, ProtocolError};
+use vm_migration::stream::Stream;
 use vm_migration::tls::TlsClient;
-use vm_migration::transport::{MigrationUrl, Stream};
+use vm_migration::transport::MigrationUrl;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{

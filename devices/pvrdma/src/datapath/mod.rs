@@ -34,8 +34,9 @@ use rdma_transport::verbs::{Access, CompletionSink, ImmOrInv, WcOpcode, WcStatus
 use vm_memory::GuestMemory;
 
 use self::mem::GuestMrs;
-use self::wire::Frames;
+use self::wire::{Frames, Wire};
 use self::wqe::{peek_send, GuestRecvQueue};
+use crate::env::Env;
 use crate::events::EventRings;
 use crate::objects::cq::Cq;
 use crate::objects::ctx::Numbering;
@@ -44,21 +45,6 @@ use crate::objects::qp::Qp;
 use crate::objects::srq::Srq;
 use crate::objects::Objects;
 use crate::port::ib_mtu;
-use crate::state::Env;
-
-/// The engine's clock: nanoseconds since the device was created.
-#[derive(Debug)]
-pub(crate) struct Clock(std::time::Instant);
-
-impl Clock {
-    pub(crate) fn new() -> Self {
-        Self(std::time::Instant::now())
-    }
-
-    pub(crate) fn now(&self) -> u64 {
-        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
-    }
-}
 
 /// Packets (or flushed WQEs) one QP may produce per call before the
 /// worker gives other QPs and events a turn.
@@ -369,10 +355,13 @@ fn srq_limit<M: GuestMemory>(
     }
 }
 
-/// Runs QP `handle` once for `input` at time `now` (nanoseconds).
+/// Runs QP `handle` once for `input` at time `now` (nanoseconds); frames
+/// towards a same-host peer go straight into its ring on `wire`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run_qp<M: GuestMemory>(
     mem: &M,
     env: &Env,
+    wire: &Wire,
     events: &mut EventRings,
     objects: &mut Objects,
     handle: u32,
@@ -398,11 +387,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
     gids.sync(&env.port);
     // Towards a VMM of this host, whole segments instead of MTU packets.
     let dst_mac = engine.attrs().addr.dst_mac;
-    let local = env
-        .wire
-        .local
-        .as_ref()
-        .filter(|_| qp.qp_type == qp_type::RC);
+    let local = wire.local.as_ref().filter(|_| qp.qp_type == qp_type::RC);
     let same_host = local.is_some_and(|l| l.has_ring(dst_mac));
     engine.set_segment(if same_host { MAX_SEGMENT } else { 0 });
     let budget = match local {
@@ -434,7 +419,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
             &mut done,
         );
     }
-    let mut frames = match env.wire.local.as_ref() {
+    let mut frames = match wire.local.as_ref() {
         Some(local) if same_host => Frames::same_host(local, dst_mac, &env.metrics),
         _ => Frames::default(),
     };

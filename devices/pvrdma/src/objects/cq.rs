@@ -16,13 +16,14 @@ use pvrdma_abi::wqe::{event, Cqe};
 use vm_memory::GuestMemory;
 
 use super::ctx::{release_ctx, take_ctx};
+use super::session::Ctx;
 use super::{get, Refs};
-use crate::cmd::{check, CmdError};
 use crate::config::pages_for;
+use crate::env::Env;
+use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ProducerRing, Ring, RingError};
-use crate::state::{Ctx, Env};
 use crate::uar::{Doorbell, Doorbells};
 
 /// Bytes of one CQE.

@@ -17,9 +17,9 @@ use pvrdma_abi::wqe::{send_opcode, uverbs_send_opcode, uverbs_wc_opcode, wc_opco
 use pvrdma_abi::PAGE_SHIFT;
 use rdma_transport::verbs::{WcOpcode, WrOpcode};
 
+use super::session::Ctx;
 use super::{get, Refs, KERNEL_CTX};
-use crate::cmd::CmdError;
-use crate::state::Ctx;
+use crate::error::CmdError;
 
 /// A user context: one process's verbs context and its UAR page.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]

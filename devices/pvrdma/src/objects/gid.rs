@@ -23,8 +23,8 @@ use net_port::{Port, SeenVlans};
 use pvrdma_abi::cmd::{CreateBindReq, DestroyBindReq};
 use rdma_transport::net::{ip_from_gid, Encap, RoceVersion};
 
-use crate::cmd::{check, CmdError};
-use crate::state::Ctx;
+use super::session::Ctx;
+use crate::error::{check, CmdError};
 
 /// VLAN ids are 12-bit; 0xFFF means "no VLAN".
 const MAX_VLAN: u32 = 0xfff;

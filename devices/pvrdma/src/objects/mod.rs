@@ -26,15 +26,15 @@ pub(crate) mod ctx;
 pub(crate) mod gid;
 pub(crate) mod mr;
 pub(crate) mod qp;
-pub(crate) mod qp_modify;
+pub(crate) mod session;
 pub(crate) mod srq;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cmd::CmdError;
 use crate::config::Limits;
+use crate::error::CmdError;
 use crate::uar::{Doorbells, Owner};
 
 /// The kernel's context: always there, owns UAR page 0.

@@ -17,11 +17,11 @@ use rdma_transport::verbs::{Access, FastReg, MrInfo};
 use vm_memory::GuestMemory;
 
 use super::ctx::{pd_ctx, release_pd, take_pd};
+use super::session::Ctx;
 use super::{get, KERNEL_CTX};
 use crate::caps::MAX_FAST_REG_PAGES;
-use crate::cmd::{check, CmdError};
+use crate::error::{check, CmdError};
 use crate::pdir::PageDir;
-use crate::state::Ctx;
 
 /// Access bits an MR may carry (besides ignorable optional hints).
 const MR_ACCESS: u32 = access::LOCAL_WRITE

@@ -26,14 +26,15 @@ use vm_memory::GuestMemory;
 
 use super::cq::Cq;
 use super::ctx::{pd_ctx, release_pd, take_pd, Numbering};
+use super::session::Ctx;
 use super::{get, Objects, KERNEL_CTX};
-use crate::cmd::{check, encode, CmdError, Response};
 use crate::config::pages_for;
+use crate::env::Env;
+use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::namespace::{Namespace, GSI_QP};
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring, RingError};
-use crate::state::{Ctx, Env};
 use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;
@@ -170,10 +171,17 @@ fn owned_cq(objects: &Objects, handle: u32, ctx: u32) -> Result<(), CmdError> {
     Ok(())
 }
 
+/// CREATE_QP's response, whose layout depends on the driver's version
+/// (the command channel encodes it).
+pub(crate) enum CreateQpResponse {
+    V1(CreateQpResp),
+    V2(CreateQpRespV2),
+}
+
 pub(crate) fn handle_create_qp<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
     req: &CreateQpReq,
-) -> Result<Response, CmdError> {
+) -> Result<CreateQpResponse, CmdError> {
     let limits = &cx.env.config.limits;
     let objects = &cx.s.objects;
     let ctx = pd_ctx(objects, req.pd_handle)?;
@@ -316,7 +324,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
     );
     cx.s.objects.qpns.insert(qpn, handle);
     Ok(if v2 {
-        encode(&CreateQpRespV2 {
+        CreateQpResponse::V2(CreateQpRespV2 {
             qpn,
             qp_handle: handle,
             max_send_wr: cap.max_send_wr,
@@ -326,7 +334,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             ..Default::default()
         })
     } else {
-        encode(&CreateQpResp {
+        CreateQpResponse::V1(CreateQpResp {
             qpn,
             max_send_wr: cap.max_send_wr,
             max_recv_wr: cap.max_recv_wr,

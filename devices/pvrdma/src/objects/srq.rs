@@ -17,13 +17,14 @@ use pvrdma_abi::wqe::{event, rq_stride};
 use vm_memory::GuestMemory;
 
 use super::ctx::{pd_ctx, release_pd, take_pd};
+use super::session::Ctx;
 use super::{get, get_mut, Refs};
-use crate::cmd::{check, CmdError};
 use crate::config::pages_for;
+use crate::env::Env;
+use crate::error::{check, CmdError};
 use crate::events::EventRings;
 use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring};
-use crate::state::{Ctx, Env};
 use crate::uar::{Doorbell, Doorbells};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]

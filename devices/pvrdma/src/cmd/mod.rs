@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The command channel (ABI doc 3): one `match` from command code to
 //! `handle_<cmd>`, request decoding from a single copy of the slot, and
-//! the response and error conventions.
+//! the response conventions (the error ones are in `error`). The handlers
+//! live with the objects they create (`objects`, `port`); MODIFY_QP, which
+//! also drives the data path, lives here (`qp_modify`).
 //!
 //! A command runs synchronously inside the REQUEST write: the 184-byte
 //! request is copied out of the command slot once, decoded from that copy,
@@ -15,77 +17,19 @@
     clippy::arithmetic_side_effects
 )]
 
-use std::io;
+mod qp_modify;
+
 use std::mem::size_of;
 
 use pvrdma_abi::cmd::{CmdCode, CmdHdr, RespHdr, REQ_SIZE, RESP_SIZE};
 use vm_memory::{ByteValued, GuestMemory};
 
-use crate::objects::{cq, ctx, gid, mr, qp, qp_modify, srq};
-use crate::pdir::PdirError;
+use crate::datapath::wire::Wire;
+use crate::error::CmdError;
+use crate::objects::qp::CreateQpResponse;
+use crate::objects::session::Ctx;
+use crate::objects::{cq, ctx, gid, mr, qp, srq};
 use crate::port;
-use crate::ring::RingError;
-use crate::state::Ctx;
-
-/// Linux errno values reported in ERR and `hdr.err`.
-pub(crate) mod errno {
-    pub(crate) const EPERM: u32 = 1;
-    pub(crate) const ENOMEM: u32 = 12;
-    pub(crate) const EFAULT: u32 = 14;
-    pub(crate) const EBUSY: u32 = 16;
-    pub(crate) const EINVAL: u32 = 22;
-    pub(crate) const EOPNOTSUPP: u32 = 95;
-}
-
-/// Why a command failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CmdError {
-    #[error("Unknown command {0}")]
-    Unknown(u32),
-    #[error("Invalid {0}")]
-    Invalid(&'static str),
-    #[error("No {kind} with handle {handle}")]
-    NoObject { kind: &'static str, handle: u32 },
-    #[error("{kind} {handle} belongs to another context")]
-    WrongOwner { kind: &'static str, handle: u32 },
-    #[error("{kind} {handle} is still in use")]
-    Busy { kind: &'static str, handle: u32 },
-    #[error("Out of {0}")]
-    Exhausted(&'static str),
-    #[error("{0} is not supported")]
-    Unsupported(&'static str),
-    #[error("Invalid page directory")]
-    Pdir(#[from] PdirError),
-    #[error("Invalid ring")]
-    Ring(#[from] RingError),
-    #[error("Failed to set up doorbells")]
-    Doorbell(#[source] io::Error),
-}
-
-impl CmdError {
-    pub(crate) fn errno(&self) -> u32 {
-        match self {
-            CmdError::Unknown(_)
-            | CmdError::Invalid(_)
-            | CmdError::NoObject { .. }
-            | CmdError::Ring(_) => errno::EINVAL,
-            CmdError::WrongOwner { .. } => errno::EPERM,
-            CmdError::Busy { .. } => errno::EBUSY,
-            CmdError::Exhausted(_) | CmdError::Doorbell(_) => errno::ENOMEM,
-            CmdError::Unsupported(_) => errno::EOPNOTSUPP,
-            CmdError::Pdir(_) => errno::EFAULT,
-        }
-    }
-}
-
-/// Fails with [`CmdError::Invalid`] naming `what` unless `ok`.
-pub(crate) fn check(ok: bool, what: &'static str) -> Result<(), CmdError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(CmdError::Invalid(what))
-    }
-}
 
 /// Bytes of a response, header included.
 pub(crate) struct Response {
@@ -156,9 +100,11 @@ pub(crate) fn header(req: &[u8; REQ_SIZE]) -> CmdHdr {
 
 /// Executes the command in `req` and returns the complete response
 /// (header filled in) and the status for ERR. `None` for a command code
-/// outside the ABI, which gets no response at all.
+/// outside the ABI, which gets no response at all. `wire` sends the frames
+/// a command makes the data path emit.
 pub(crate) fn execute<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
+    wire: &Wire,
     req: &[u8; REQ_SIZE],
 ) -> (Option<Response>, u32) {
     let hdr = header(req);
@@ -169,7 +115,7 @@ pub(crate) fn execute<M: GuestMemory>(
             return (None, CmdError::Unknown(other).errno());
         }
     };
-    let (mut resp, status) = match dispatch(cx, code, req) {
+    let (mut resp, status) = match dispatch(cx, wire, code, req) {
         Ok(resp) => {
             cx.metrics().cmd_executed.inc();
             (resp, 0)
@@ -188,8 +134,20 @@ pub(crate) fn execute<M: GuestMemory>(
     (Some(resp), status)
 }
 
+/// CREATE_QP, whose response has the layout of the driver's version.
+fn run_create_qp<M: GuestMemory>(
+    cx: &mut Ctx<'_, M>,
+    req: &[u8; REQ_SIZE],
+) -> Result<Response, CmdError> {
+    Ok(match qp::handle_create_qp(cx, &decode(req)?)? {
+        CreateQpResponse::V1(resp) => Response::from_struct(&resp),
+        CreateQpResponse::V2(resp) => Response::from_struct(&resp),
+    })
+}
+
 fn dispatch<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
+    wire: &Wire,
     code: CmdCode,
     req: &[u8; REQ_SIZE],
 ) -> Result<Response, CmdError> {
@@ -203,8 +161,8 @@ fn dispatch<M: GuestMemory>(
         CmdCode::CreateCq => run(req, |r| cq::handle_create_cq(cx, r)),
         CmdCode::ResizeCq => run(req, |r| cq::handle_resize_cq(cx, r)),
         CmdCode::DestroyCq => run_noop(req, |r| cq::handle_destroy_cq(cx, r)),
-        CmdCode::CreateQp => qp::handle_create_qp(cx, &decode(req)?),
-        CmdCode::ModifyQp => run_noop(req, |r| qp_modify::handle_modify_qp(cx, r)),
+        CmdCode::CreateQp => run_create_qp(cx, req),
+        CmdCode::ModifyQp => run_noop(req, |r| qp_modify::handle_modify_qp(cx, wire, r)),
         CmdCode::QueryQp => run(req, |r| qp::handle_query_qp(cx, r)),
         CmdCode::DestroyQp => run(req, |r| qp::handle_destroy_qp(cx, r)),
         CmdCode::CreateUc => run(req, |r| ctx::handle_create_uc(cx, r)),
@@ -216,9 +174,4 @@ fn dispatch<M: GuestMemory>(
         CmdCode::QuerySrq => run(req, |r| srq::handle_query_srq(cx, r)),
         CmdCode::DestroySrq => run_noop(req, |r| srq::handle_destroy_srq(cx, r)),
     }
-}
-
-/// The response of a CREATE_QP, whose layout depends on the version.
-pub(crate) fn encode<T: ByteValued>(resp: &T) -> Response {
-    Response::from_struct(resp)
 }

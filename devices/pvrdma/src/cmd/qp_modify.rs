@@ -17,12 +17,13 @@ use pvrdma_abi::verbs::{
 use pvrdma_abi::QPN_MASK;
 use vm_memory::GuestMemory;
 
-use super::get_mut;
-use super::gid::GidTable;
 use crate::caps::{MAX_PKEYS, MAX_RD_ATOMIC, PORT_NUM};
-use crate::cmd::{check, CmdError};
+use crate::datapath::wire::Wire;
 use crate::datapath::{self, Input};
-use crate::state::Ctx;
+use crate::error::{check, CmdError};
+use crate::objects::get_mut;
+use crate::objects::gid::GidTable;
+use crate::objects::session::Ctx;
 
 /// QP access flags: local write, remote write/read/atomic, MW bind.
 const QP_ACCESS: u32 = access::LOCAL_WRITE
@@ -207,8 +208,10 @@ fn apply(attrs: &mut QpAttr, mask: u32, new: &QpAttr) {
     }
 }
 
+/// MODIFY_QP; `wire` takes the frames of a flush on the way to ERR.
 pub(crate) fn handle_modify_qp<M: GuestMemory>(
     cx: &mut Ctx<'_, M>,
+    wire: &Wire,
     req: &ModifyQpReq,
 ) -> Result<(), CmdError> {
     let handle = req.qp_handle;
@@ -263,10 +266,20 @@ pub(crate) fn handle_modify_qp<M: GuestMemory>(
             // The engine's WQEs are older than the rings': flush them first.
             qp.set_error_state(cx.mem, cx.env, events, handle);
             let now = cx.env.clock.now();
-            let out = datapath::run_qp(cx.mem, cx.env, events, objects, handle, now, Input::Kick);
+            let out = datapath::run_qp(
+                cx.mem,
+                cx.env,
+                wire,
+                events,
+                objects,
+                handle,
+                now,
+                Input::Kick,
+            );
             // An engine in the error state only completes work: no frame
             // is sent from under the state lock in practice.
-            cx.env.send(cx.env.route(&objects.gids, out.frames));
+            let metrics = &cx.env.metrics;
+            wire.send(metrics, wire.route(&objects.gids, metrics, out.frames));
         }
         s::ERR => {
             let qp_id = (handle, numbering);
