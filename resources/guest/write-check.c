@@ -260,7 +260,8 @@ static void setup_verbs(struct conn *c, struct ibv_context *verbs)
 	c->slots_mr = check_ptr("reg_mr_msgs", ibv_reg_mr(c->pd, c->slots, 4096, IBV_ACCESS_LOCAL_WRITE));
 }
 
-static void create_qp(struct conn *c, struct rdma_cm_id *id)
+/* The connection's RC QP on id: 0, or -1 with errno. */
+static int create_qp(struct conn *c, struct rdma_cm_id *id)
 {
 	struct ibv_qp_init_attr attr = {
 		.send_cq = c->cq,
@@ -274,7 +275,7 @@ static void create_qp(struct conn *c, struct rdma_cm_id *id)
 		.qp_type = IBV_QPT_RC,
 	};
 
-	check_rc("create_qp", rdma_create_qp(id, c->pd, &attr));
+	return rdma_create_qp(id, c->pd, &attr);
 }
 
 static void *slot(struct conn *c, unsigned i)
@@ -391,21 +392,6 @@ static struct rdma_cm_event *cm_event(struct rdma_event_channel *ch, struct rdma
 	}
 }
 
-/* The event `want` for id; anything else fails `step`. Not acked. */
-static struct rdma_cm_event *expect_event(struct conn *c, struct rdma_cm_id *id,
-					  enum rdma_cm_event_type want, int timeout_s,
-					  const char *step, const char *what)
-{
-	struct rdma_cm_event *ev = cm_event(c->cm, id, now_ms() + (int64_t)timeout_s * 1000);
-
-	if (!ev)
-		fail(step, "timed out after %d s waiting for %s", timeout_s, what);
-	if (ev->event != want)
-		fail(step, "%s (status %d) while waiting for %s", rdma_event_str(ev->event), ev->status,
-		     what);
-	return ev;
-}
-
 /*
  * Waits for `want` on id before deadline. On anything else, or a timeout, writes why into
  * why[n] and returns NULL (the client retries); the event it returns is not acked.
@@ -462,7 +448,7 @@ static int try_connect(struct conn *c, const struct sockaddr_in *dst, struct tar
 		setup_verbs(c, id->verbs);
 	else if (id->verbs != c->verbs)
 		fail("resolve_route", "the route to the server moved to another device between attempts");
-	create_qp(c, id);
+	check_rc("create_qp", create_qp(c, id));
 	have_qp = 1;
 	/* No receive is posted yet: the server sends nothing before the first round. */
 	if (rdma_connect(id, &param)) {
@@ -484,6 +470,33 @@ out:
 		rdma_destroy_qp(id);
 	rdma_destroy_id(id);
 	return -1;
+}
+
+/*
+ * Accepts the connection request on c->id with a QP and its receives posted: 0 once the
+ * connection is established, or -1 with why[n] (the client gave up on this request).
+ */
+static int accept_one(struct conn *c, struct rdma_conn_param *param, char *why, size_t n)
+{
+	struct rdma_cm_event *ev;
+	unsigned i;
+
+	if (create_qp(c, c->id)) {
+		snprintf(why, n, "create_qp: %s", strerror(errno));
+		return -1;
+	}
+	for (i = 0; i < RECV_SLOTS; i++)
+		post_recv(c, i);
+	if (rdma_accept(c->id, param)) {
+		snprintf(why, n, "accept: %s", strerror(errno));
+		return -1;
+	}
+	ev = attempt_event(c, c->id, RDMA_CM_EVENT_ESTABLISHED, now_ms() + (int64_t)TIMEOUT_S * 1000,
+			   "accept", why, n);
+	if (!ev)
+		return -1;
+	rdma_ack_cm_event(ev);
+	return 0;
 }
 
 static int run_client(const struct sockaddr_in *dst, unsigned mib, unsigned seconds)
@@ -591,7 +604,7 @@ static int run_server(int port, unsigned mib, unsigned seconds)
 	uint64_t *target = map_buffer("alloc_target", len), *own = map_buffer("alloc_own", len);
 	uint64_t last_sum = 0;
 	uint32_t rounds = 0, cpu_rounds = 0, bad_dev = 0, bad_cpu = 0;
-	unsigned i, sends = 0;
+	unsigned sends = 0;
 	int final = 0, verified;
 	int64_t run_deadline;
 	struct sockaddr_in sin = {
@@ -608,6 +621,8 @@ static int run_server(int port, unsigned mib, unsigned seconds)
 	struct ack_msg ack;
 	struct check ck;
 	struct target_info ti;
+	char why[160] = "";
+	int64_t accept_deadline;
 	struct rdma_conn_param param = {
 		.private_data = &ti,
 		.private_data_len = sizeof(ti),
@@ -623,21 +638,44 @@ static int run_server(int port, unsigned mib, unsigned seconds)
 	check_rc("listen", rdma_listen(listen_id, 1));
 	say("WRITE-CHECK-LISTENING port=%d mib=%u", port, mib);
 
-	ev = expect_event(&c, listen_id, RDMA_CM_EVENT_CONNECT_REQUEST, ACCEPT_TIMEOUT_S, "accept",
-			  "a client to connect");
-	c.id = ev->id;
-	rdma_ack_cm_event(ev);
-	setup_verbs(&c, c.id->verbs);
-	mr = check_ptr("reg_mr_target", ibv_reg_mr(c.pd, target, len,
-						   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
-	create_qp(&c, c.id);
-	for (i = 0; i < RECV_SLOTS; i++)
-		post_recv(&c, i);
-	ti = (struct target_info){ .addr = (uintptr_t)target, .rkey = mr->rkey, .len = (uint32_t)len };
-	check_rc("accept", rdma_accept(c.id, &param));
-	ev = expect_event(&c, c.id, RDMA_CM_EVENT_ESTABLISHED, TIMEOUT_S, "accept",
-			  "the connection to be established");
-	rdma_ack_cm_event(ev);
+	/*
+	 * The client retries its connection attempts until a deadline of its own: a request it has
+	 * given up on meanwhile (create_qp then fails with EINVAL, or the connection never comes
+	 * up) is dropped here, and the server waits for its next one.
+	 */
+	accept_deadline = now_ms() + (int64_t)ACCEPT_TIMEOUT_S * 1000;
+	for (;;) {
+		ev = cm_event(c.cm, listen_id, accept_deadline);
+		if (!ev)
+			fail("accept", "timed out after %d s waiting for a client to connect",
+			     ACCEPT_TIMEOUT_S);
+		if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
+			rdma_ack_cm_event(ev);
+			continue;
+		}
+		c.id = ev->id;
+		rdma_ack_cm_event(ev);
+		if (!c.verbs) {
+			setup_verbs(&c, c.id->verbs);
+			mr = check_ptr("reg_mr_target",
+				       ibv_reg_mr(c.pd, target, len,
+						  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+			ti = (struct target_info){ .addr = (uintptr_t)target, .rkey = mr->rkey,
+						   .len = (uint32_t)len };
+		} else if (c.id->verbs != c.verbs) {
+			fail("accept", "a connection request on another device");
+		}
+		if (!accept_one(&c, &param, why, sizeof(why)))
+			break;
+		say("WRITE-CHECK-REQUEST-DROPPED %s", why);
+		if (c.id->qp) {
+			rdma_destroy_qp(c.id);
+			/* What the dropped QP's receives left behind. */
+			while (ibv_poll_cq(c.cq, 1, &wc) > 0)
+				;
+		}
+		rdma_destroy_id(c.id);
+	}
 	rdma_destroy_id(listen_id);	/* exactly one client */
 	say("WRITE-CHECK-CONNECTED");
 
