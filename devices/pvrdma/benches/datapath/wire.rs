@@ -134,7 +134,7 @@ impl WirePair {
             ..RcPath::default()
         };
         WirePair {
-            pair: Pair::connected(a, b, path),
+            pair: Pair::connected(a, b, path, false),
             _pumps: [pa, pb],
         }
     }

@@ -211,7 +211,8 @@ impl SimDriver {
             .map(|(resp, _)| resp)
     }
 
-    /// [`Self::reg_user_mr`], also returning the pages behind the MR.
+    /// [`Self::reg_user_mr`], also returning the pages behind the MR (no
+    /// two of them contiguous).
     pub fn reg_user_mr_pages(
         &mut self,
         pd: u32,
@@ -221,6 +222,33 @@ impl SimDriver {
     ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
         let n = ((start & (PAGE_SIZE - 1)) + length).div_ceil(PAGE_SIZE) as u32;
         let pages = self.alloc_pages(n);
+        self.reg_user_mr_on(pd, start, length, access_flags, pages)
+    }
+
+    /// [`Self::reg_user_mr_pages`] over guest-physically contiguous
+    /// pages, as a buffer in a guest's huge page.
+    pub fn reg_user_mr_contiguous(
+        &mut self,
+        pd: u32,
+        start: u64,
+        length: u64,
+        access_flags: u32,
+    ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
+        let n = ((start & (PAGE_SIZE - 1)) + length).div_ceil(PAGE_SIZE) as u32;
+        let pages = self.alloc_run(n);
+        self.reg_user_mr_on(pd, start, length, access_flags, pages)
+    }
+
+    /// Registers `[start, start + length)` over `pages`.
+    fn reg_user_mr_on(
+        &mut self,
+        pd: u32,
+        start: u64,
+        length: u64,
+        access_flags: u32,
+        pages: Vec<u64>,
+    ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
+        let n = pages.len() as u32;
         let pdir = self.make_pdir(&pages);
         let resp = self.cmd(
             CmdCode::CreateMr,
