@@ -34,7 +34,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod ib;
 mod verbs;
-pub use verbs::RcPath;
+pub use verbs::{PageLayout, RcPath};
 mod work;
 use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};

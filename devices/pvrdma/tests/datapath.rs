@@ -759,6 +759,7 @@ fn arm_solicited_wakes_only_for_solicited_receives() {
 #[test]
 fn writes_into_contiguous_pages_land_and_mark_each_page_dirty() {
     use pvrdma::sim_driver::endpoint::RIGHTS;
+    use pvrdma::sim_driver::PageLayout;
     use vm_memory::bitmap::Bitmap;
     use vm_memory::{GuestAddress, GuestMemoryBackend};
 
@@ -766,7 +767,7 @@ fn writes_into_contiguous_pages_land_and_mark_each_page_dirty() {
     let at = IOVA + (1 << 30);
     let (mr, pages) = b
         .sim
-        .reg_user_mr_contiguous(b.pd, at, 16 * 4096, RIGHTS)
+        .reg_user_mr_laid_out(b.pd, (at, 16 * 4096), RIGHTS, PageLayout::Contiguous)
         .expect("mr");
     assert!(pages.windows(2).all(|w| w[1] == w[0] + 4096));
     let bmem = b.sim.mem.clone();

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use pvrdma::sim_driver::endpoint::{GID_A, GID_B, IOVA, MAC_A, MAC_B, RIGHTS};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::{QpSpec, RcPath, SimCq, SimDriver, SimQp};
+use pvrdma::sim_driver::{PageLayout, QpSpec, RcPath, SimCq, SimDriver, SimQp};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -96,9 +96,9 @@ struct Side {
 }
 
 impl Side {
-    /// Sets up `sim` (not yet probed) with GID `gid`; its MR's pages
-    /// follow each other in guest-physical memory if `contiguous`.
-    fn new(mut sim: SimDriver, gid: [u8; 16], contiguous: bool) -> Self {
+    /// Sets up `sim` (not yet probed) with GID `gid`, its MR's pages laid
+    /// out as `layout` says.
+    fn new(mut sim: SimDriver, gid: [u8; 16], layout: PageLayout) -> Self {
         sim.probe().expect("probe");
         sim.bind_gid(0, gid, 2).expect("bind");
         let pd = sim.create_pd(0).expect("pd");
@@ -109,12 +109,9 @@ impl Side {
             ..QpSpec::rc(pd, cq.handle)
         };
         let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
-        let (mr, _) = if contiguous {
-            sim.reg_user_mr_contiguous(pd, IOVA, MR_LEN, RIGHTS)
-        } else {
-            sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS)
-        }
-        .expect("mr");
+        let (mr, _) = sim
+            .reg_user_mr_laid_out(pd, (IOVA, MR_LEN), RIGHTS, layout)
+            .expect("mr");
         let cq_irq = sim.msi.irqfd(CQ_VECTOR).expect("CQ vector");
         Side {
             sim,
@@ -176,19 +173,19 @@ struct Pair {
 }
 
 impl Pair {
-    /// Two devices of `config` over the same-host channel, their MRs
-    /// over contiguous pages if `contiguous`.
-    fn new(config: &PvrdmaConfig, contiguous: bool) -> Self {
+    /// Two devices of `config` over the same-host channel, their MRs'
+    /// pages laid out as `layout` says.
+    fn new(config: &PvrdmaConfig, layout: PageLayout) -> Self {
         let a = SimDriver::with_config_and_mac(config, MAC_A);
         let b = SimDriver::with_config_and_mac(config, MAC_B);
-        Self::connected(a, b, RcPath::default(), contiguous)
+        Self::connected(a, b, RcPath::default(), layout)
     }
 
     /// Drivers `a` (of MAC_A) and `b` (of MAC_B), their QPs connected
     /// with `path`.
-    fn connected(a: SimDriver, b: SimDriver, path: RcPath, contiguous: bool) -> Self {
-        let mut a = Side::new(a, GID_A, contiguous);
-        let mut b = Side::new(b, GID_B, contiguous);
+    fn connected(a: SimDriver, b: SimDriver, path: RcPath, layout: PageLayout) -> Self {
+        let mut a = Side::new(a, GID_A, layout);
+        let mut b = Side::new(b, GID_B, layout);
         for i in 0..QPS {
             let (qa, qb) = (a.qps[i].qpn, b.qps[i].qpn);
             let (ha, hb) = (a.qps[i].handle, b.qps[i].handle);
@@ -559,16 +556,13 @@ fn main() {
     };
     // `pages=contiguous`: the MRs' pages follow each other (a guest's
     // huge page) instead of each having a gap after it.
-    let contiguous = args.iter().any(|a| a == "pages=contiguous");
-    println!(
-        "MR pages {}",
-        if contiguous {
-            "contiguous"
-        } else {
-            "scattered"
-        }
-    );
-    let pair = Pair::new(&config, contiguous);
+    let layout = if args.iter().any(|a| a == "pages=contiguous") {
+        PageLayout::Contiguous
+    } else {
+        PageLayout::Scattered
+    };
+    println!("MR pages {layout:?}");
+    let pair = Pair::new(&config, layout);
     if let Some(cpus) = args.iter().find_map(|a| a.strip_prefix("pin=")) {
         pin_threads(cpus);
     }
