@@ -689,7 +689,9 @@ impl SimDriver {
 
     /// A zeroed page (with an unused page after it).
     pub fn alloc_page(&mut self) -> u64 {
-        self.alloc_run(1)[0]
+        let page = self.reserve(1);
+        self.zero(page);
+        page
     }
 
     /// `n` zeroed pages, each with an unused page after it, so that no
@@ -702,28 +704,40 @@ impl SimDriver {
     /// (as a buffer in a guest's huge page), with an unused page after
     /// the last.
     pub fn alloc_run(&mut self, n: u32) -> Vec<u64> {
+        let start = self.reserve(n);
+        let pages: Vec<u64> = (0..u64::from(n)).map(|i| start + i * PAGE_SIZE).collect();
+        for &page in &pages {
+            self.zero(page);
+        }
+        pages
+    }
+
+    /// The first of `n` pages not handed out yet, and an unused one after
+    /// them.
+    fn reserve(&mut self, n: u32) -> u64 {
         let start = self.next_page;
         self.next_page += (u64::from(n) + 1) * PAGE_SIZE;
         assert!(
             self.next_page <= self.mem_size,
             "sim guest memory exhausted"
         );
-        let pages: Vec<u64> = (0..u64::from(n)).map(|i| start + i * PAGE_SIZE).collect();
-        for &page in &pages {
-            // A page never written is zero already (the dirty bitmap knows
-            // which were): writing it would only fault it in, for every
-            // page of every device a fuzz input builds.
-            let region = self.mem.find_region(GuestAddress(page)).expect("RAM");
-            if region
-                .bitmap()
-                .dirty_at((page - region.start_addr().0) as usize)
-            {
-                self.mem
-                    .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
-                    .expect("zero page");
-            }
+        start
+    }
+
+    /// Zeroes `page` if it was ever written: a page never written is zero
+    /// already (the dirty bitmap knows which were), and writing it would
+    /// only fault it in, for every page of every device a fuzz input
+    /// builds.
+    fn zero(&self, page: u64) {
+        let region = self.mem.find_region(GuestAddress(page)).expect("RAM");
+        if region
+            .bitmap()
+            .dirty_at((page - region.start_addr().0) as usize)
+        {
+            self.mem
+                .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
+                .expect("zero page");
         }
-        pages
     }
 
     /// A page directory for `pages`, as `pvrdma_page_dir_init` builds it.
