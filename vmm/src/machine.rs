@@ -289,6 +289,17 @@ impl Machine {
     }
 }
 
+#[cfg(test)]
+impl Machine {
+    /// Adds `dev` to the PCI bus, for tests of what a device does to a start.
+    pub(crate) fn add_pci_function(
+        &self,
+        dev: Arc<Mutex<dyn pci::PciDevice>>,
+    ) -> Result<(), DeviceError> {
+        self.devices.add_pci_function(dev)
+    }
+}
+
 /// The log line of a start `how`, which took `threads` to spawn the vCPU
 /// threads, `devices` to resume the devices (a migration's destination
 /// only) and `after` from then to the vCPUs let go (devices included).
