@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pvrdma::sim_driver::{Failure, QpSpec, SimDriver, GID};
+use pvrdma::sim_driver::{Failure, QpSpec, SimDriver, GID, GSI_QKEY};
 use pvrdma_abi::cmd::*;
 use pvrdma_abi::regs::version;
 use pvrdma_abi::verbs::{access, mr_flags, qp_attr_mask as m, qp_state, qp_type, QpAttr, SrqAttr};
@@ -605,7 +605,7 @@ fn unreliable_and_gsi_transitions() {
             })
             .expect("qp");
         sim.to_rts(qp.handle, t).expect("to RTS");
-        assert_eq!(sim.query_qp(qp.handle).expect("query").qkey, 0x8001_0000);
+        assert_eq!(sim.query_qp(qp.handle).expect("query").qkey, GSI_QKEY);
     }
 }
 

@@ -373,7 +373,7 @@ impl SimDriver {
         let init = QpAttr {
             qp_state: qp_state::INIT,
             port_num: 1,
-            qkey: 0x8001_0000,
+            qkey: GSI_QKEY,
             qp_access_flags: 0x7,
             ..QpAttr::default()
         };
