@@ -34,7 +34,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod ib;
 mod verbs;
-pub use verbs::RcPath;
+pub use verbs::{RcPath, RC_INIT_MASK, RC_RTR_MASK};
 mod work;
 use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};
