@@ -602,11 +602,11 @@ mod tests {
         fn write_bar(&mut self, _bar: usize, _offset: u64, _data: &[u8]) {}
     }
 
-    /// A VM handed over (after `Complete`) that cannot start here, here a
-    /// real machine (KVM, memory, parked vCPU) with a device that fails to
-    /// resume, ends the VMM waiting for it with the error: its source has
-    /// let go of it, so waiting on for another migration would lose the
-    /// VM without a word.
+    /// A VM handed over (after `Complete`) that cannot start here ends the
+    /// VMM waiting for it with the error: its source has let go of it, so
+    /// waiting on for another migration would lose the VM without a word.
+    /// The VM is a real machine (KVM, memory, a parked vCPU) with one
+    /// device that fails to resume.
     #[test]
     fn a_vm_handed_over_that_cannot_start_ends_the_wait() {
         let config = VmConfig {
