@@ -40,6 +40,35 @@ pub trait Choices {
     fn u64(&mut self) -> u64;
 }
 
+/// xorshift64*: reproducible noise for tests (a failure reproduces from
+/// the seed) without a dependency, and [`Choices`] from it.
+#[derive(Clone, Debug)]
+pub struct Seeded(pub u64);
+
+impl Seeded {
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        self.u64().checked_rem(n as u64).unwrap_or(0) as usize
+    }
+}
+
+impl Choices for Seeded {
+    fn u8(&mut self) -> u8 {
+        self.u64() as u8
+    }
+
+    fn u16(&mut self) -> u16 {
+        self.u64() as u16
+    }
+
+    fn u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
 /// `v` as a varint (LEB128), as the encoding writes lengths and numbers.
 pub fn varint(mut v: u64) -> Vec<u8> {
     let mut out = Vec::new();

@@ -146,11 +146,22 @@ pub fn pingpong_qpn(line: &str) -> Option<u32> {
 }
 
 /// Whether the `qpns=[..]` of a device's `pvrdma: saved`/`restored` line `ids` lists `qpn`: one
-/// of them exactly ("0x1" is in "0x12" but is not it).
+/// of them exactly ("0x1" is in "0x12" but is not it). The line lists a device's first 8 QPNs and
+/// its last, enough for the few QPs of a test's guest.
 pub fn lists_qpn(ids: &str, qpn: u32) -> bool {
     ids.split_once("qpns=[")
         .and_then(|(_, rest)| rest.split_once(']'))
         .is_some_and(|(list, _)| list.split(',').any(|q| q.trim() == format!("{qpn:#x}")))
+}
+
+/// The number of QPs ("N QPs qpns=[..]") of a device's `pvrdma: saved`/`restored` line `ids`.
+pub fn qp_count(ids: &str) -> Option<usize> {
+    ids.split_once(" QPs qpns=[")?
+        .0
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The serial log `name` in `$OUT`.
@@ -248,8 +259,8 @@ impl RemoteSuite {
             .unwrap_or_else(|| self.fail(&format!("{} {} has no counter {name}", d.kind, d.id)))
     }
 
-    /// The `qpns=[..] keys=[..]` part of the PVRDMA device's line starting with `prefix` (it
-    /// logs one when it saves and when it restores) in `log`.
+    /// The `N QPs qpns=[..] M MRs keys=[..] crc=..` part of the PVRDMA device's line starting with
+    /// `prefix` (it logs one when it saves and when it restores) in `log`.
     pub fn peer_ids(&self, log: &str, prefix: &str) -> String {
         let text = self.text(log);
         let line = text
@@ -328,6 +339,12 @@ mod tests {
         assert_eq!(pingpong_qpn("  local address:  LID 0x0000"), None);
         let ids = "pvrdma: restored 3 QPs qpns=[0x1, 0x12] keys=[0x100]";
         assert!(lists_qpn(ids, 0x12));
+        assert_eq!(qp_count(ids), Some(3));
+        assert_eq!(
+            qp_count("4097 QPs qpns=[0x1,...,0x1001] 1 MRs keys=[]"),
+            Some(4097)
+        );
+        assert_eq!(qp_count("qpns=[0x1]"), None);
         assert!(
             !lists_qpn("qpns=[0x12]", 0x1),
             "0x1 is in 0x12 but is not it"

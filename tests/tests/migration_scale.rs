@@ -93,12 +93,7 @@ fn every_qp_carries_checked_data_across_the_migration() {
 fn queue_pair_numbers_and_keys_survive() {
     let s = suite();
     let restored = s.expect_same_ids("migration-scale-b-vmm.log", "migration-scale-b2-vmm.log");
-    let qpns = restored
-        .split_once("qpns=[")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .map_or(0, |(list, _)| {
-            list.split(',').filter(|q| !q.is_empty()).count()
-        });
+    let qpns = suite::qp_count(&restored).unwrap_or(0);
     // The program's QPs, and the GSI QP the kernel keeps.
     if qpns < QPS {
         s.fail(&format!(

@@ -381,6 +381,22 @@ impl DeviceManager {
         self.bus.pci().resume()
     }
 
+    /// Adds `dev` in the next free slot, for tests of what a device does to
+    /// the VM.
+    #[cfg(test)]
+    pub(crate) fn add_pci_function(
+        &self,
+        dev: Arc<Mutex<dyn pci::PciDevice>>,
+    ) -> Result<(), DeviceError> {
+        let mut pci = self.bus.pci();
+        let slot = pci
+            .next_free_slot()
+            .ok_or(DeviceError::NoSlot("a test device"))?;
+        pci.add_device(slot, 0, dev)
+            .map(drop)
+            .map_err(DeviceError::Pci)
+    }
+
     /// Every device's state: the PCI bus (configuration spaces and each
     /// function) and the serial port. The legacy i8042 and ACPI PM ports
     /// keep no state between accesses.

@@ -15,8 +15,7 @@
 use std::io::{self, Write};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Bytes kept back at most; a blackout logs a few KiB (4096 QPs' IDs
-/// some 100 KiB).
+/// Bytes kept back at most; a blackout logs a few KiB.
 const MAX_HELD: usize = 1 << 20;
 
 /// Records on their way to `out`.

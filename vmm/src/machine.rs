@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvm_bindings::kvm_cpuid_entry2;
 use kvm_ioctls::VcpuFd;
@@ -265,14 +265,13 @@ impl Machine {
         vm.flush_ioevents().map_err(VmmError::EventLoop)?;
         // After a migration's hand-over the guest waits for this.
         log::info!(
-            "Started: vCPU threads in {} ms, devices resumed in {} ms, then vCPUs let go in {} ms",
-            t1.duration_since(t0).as_millis(),
-            resumed.map_or(0, |d| d.as_millis()),
-            resumed
-                .map_or(t2.duration_since(t1), |d| t2
-                    .duration_since(t1)
-                    .saturating_sub(d))
-                .as_millis()
+            "{}",
+            started_line(
+                how,
+                t1.duration_since(t0),
+                resumed.unwrap_or_default(),
+                t2.duration_since(t1)
+            )
         );
         Ok(Guest {
             config,
@@ -290,6 +289,41 @@ impl Machine {
     }
 }
 
+#[cfg(test)]
+impl Machine {
+    /// Adds `dev` to the PCI bus, for tests of what a device does to a start.
+    pub(crate) fn add_pci_function(
+        &self,
+        dev: Arc<Mutex<dyn pci::PciDevice>>,
+    ) -> Result<(), DeviceError> {
+        self.devices.add_pci_function(dev)
+    }
+}
+
+/// The log line of a start `how`, which took `threads` to spawn the vCPU
+/// threads, `devices` to resume the devices (a migration's destination
+/// only) and `after` from then to the vCPUs let go (devices included).
+/// Only the steps that `how` has are named: a booted VM's devices never
+/// paused, and a snapshot's VM stays paused until vm.resume.
+fn started_line(how: StartAs, threads: Duration, devices: Duration, after: Duration) -> String {
+    let threads = threads.as_millis();
+    match how {
+        StartAs::Running => format!(
+            "Started: vCPU threads in {threads} ms, vCPUs let go in {} ms",
+            after.as_millis()
+        ),
+        StartAs::Resumed => format!(
+            "Started: vCPU threads in {threads} ms, devices resumed in {} ms, then vCPUs let go \
+             in {} ms",
+            devices.as_millis(),
+            after.saturating_sub(devices).as_millis()
+        ),
+        StartAs::Paused => format!(
+            "Started paused: vCPU threads in {threads} ms; devices and vCPUs wait for vm.resume"
+        ),
+    }
+}
+
 /// Resumes the devices with `resume_devices`, then lets the parked
 /// `vcpus` run: a guest never runs on a paused device (its doorbells
 /// would wait for the resume). Returns how long the devices took; if they
@@ -297,7 +331,7 @@ impl Machine {
 fn release<E>(
     resume_devices: impl FnOnce() -> Result<(), E>,
     vcpus: &[VcpuHandle],
-) -> Result<std::time::Duration, E> {
+) -> Result<Duration, E> {
     let t0 = Instant::now();
     resume_devices()?;
     let took = t0.elapsed();
@@ -468,6 +502,25 @@ mod tests {
         let swapped = [own[1].clone(), own[0].clone()];
         let e = check_cpuids(&fds, &swapped).unwrap_err();
         assert!(e.starts_with("vCPU 0: The guest's CPUID does not fit this host: CPUID leaf 0x1 EBX gives APIC ID 1"), "{e}");
+    }
+
+    /// The start's log line names only the steps the start has: a booted
+    /// VM's devices were never paused, and a snapshot's VM is not let go.
+    #[test]
+    fn the_started_line_names_only_the_steps_taken() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            started_line(StartAs::Resumed, ms(2), ms(43), ms(45)),
+            "Started: vCPU threads in 2 ms, devices resumed in 43 ms, then vCPUs let go in 2 ms"
+        );
+        assert_eq!(
+            started_line(StartAs::Running, ms(2), Duration::ZERO, ms(1)),
+            "Started: vCPU threads in 2 ms, vCPUs let go in 1 ms"
+        );
+        assert_eq!(
+            started_line(StartAs::Paused, ms(2), Duration::ZERO, ms(1)),
+            "Started paused: vCPU threads in 2 ms; devices and vCPUs wait for vm.resume"
+        );
     }
 
     /// Whether a parked vCPU has run: a vCPU with no memory and no state

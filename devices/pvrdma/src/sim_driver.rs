@@ -34,10 +34,11 @@ pub mod endpoint;
 pub mod fleet;
 pub mod ib;
 mod verbs;
-pub use verbs::{PageLayout, RcPath};
+pub use verbs::{PageLayout, RcPath, RC_INIT_MASK, RC_RTR_MASK};
 mod work;
 use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};
+pub use work::ud_send;
 
 /// Guest memory as the VMM passes it.
 pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
@@ -49,6 +50,8 @@ pub const GID: [u8; 16] = [
     0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0x00, 0xff, 0xfe, 0x12, 0x34, 0x56,
 ];
 /// How long a test waits for the worker.
+/// The Q_Key [`SimDriver::to_rts`] gives UD QPs: the GSI's, as ib_mad's.
+pub const GSI_QKEY: u32 = 0x8001_0000;
 pub const WAIT: Duration = Duration::from_secs(10);
 const SLOT: u8 = 2;
 const FUNCTION: u8 = 1;

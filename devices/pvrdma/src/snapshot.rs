@@ -81,7 +81,7 @@ pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
         start.elapsed().saturating_sub(locked).as_millis()
     );
     if let Some(s) = &state.session {
-        log::info!("pvrdma: saved {}", s.objects.peer_ids());
+        s.objects.log_ids("saved");
     }
     Ok(snapshot)
 }
@@ -133,7 +133,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     shared.wire.inbox.set_open(saved.active);
     let attached = start.elapsed();
     if let Some(s) = &state.session {
-        log::info!("pvrdma: restored {}", s.objects.peer_ids());
+        s.objects.log_ids("restored");
     }
     drop(state);
     shared

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pvrdma::sim_driver::{Failure, QpSpec, SimDriver, GID};
+use pvrdma::sim_driver::{Failure, QpSpec, SimDriver, GID, GSI_QKEY, RC_INIT_MASK, RC_RTR_MASK};
 use pvrdma_abi::cmd::*;
 use pvrdma_abi::regs::version;
 use pvrdma_abi::verbs::{access, mr_flags, qp_attr_mask as m, qp_state, qp_type, QpAttr, SrqAttr};
@@ -448,14 +448,6 @@ fn rc_rtr(sgid_index: u8) -> QpAttr {
     attrs
 }
 
-const RTR_MASK: u32 = m::STATE
-    | m::AV
-    | m::PATH_MTU
-    | m::DEST_QPN
-    | m::RQ_PSN
-    | m::MAX_DEST_RD_ATOMIC
-    | m::MIN_RNR_TIMER;
-
 #[test]
 fn modify_qp_state_machine() {
     let (mut sim, pd, cq) = with_pd_cq();
@@ -467,40 +459,43 @@ fn modify_qp_state_machine() {
         qp_access_flags: access::REMOTE_WRITE,
         ..QpAttr::default()
     };
-    let init_mask = m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS;
     assert_eq!(
         sim.modify_qp(h, m::STATE | m::PKEY_INDEX | m::PORT, init),
         Err(EINVAL),
         "missing access"
     );
     assert_eq!(
-        sim.modify_qp(h, init_mask | m::QKEY, init),
+        sim.modify_qp(h, RC_INIT_MASK | m::QKEY, init),
         Err(EINVAL),
         "QKEY not for RC"
     );
     assert_eq!(
-        sim.modify_qp(h, RTR_MASK, rc_rtr(0)),
+        sim.modify_qp(h, RC_RTR_MASK, rc_rtr(0)),
         Err(EINVAL),
         "RESET->RTR"
     );
-    sim.modify_qp(h, init_mask, init).expect("INIT");
+    sim.modify_qp(h, RC_INIT_MASK, init).expect("INIT");
     assert_eq!(
-        sim.modify_qp(h, RTR_MASK, rc_rtr(3)),
+        sim.modify_qp(h, RC_RTR_MASK, rc_rtr(3)),
         Err(EINVAL),
         "unbound GID 3"
     );
     assert_eq!(
-        sim.modify_qp(h, RTR_MASK & !m::DEST_QPN, rc_rtr(0)),
+        sim.modify_qp(h, RC_RTR_MASK & !m::DEST_QPN, rc_rtr(0)),
         Err(EINVAL)
     );
     let mut far = rc_rtr(0);
     far.dest_qp_num = 1 << 24;
-    assert_eq!(sim.modify_qp(h, RTR_MASK, far), Err(EINVAL), "25-bit QPN");
     assert_eq!(
-        sim.modify_qp(h, RTR_MASK | m::ALT_PATH, rc_rtr(0)),
+        sim.modify_qp(h, RC_RTR_MASK, far),
+        Err(EINVAL),
+        "25-bit QPN"
+    );
+    assert_eq!(
+        sim.modify_qp(h, RC_RTR_MASK | m::ALT_PATH, rc_rtr(0)),
         Err(EOPNOTSUPP)
     );
-    sim.modify_qp(h, RTR_MASK, rc_rtr(0)).expect("RTR");
+    sim.modify_qp(h, RC_RTR_MASK, rc_rtr(0)).expect("RTR");
     let rts = QpAttr {
         qp_state: qp_state::RTS,
         sq_psn: 0x1ff_ffff,
@@ -591,7 +586,7 @@ fn modify_qp_state_machine() {
     assert_eq!(sim.query_qp(h).expect("query").qp_state, qp_state::ERR);
     sim.modify_qp(h, m::STATE, QpAttr::default())
         .expect("RESET");
-    sim.modify_qp(h, init_mask, init).expect("INIT again");
+    sim.modify_qp(h, RC_INIT_MASK, init).expect("INIT again");
 }
 
 #[test]
@@ -605,7 +600,7 @@ fn unreliable_and_gsi_transitions() {
             })
             .expect("qp");
         sim.to_rts(qp.handle, t).expect("to RTS");
-        assert_eq!(sim.query_qp(qp.handle).expect("query").qkey, 0x8001_0000);
+        assert_eq!(sim.query_qp(qp.handle).expect("query").qkey, GSI_QKEY);
     }
 }
 
@@ -627,7 +622,7 @@ fn old_driver_gets_qpn_as_handle() {
     assert_eq!(rc.qpn, 2, "v1 response: QPN = handle");
     sim.modify_qp(
         rc.qpn,
-        m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+        RC_INIT_MASK,
         QpAttr {
             qp_state: qp_state::INIT,
             port_num: 1,

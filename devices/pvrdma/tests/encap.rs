@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 
 use pvrdma::sim_driver::endpoint::{connect, Endpoint as Side, GID_A, GID_B, IOVA, MAC_A, MAC_B};
 use pvrdma::sim_driver::ib::{wc, wr};
-use pvrdma::sim_driver::{QpSpec, SimDriver};
+use pvrdma::sim_driver::{ud_send, QpSpec, SimDriver};
 use pvrdma::{GidType, PvrdmaConfig};
 use pvrdma_abi::verbs::qp_type;
-use pvrdma_abi::wqe::{send_flags, wc_flags, wc_status, SqWqeHdr};
+use pvrdma_abi::wqe::{wc_flags, wc_status};
 use rdma_transport::net::{Encap, RoceVersion};
 use rdma_transport::packet::parse;
 
@@ -180,20 +180,7 @@ fn ud_over_roce_v1_carries_the_grh() {
     b.sim.to_rts(b.qp.handle, qp_type::UD).expect("B RTS");
     b.sim.post_recv_sges(&b.qp, 4, &[b.sge(0, 40 + 256)]);
     a.write(0, b"datagram over v1");
-    let mut hdr = SqWqeHdr {
-        wr_id: 8,
-        opcode: wr::SEND,
-        send_flags: send_flags::SIGNALED,
-        ..SqWqeHdr::default()
-    };
-    let mut av = [0u8; 40];
-    av[8..24].copy_from_slice(&GID_B);
-    av[27] = 64;
-    av[28..34].copy_from_slice(&MAC_B);
-    hdr.wr[0] = u64::from(b.qp.qpn) | 0x8001_0000u64 << 32;
-    for (i, chunk) in av.chunks(8).enumerate() {
-        hdr.wr[1 + i] = u64::from_le_bytes(chunk.try_into().unwrap());
-    }
+    let hdr = ud_send(8, b.qp.qpn, GID_B, MAC_B);
     a.sim.post_send_wqe(&a.qp, hdr, &[a.sge(0, 16)]);
     assert_eq!(a.cqes(1)[0].status, wc_status::SUCCESS);
     let got = b.cqes(1);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pvrdma::sim_driver::{QpSpec, SimDriver, MEM_SIZE};
+use pvrdma::sim_driver::{QpSpec, SimDriver, MEM_SIZE, RC_INIT_MASK, RC_RTR_MASK};
 use pvrdma::{Limits, PvrdmaConfig};
 use pvrdma_abi::cmd::*;
 use pvrdma_abi::dsr::{DeviceCaps, Dsr, RingPageInfo, DSR_CAPS_OFFSET};
@@ -360,7 +360,7 @@ fn p06_wqe_contents() {
     rtr.ah_attr.ah_flags = 1;
     sim.modify_qp(
         qp.handle,
-        m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+        RC_INIT_MASK,
         QpAttr {
             qp_state: qp_state::INIT,
             port_num: 1,
@@ -368,13 +368,6 @@ fn p06_wqe_contents() {
         },
     )
     .expect("INIT");
-    let rtr_mask = m::STATE
-        | m::AV
-        | m::PATH_MTU
-        | m::DEST_QPN
-        | m::RQ_PSN
-        | m::MAX_DEST_RD_ATOMIC
-        | m::MIN_RNR_TIMER;
     for (what, attrs) in [
         ("unbound source GID", {
             let mut a = rtr;
@@ -401,7 +394,7 @@ fn p06_wqe_contents() {
         ("path MTU 0", QpAttr { path_mtu: 0, ..rtr }),
     ] {
         assert_eq!(
-            sim.modify_qp(qp.handle, rtr_mask, attrs),
+            sim.modify_qp(qp.handle, RC_RTR_MASK, attrs),
             Err(EINVAL),
             "{what}"
         );

@@ -415,17 +415,17 @@ impl Harness {
     pub fn tx_completions(&mut self, q: usize) -> Vec<u32> {
         let base = self.layout.tx_comp(q);
         let side = &mut self.tx[q];
+        let size = self.layout.ring_size;
         let mut done = Vec::new();
-        loop {
-            let at = base + 16 * u64::from(side.comp);
-            let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
-            if (dw3 & COMP_GEN != 0) != side.comp_gen {
-                return done;
-            }
-            assert_eq!(dw3 >> 24 & 0x7f, 0, "TXCOMP type");
+        while let Some(at) = next_completion(
+            &self.mem,
+            base,
+            (&mut side.comp, &mut side.comp_gen, size),
+            TXCOMP_TYPE,
+        ) {
             done.push(self.mem.read_obj::<u32>(GuestAddress(at)).unwrap() & 0xfff);
-            step(&mut side.comp, &mut side.comp_gen, self.layout.ring_size);
         }
+        done
     }
 
     pub fn wait_tx_completions(&mut self, q: usize, n: usize) -> Vec<u32> {
@@ -469,16 +469,15 @@ impl Harness {
 
     pub fn rx_completions(&mut self, q: usize) -> Vec<RxComp> {
         let base = self.layout.rx_comp(q);
-        let size = self.layout.rx_comp_size;
         let side = &mut self.rx[q];
+        let size = self.layout.rx_comp_size;
         let mut done = Vec::new();
-        loop {
-            let at = base + 16 * u64::from(side.comp);
-            let dw3: u32 = self.mem.read_obj(GuestAddress(at + 12)).unwrap();
-            if (dw3 & COMP_GEN != 0) != side.comp_gen {
-                return done;
-            }
-            assert_eq!(dw3 >> 24 & 0x7f, 3, "RXCOMP type");
+        while let Some(at) = next_completion(
+            &self.mem,
+            base,
+            (&mut side.comp, &mut side.comp_gen, size),
+            RXCOMP_TYPE,
+        ) {
             let dw0: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
             let dw2: u32 = self.mem.read_obj(GuestAddress(at + 8)).unwrap();
             assert_ne!(dw0 & 1 << 30, 0, "checksum not calculated");
@@ -489,8 +488,8 @@ impl Harness {
                 sop: dw0 & 1 << 15 != 0,
                 eop: dw0 & 1 << 14 != 0,
             });
-            step(&mut side.comp, &mut side.comp_gen, size);
         }
+        done
     }
 
     pub fn wait_rx_completions(&mut self, q: usize, n: usize) -> Vec<RxComp> {
@@ -535,6 +534,29 @@ impl Default for Harness {
 
 /// The driver's side of a generation ring: one entry on, flipping the
 /// generation at the wrap.
+/// Completion descriptor types (`VMXNET3_CDTYPE_*`, dword 3 bits 24-30).
+const TXCOMP_TYPE: u32 = 0;
+const RXCOMP_TYPE: u32 = 3;
+
+/// The address of the next completion of `kind` in the ring at `base`
+/// (position, generation and size in `ring`) if the device wrote it (its
+/// generation bit is the driver's), the position stepped past it.
+fn next_completion(
+    mem: &TestMem,
+    base: u64,
+    (pos, gen, size): (&mut u32, &mut bool, u32),
+    kind: u32,
+) -> Option<u64> {
+    let at = base + 16 * u64::from(*pos);
+    let dw3: u32 = mem.read_obj(GuestAddress(at + 12)).unwrap();
+    if (dw3 & COMP_GEN != 0) != *gen {
+        return None;
+    }
+    assert_eq!(dw3 >> 24 & 0x7f, kind, "completion type");
+    step(pos, gen, size);
+    Some(at)
+}
+
 fn step(pos: &mut u32, gen: &mut bool, size: u32) {
     *pos += 1;
     if *pos == size {

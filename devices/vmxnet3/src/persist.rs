@@ -272,6 +272,7 @@ mod tests {
     use net_port::VnetHdr;
     use serde_json::{json, Value};
     use vm_memory::Bytes;
+    use vm_migration::test_utils::{Choices, Seeded};
     use vm_migration::{Pausable, Snapshottable};
 
     use super::*;
@@ -668,22 +669,6 @@ mod tests {
         assert_eq!(h.ioevents.count(), 8);
     }
 
-    /// xorshift64: deterministic, so a failure reproduces.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-    }
-
     /// Every number in `v`, by JSON pointer.
     fn number_paths(v: &Value, at: String, out: &mut Vec<String>) {
         match v {
@@ -706,7 +691,7 @@ mod tests {
     fn mutated_snapshots_never_panic() {
         let (good, value) = busy_snapshot();
         let h = Harness::new();
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = Seeded(0x9e37_79b9_7f4a_7c15);
         let mut paths = Vec::new();
         number_paths(&value, String::new(), &mut paths);
         let extremes = [
@@ -730,8 +715,8 @@ mod tests {
                         let path = &paths[rng.below(paths.len())];
                         let n = match rng.below(3) {
                             0 => extremes[rng.below(extremes.len())],
-                            1 => rng.next(),
-                            _ => rng.next() % 0x1_0000,
+                            1 => rng.u64(),
+                            _ => rng.u64() % 0x1_0000,
                         };
                         *v.pointer_mut(path).unwrap() = json!(n);
                     }
@@ -750,7 +735,7 @@ mod tests {
                         let at = rng.below(data.len().max(1));
                         match rng.below(3) {
                             0 if at < data.len() => data[at] ^= 1 << rng.below(8),
-                            1 => data.insert(at, rng.next() as u8),
+                            1 => data.insert(at, rng.u64() as u8),
                             _ => data.truncate(at),
                         }
                     }
@@ -762,7 +747,7 @@ mod tests {
                 // Noise.
                 _ => {
                     let len = rng.below(512);
-                    let data = (0..len).map(|_| rng.next() as u8).collect();
+                    let data = (0..len).map(|_| rng.u64() as u8).collect();
                     Snapshot {
                         data,
                         ..good.clone()

@@ -254,7 +254,7 @@ pub(crate) fn wait_for_vm(
 ) -> Result<Option<(Guest, Api, Progress)>, VmmError> {
     let progress: Progress = Arc::new(Mutex::new(None));
     let handover_evt = eventfd()?;
-    let (handover_tx, handover) = mpsc::channel();
+    let (handover_tx, handover) = mpsc::channel::<Handover>();
     let mut receiving = false;
     const API: u64 = 0;
     const HANDOVER: u64 = 1;
@@ -283,12 +283,8 @@ pub(crate) fn wait_for_vm(
                 let _ = handover_evt.read();
                 for result in handover.try_iter() {
                     receiving = false;
-                    match result {
-                        Handover::Running(guest) => return Ok(Some((*guest, api, progress))),
-                        // The source kept the VM: another attempt may come.
-                        Handover::Refused(e) => log::error!("Incoming migration failed: {e}"),
-                        // The source let go of it: nothing is left to serve.
-                        Handover::Lost(e) => return Err(VmmError::Restore(e)),
+                    if let Some(end) = result.ends_the_wait() {
+                        return end.map(|guest| Some((guest, api, progress)));
                     }
                 }
                 continue;
@@ -312,6 +308,23 @@ enum Handover {
     /// The VM was handed over but cannot start here: it is lost, and the
     /// VMM ends with this error rather than wait on as if nothing happened.
     Lost(String),
+}
+
+impl Handover {
+    /// What the VMM waiting for a VM does with this: `None` waits for
+    /// another attempt, `Some` ends the wait with the VM or the error.
+    fn ends_the_wait(self) -> Option<Result<Guest, VmmError>> {
+        match self {
+            Handover::Running(guest) => Some(Ok(*guest)),
+            // The source kept the VM: another attempt may come.
+            Handover::Refused(e) => {
+                log::error!("Incoming migration failed: {e}");
+                None
+            }
+            // The source let go of it: nothing is left to serve.
+            Handover::Lost(e) => Some(Err(VmmError::Restore(e))),
+        }
+    }
 }
 
 /// Runs a VM handed over here at once, on the receiving thread: the guest
@@ -547,6 +560,84 @@ mod tests {
             drop(s);
             assert!(receiver.join().unwrap().is_ok());
         });
+    }
+
+    /// A PCI function that cannot resume: what makes a received VM fail
+    /// to start after `Complete`.
+    struct Unresumable(pci::PciConfiguration);
+
+    impl vm_migration::Pausable for Unresumable {
+        fn resume(&mut self) -> Result<(), vm_migration::MigratableError> {
+            Err(vm_migration::MigratableError::Resume(
+                std::io::Error::other("the test device never resumes"),
+            ))
+        }
+    }
+
+    impl vm_migration::Snapshottable for Unresumable {
+        fn id(&self) -> String {
+            "unresumable".into()
+        }
+        fn snapshot(&mut self) -> Result<vm_migration::Snapshot, vm_migration::MigratableError> {
+            vm_migration::Snapshot::new(&self.id(), 1, &())
+        }
+        fn restore(
+            &mut self,
+            s: &vm_migration::Snapshot,
+        ) -> Result<(), vm_migration::MigratableError> {
+            s.state::<()>(&self.id(), 1)
+        }
+    }
+
+    impl pci::PciDevice for Unresumable {
+        fn config(&self) -> &pci::PciConfiguration {
+            &self.0
+        }
+        fn config_mut(&mut self) -> &mut pci::PciConfiguration {
+            &mut self.0
+        }
+        fn read_bar(&mut self, _bar: usize, _offset: u64, data: &mut [u8]) {
+            data.fill(0xff);
+        }
+        fn write_bar(&mut self, _bar: usize, _offset: u64, _data: &[u8]) {}
+    }
+
+    /// A VM handed over (after `Complete`) that cannot start here ends the
+    /// VMM waiting for it with the error: its source has let go of it, so
+    /// waiting on for another migration would lose the VM without a word.
+    /// The VM is a real machine (KVM, memory, a parked vCPU) with one
+    /// device that fails to resume.
+    #[test]
+    fn a_vm_handed_over_that_cannot_start_ends_the_wait() {
+        let config = VmConfig {
+            nets: Vec::new(),
+            serial: SerialConfig::Off,
+            ..config(64 << 20)
+        };
+        let mut machine = Machine::build(config.clone(), true).unwrap();
+        let header = pci::PciHeader {
+            vendor_id: 0x1b36,
+            device_id: 0x0005,
+            class: 0xff,
+            ..pci::PciHeader::default()
+        };
+        let device = Arc::new(Mutex::new(Unresumable(pci::PciConfiguration::new(header))));
+        machine.add_pci_function(device).unwrap();
+        machine.prepare().unwrap();
+        let handover = run_here(Received {
+            target: machine,
+            config,
+            quiet: crate::logging::hold(),
+        });
+        match handover.ends_the_wait() {
+            Some(Err(e)) => {
+                let e = e.to_string();
+                assert!(e.contains("handed over but did not start"), "{e}");
+                assert!(e.contains("the test device never resumes"), "{e}");
+            }
+            Some(Ok(_)) => panic!("a VM whose device did not resume runs"),
+            None => panic!("the VMM waits for another migration of a VM its source let go"),
+        }
     }
 
     /// Peers without the right certificate, with the wrong CA, in plain

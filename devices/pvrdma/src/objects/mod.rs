@@ -67,13 +67,19 @@ pub(crate) struct Objects {
 }
 
 impl Objects {
-    /// "qpns=[..] keys=[..]": the IDs peers know this device's objects by,
-    /// logged on save and restore so an operator (and the migration test)
-    /// can see they did not change.
-    pub(crate) fn peer_ids(&self) -> String {
-        let qpns: Vec<String> = self.qpns.keys().map(|q| format!("{q:#x}")).collect();
-        let keys: Vec<String> = self.mrs.values().map(|m| format!("{:#x}", m.key)).collect();
-        format!("qpns=[{}] keys=[{}]", qpns.join(","), keys.join(","))
+    /// Logs the IDs peers know this device's objects by, after the device
+    /// `done` ("saved", "restored") them, so that an operator (and the
+    /// migration tests) can see they did not change: a summary at info
+    /// level (see [`ids_line`]), every ID at debug level.
+    pub(crate) fn log_ids(&self, done: &str) {
+        let qpns: Vec<u32> = self.qpns.keys().copied().collect();
+        let keys: Vec<u32> = self.mrs.values().map(|m| m.key).collect();
+        log::info!("pvrdma: {done} {}", ids_line(&qpns, &keys));
+        log::debug!(
+            "pvrdma: {done} every ID: qpns=[{}] keys=[{}]",
+            hex_list(&qpns),
+            hex_list(&keys)
+        );
     }
 
     pub(crate) fn new(limits: &Limits) -> Self {
@@ -265,6 +271,45 @@ impl Refs {
     }
 }
 
+/// How many IDs of each kind [`ids_line`] lists at most before the last:
+/// a 4096-QP guest's whole lists would make a line of 100 KiB on every
+/// save and restore.
+const LISTED_IDS: usize = 8;
+
+/// "N QPs qpns=[..] M MRs keys=[..] crc=0x..": the QPNs and MR keys with
+/// their counts, each list cut to its first [`LISTED_IDS`] and its last,
+/// and a CRC-32 of every ID, so that two lines are the same when (CRC
+/// collisions aside) all the IDs are.
+fn ids_line(qpns: &[u32], keys: &[u32]) -> String {
+    let mut crc = crc32fast::Hasher::new();
+    for id in qpns.iter().chain(keys) {
+        crc.update(&id.to_le_bytes());
+    }
+    format!(
+        "{} QPs qpns=[{}] {} MRs keys=[{}] crc={:#010x}",
+        qpns.len(),
+        listed(qpns),
+        keys.len(),
+        listed(keys),
+        crc.finalize()
+    )
+}
+
+/// `ids` in hex, the first [`LISTED_IDS`] and the last if there are more.
+fn listed(ids: &[u32]) -> String {
+    match (ids.get(..LISTED_IDS), ids.split_last()) {
+        (Some(first), Some((last, _))) if ids.len() > LISTED_IDS.saturating_add(1) => {
+            format!("{},...,{last:#x}", hex_list(first))
+        }
+        _ => hex_list(ids),
+    }
+}
+
+fn hex_list(ids: &[u32]) -> String {
+    let hex: Vec<String> = ids.iter().map(|id| format!("{id:#x}")).collect();
+    hex.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -282,6 +327,30 @@ mod tests {
     fn decode(entries: &[(u32, u64)]) -> Result<BTreeMap<u32, u64>, vm_migration::MigratableError> {
         let snapshot = Snapshot::new("t", 1, &(entries.to_vec(),)).unwrap();
         snapshot.state::<Saved>("t", 1).map(|s| s.map)
+    }
+
+    /// A few IDs are listed whole; thousands are cut to a short line with
+    /// their count, first and last, whose CRC still tells any change.
+    #[test]
+    fn the_ids_line_lists_a_few_and_counts_the_rest() {
+        assert_eq!(
+            super::ids_line(&[0x1, 0x12], &[0x101]),
+            "2 QPs qpns=[0x1,0x12] 1 MRs keys=[0x101] crc=0x6790b104"
+        );
+        let qpns: Vec<u32> = (1..=4097).collect();
+        let keys: Vec<u32> = (1..=4096).map(|k| k << 8 | 1).collect();
+        let line = super::ids_line(&qpns, &keys);
+        assert!(line.len() < 300, "{} bytes: {line}", line.len());
+        assert!(
+            line.starts_with(
+                "4097 QPs qpns=[0x1,0x2,0x3,0x4,0x5,0x6,0x7,0x8,...,0x1001] 4096 MRs \
+                 keys=[0x101,0x201,0x301,0x401,0x501,0x601,0x701,0x801,...,0x100001] crc="
+            ),
+            "{line}"
+        );
+        let mut moved = qpns.clone();
+        *moved.get_mut(2000).unwrap() = 0x10_0000;
+        assert_ne!(super::ids_line(&moved, &keys), line);
     }
 
     /// A saved map decodes to the same map; keys out of order or repeated

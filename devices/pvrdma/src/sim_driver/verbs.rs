@@ -4,6 +4,18 @@
 
 use super::*;
 
+/// What an RC QP's RESET -> INIT must set (IBA 11.2.4.2, Linux's
+/// `ib_modify_qp_is_ok`).
+pub const RC_INIT_MASK: u32 = m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS;
+/// What an RC QP's INIT -> RTR must set.
+pub const RC_RTR_MASK: u32 = m::STATE
+    | m::AV
+    | m::PATH_MTU
+    | m::DEST_QPN
+    | m::RQ_PSN
+    | m::MAX_DEST_RD_ATOMIC
+    | m::MIN_RNR_TIMER;
+
 /// What [`SimDriver::connect_rc_with`] sets besides the addressing.
 #[derive(Clone, Copy, Debug)]
 pub struct RcPath {
@@ -296,11 +308,7 @@ impl SimDriver {
             qp_access_flags: 0xf,
             ..QpAttr::default()
         };
-        self.modify_qp(
-            qp,
-            m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
-            init,
-        )?;
+        self.modify_qp(qp, RC_INIT_MASK, init)?;
         let mut ah = AhAttr {
             port_num: 1,
             ah_flags: AH_FLAG_GRH,
@@ -319,14 +327,7 @@ impl SimDriver {
             ah_attr: ah,
             ..QpAttr::default()
         };
-        let rtr_mask = m::STATE
-            | m::AV
-            | m::PATH_MTU
-            | m::DEST_QPN
-            | m::RQ_PSN
-            | m::MAX_DEST_RD_ATOMIC
-            | m::MIN_RNR_TIMER;
-        self.modify_qp(qp, rtr_mask, rtr)?;
+        self.modify_qp(qp, RC_RTR_MASK, rtr)?;
         let rts = QpAttr {
             qp_state: qp_state::RTS,
             sq_psn,
@@ -399,18 +400,15 @@ impl SimDriver {
         let init = QpAttr {
             qp_state: qp_state::INIT,
             port_num: 1,
-            qkey: 0x8001_0000,
+            qkey: GSI_QKEY,
             qp_access_flags: 0x7,
             ..QpAttr::default()
         };
-        let init_mask = m::STATE
-            | m::PKEY_INDEX
-            | if rc {
-                m::PORT | m::ACCESS_FLAGS
-            } else {
-                m::QKEY
-            }
-            | if t == qp_type::UD { m::PORT } else { 0 };
+        let init_mask = if rc {
+            RC_INIT_MASK
+        } else {
+            m::STATE | m::PKEY_INDEX | m::QKEY | if t == qp_type::UD { m::PORT } else { 0 }
+        };
         self.modify_qp(qp, init_mask, init)?;
         let rtr = QpAttr {
             qp_state: qp_state::RTR,
@@ -427,17 +425,7 @@ impl SimDriver {
             },
             ..QpAttr::default()
         };
-        let rtr_mask = if rc {
-            m::STATE
-                | m::AV
-                | m::PATH_MTU
-                | m::DEST_QPN
-                | m::RQ_PSN
-                | m::MAX_DEST_RD_ATOMIC
-                | m::MIN_RNR_TIMER
-        } else {
-            m::STATE
-        };
+        let rtr_mask = if rc { RC_RTR_MASK } else { m::STATE };
         self.modify_qp(qp, rtr_mask, rtr)?;
         let rts = QpAttr {
             qp_state: qp_state::RTS,

@@ -4,6 +4,28 @@
 
 use super::*;
 
+/// A signaled UD SEND `wr_id` (verbs opcode) to QP `remote_qpn`, Q_Key
+/// [`GSI_QKEY`], at `dgid` behind `dmac` with hop limit 64: `wr.ud` is
+/// the QPN and Q_Key, then the `pvrdma_av` (as the device decodes it in
+/// `datapath::wqe`).
+pub fn ud_send(wr_id: u64, remote_qpn: u32, dgid: [u8; 16], dmac: [u8; 6]) -> SqWqeHdr {
+    let mut av = [0u8; 40];
+    av[8..24].copy_from_slice(&dgid);
+    av[27] = 64;
+    av[28..34].copy_from_slice(&dmac);
+    let mut hdr = SqWqeHdr {
+        wr_id,
+        opcode: ib::wr::SEND,
+        send_flags: pvrdma_abi::wqe::send_flags::SIGNALED,
+        ..SqWqeHdr::default()
+    };
+    hdr.wr[0] = u64::from(remote_qpn) | u64::from(GSI_QKEY) << 32;
+    for (w, chunk) in hdr.wr[1..].iter_mut().zip(av.chunks_exact(8)) {
+        *w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+    }
+    hdr
+}
+
 impl SimDriver {
     /// A 32-bit write to UAR page `page`, delivered as KVM would: to a
     /// matching ioeventfd, else as MMIO to the device.

@@ -363,7 +363,7 @@ mod tests {
     use pci::test_utils::{MockIoEvents, MockMsi};
     use pci::PciBus;
     use serde_json::json;
-    use vm_migration::test_utils::{state_json, with_state};
+    use vm_migration::test_utils::{state_json, with_state, Choices, Seeded};
 
     use crate::transport::pci::SavedVirtioPci;
     use virtio_bindings::virtio_blk::{VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT};
@@ -1182,14 +1182,9 @@ mod tests {
             Err(MigratableError::Version { .. })
         ));
 
-        // xorshift64: damage a few bytes at a time, then pure noise.
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        // Damage a few bytes at a time, then pure noise.
+        let mut rng = Seeded(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.u64();
         for _ in 0..300 {
             let mut data = good.data.clone();
             for _ in 0..=next() % 4 {
