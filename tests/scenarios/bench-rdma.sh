@@ -12,8 +12,8 @@
 #   qemu-pvrdma   QEMU 7.2's own `-device pvrdma` instead of our VMM (see launch_qemu_pvrdma): its
 #                 verbs run on Soft-RoCE rxe0 of this host, no RoCE frame touches the TAPs
 # Same kernel, initramfs and guest script (tests/guest/bench-rdma.sh) for all, one vCPU each.
-# Writes $OUT/bench.tsv: config, program (pp | write | read | send), round, client rc, server rc,
-# figure (pp: usec/iter; the others: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
+# Writes $OUT/bench.tsv: config, program (pp | ppe | write | read | send), round, client rc, server rc,
+# figure (pp, ppe: usec/iter; the others: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
 # that its cycle-clock calibration failed, which makes its figures 0.00); and $OUT/bench.env: per
 # config, the VMMs' exits, the RoCE v2 frames (UDP 4791) this host sent to each TAP meanwhile and
 # the guests' set-up failures. Logs: bench-<config>-{a,b}-{serial,vmm}.log (QEMU's output in the
@@ -137,11 +137,11 @@ figures() {
       inside = 0; next
     }
     !inside || file == 1 { next }
-    prog == "pp" && / iters in .* usec\/iter/ { fig[prog SUBSEP round] = $(NF - 1) }
-    prog != "pp" && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
-    prog != "pp" && /#bytes/ { header = 1 }
+    prog ~ /^pp/ && / iters in .* usec\/iter/ { fig[prog SUBSEP round] = $(NF - 1) }
+    prog !~ /^pp/ && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
+    prog !~ /^pp/ && /#bytes/ { header = 1 }
     # perftest could not calibrate its cycle clock (noisy nested guest): its figures are 0.00.
-    prog != "pp" && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
+    prog !~ /^pp/ && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
     END {
       for (i = 1; i <= n; i++) {
         split(order[i], k, SUBSEP)
