@@ -11,7 +11,8 @@
 #   SHARED_IP       qemu-pvrdma: both guests' RoCE address (see below)
 #   ROUNDS          rounds; each runs ibv_rc_pingpong (polling), ibv_rc_pingpong -e (completion
 #                   events), ib_write_bw, ib_read_bw and ib_send_bw once
-#                   (qemu-pvrdma: ib_write_bw and ib_read_bw in the first round only, see below)
+#                   (qemu-pvrdma: ibv_rc_pingpong -e, ib_write_bw and ib_read_bw in the first round
+#                   only, see below)
 #   PP_ITERS PP_SIZE  ibv_rc_pingpong -n and -s (both kinds)
 #   BW_ITERS BW_SIZE  ib_{write,read,send}_bw -n and -s
 #   PORT_BASE       TCP ports PORT_BASE+1.. (one per program run, so that a late client never
@@ -86,7 +87,8 @@ retry 120 ping -c 1 -W 1 "$HOST_IP" || fail "no ping answer from the test host $
 
 # RDMA_ONCE: the programs run in the first round only, bounded by ONCE_LIMIT (QEMU's model posts
 # every work request as a SEND and gives every MR the rkey 0xffffffff: ib_write_bw and ib_read_bw
-# hang there until killed; once shows that they still do).
+# hang there until killed; so does ibv_rc_pingpong -e, whose first completion event never comes;
+# once shows that they still do).
 RDMA_ONCE=
 case $KIND in
   pvrdma)
@@ -98,7 +100,7 @@ case $KIND in
     # locally only between equal GIDs: both guests' RoCE address is SHARED_IP (also on rxe0's
     # netdev), a /32 beside eth0's own, which perftest's TCP exchange keeps using.
     DEV=vmw_pvrdma0
-    RDMA_ONCE="write read"
+    RDMA_ONCE="ppe write read"
     ip addr add "$SHARED_IP/32" dev eth0 || fail "ip addr add $SHARED_IP/32"
     device_ready "$SHARED_IP" "RoCE v2" "IB/RoCE v1"
     say "GIDS $(cd /sys/class/infiniband/$DEV/ports/1 && for f in gids/*; do g=$(cat "$f"); [ "$g" = 0000:0000:0000:0000:0000:0000:0000:0000 ] || printf '%s=%s/%s ' "${f#gids/}" "$g" "$(tr ' ' _ < "gid_attrs/types/${f#gids/}")"; done)"
@@ -119,12 +121,7 @@ while [ "$r" -le "$ROUNDS" ]; do
   first=0
   [ "$r" = 1 ] && first=1
   port=$((PORT_BASE + 5 * (r - 1)))
-  run pp "$r" $((port + 1)) "$first" "$LIMIT" ibv_rc_pingpong -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE"
-  # The same with completion events: each side sleeps on its CQ's channel (the device's interrupt
-  # wakes it) instead of spinning on the CQ, so the one-vCPU test host's time slices matter less.
-  port=$((port + 1))
-  run ppe "$r" $((port + 1)) 0 "$LIMIT" ibv_rc_pingpong -e -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE"
-  for prog in write read send; do
+  for prog in pp ppe write read send; do
     port=$((port + 1))
     limit=$LIMIT
     case " $RDMA_ONCE " in *" $prog "*)
@@ -132,7 +129,14 @@ while [ "$r" -le "$ROUNDS" ]; do
       limit=$ONCE_LIMIT
       ;;
     esac
-    run "$prog" "$r" $((port + 1)) 0 "$limit" "ib_${prog}_bw" -d "$DEV" -x "$GIDX" -F -n "$BW_ITERS" -s "$BW_SIZE"
+    case $prog in
+      pp) run pp "$r" "$port" "$first" "$limit" ibv_rc_pingpong -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE" ;;
+      # The same with completion events: each side sleeps on its CQ's channel (the device's
+      # interrupt wakes it) instead of spinning on the CQ, so that the one-vCPU test host's time
+      # slices matter less.
+      ppe) run ppe "$r" "$port" 0 "$limit" ibv_rc_pingpong -e -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE" ;;
+      *) run "$prog" "$r" "$port" 0 "$limit" "ib_${prog}_bw" -d "$DEV" -x "$GIDX" -F -n "$BW_ITERS" -s "$BW_SIZE" ;;
+    esac
   done
   r=$((r + 1))
 done

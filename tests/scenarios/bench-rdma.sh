@@ -17,7 +17,10 @@
 # that its cycle-clock calibration failed, which makes its figures 0.00); and $OUT/bench.env: per
 # config, the VMMs' exits, the RoCE v2 frames (UDP 4791) this host sent to each TAP meanwhile and
 # the guests' set-up failures. Logs: bench-<config>-{a,b}-{serial,vmm}.log (QEMU's output in the
-# -vmm.log), qemu-pvrdma-mux.log (PVRDMA_MUX_BIN's).
+# -vmm.log), qemu-pvrdma-mux.log (PVRDMA_MUX_BIN's). And $OUT/cpu.tsv, where this host's one CPU
+# went, sampled about every half second while a pair runs: config, microseconds (this host's
+# clock), the program B runs (its key, "-" between programs), CPU ticks so far of this host (busy,
+# idle) and of each VMM (A's vCPU threads, A's other threads, B's, B's).
 
 isolate_network
 
@@ -89,6 +92,45 @@ launch_qemu_pvrdma() {
     -chardev "socket,id=mads,path=$MUX_SOCK" -device pvrdma,addr=10.1,ibdev=rxe0,netdev=d0,mad-chardev=mads \
     > "$OUT/$1-vmm.log" 2>&1 &
   GUEST_PID=$!
+}
+
+# task_ticks PID: the CPU ticks (user + system) of PID's threads, tab-separated: of its vCPU
+# threads (ours: vcpuN; QEMU: "CPU N/KVM") and of all others (device workers, the main loop, QEMU's
+# iothreads). Read with builtins: the sampler runs beside what it measures, on one CPU.
+task_ticks() {
+  local vcpu=0 other=0 stat comm file fields
+  for file in /proc/"$1"/task/*/stat; do
+    read -r stat < "$file" 2>/dev/null || continue
+    comm=${stat#*(}
+    comm=${comm%)*}
+    # The fields after the comm, from state (field 3 of proc_pid_stat(5)): utime (14) and stime
+    # (15) are the 12th and 13th.
+    read -r -a fields <<<"${stat##*) }"
+    if [[ $comm == vcpu* || $comm == CPU\ * ]]; then
+      vcpu=$((vcpu + fields[11] + fields[12]))
+    else
+      other=$((other + fields[11] + fields[12]))
+    fi
+  done
+  printf '%s\t%s\n' "$vcpu" "$other"
+}
+
+# cpu_sampler CONFIG PID_A PID_B: about every half second until killed, a line of cpu.tsv (see
+# the header): which program B runs, this host's CPU ticks, and both VMMs' by thread kind.
+cpu_sampler() {
+  local config=$1 pid_a=$2 pid_b=$3 prog user nice system idle iowait irq softirq steal
+  while :; do
+    prog=$(grep -a -o 'BENCH-RDMA-\(BEGIN\|END\) prog=[a-z]* round=[0-9]*' "$OUT/bench-$config-b-serial.log" 2>/dev/null | tail -n1) || true
+    case $prog in
+      BENCH-RDMA-BEGIN*) prog=${prog#*prog=} prog=${prog%% *} ;;
+      *) prog=- ;;
+    esac
+    read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$(now_us)" "$prog" \
+      $((user + nice + system + irq + softirq + steal)) $((idle + iowait)) \
+      "$(task_ticks "$pid_a")" "$(task_ticks "$pid_b")" >> "$OUT/cpu.tsv"
+    sleep 0.5
+  done
 }
 
 # launch CONFIG ROLE IP MAC: one guest of CONFIG in the background; its pid in GUEST_PID.
@@ -167,8 +209,12 @@ for config in ${CONFIGS:?}; do
   pid_a=$GUEST_PID
   launch "$config" b "$IP_B" "$mac_b"
   pid_b=$GUEST_PID
+  cpu_sampler "$config" "$pid_a" "$pid_b" &
+  sampler_pid=$!
   # Each VMM must end once its guest powered off (60 s grace, as in rdma.sh).
   wait_for_line "$OUT/bench-$config-b-serial.log" 'GUEST-POWEROFF' "$BENCH_LIMIT" "$pid_b" || true
+  kill "$sampler_pid" 2>/dev/null || true
+  wait "$sampler_pid" 2>/dev/null || true
   wait_for_exit "$pid_b" 60
   exit_b=$EXIT_STATUS
   wait_for_line "$OUT/bench-$config-a-serial.log" 'GUEST-POWEROFF' 60 "$pid_a" || true
