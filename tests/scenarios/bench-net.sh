@@ -10,8 +10,9 @@
 # And $OUT/bench-trace.tsv, a sample about every second while a pair runs (issue 15 goal 5: what
 # a slow round looked like): vmm, microseconds since the pair started, rounds B has sent and A has
 # received so far (from their consoles), the TAPs' packet counters as this host sees them (tapa
-# rx, tapa tx, tapb rx, tapb tx: a TAP's tx is what its guest's NIC receives), then A's and B's
-# `pvrdma-remote counters` on one line each (pvrdma-vmm; "-" for QEMU, which has no such API).
+# rx, tapa tx, tapb rx, tapb tx: a TAP's tx is what its guest's NIC receives), this host's CPU
+# ticks so far (busy, idle), then A's and B's `pvrdma-remote counters` on one line each
+# (pvrdma-vmm; "-" for QEMU, which has no such API).
 
 isolate_network
 
@@ -64,14 +65,18 @@ line_count() {
 
 # trace VMM: a line of bench-trace.tsv about every second until killed (see the header).
 trace() {
-  local vmm=$1 t0 tap stats
+  local vmm=$1 t0 tap stats rx tx user nice system idle iowait irq softirq steal
   t0=$(now_us)
   while :; do
     stats=()
     for tap in tapa tapb; do
-      stats+=("$(cat "/sys/class/net/$tap/statistics/rx_packets")" "$(cat "/sys/class/net/$tap/statistics/tx_packets")")
+      read -r rx < "/sys/class/net/$tap/statistics/rx_packets"
+      read -r tx < "/sys/class/net/$tap/statistics/tx_packets"
+      stats+=("$rx" "$tx")
     done
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$vmm" $(($(now_us) - t0)) \
+    read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+    stats+=($((user + nice + system + irq + softirq + steal)) $((idle + iowait)))
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$vmm" $(($(now_us) - t0)) \
       "$(line_count "$OUT/bench-$vmm-b-serial.log" 'NET-TCP-SENT round=')" \
       "$(line_count "$OUT/bench-$vmm-a-serial.log" 'NET-TCP-RECV round=')" "${stats[@]}" \
       "$(vmm_counters "bench-$vmm-a")" "$(vmm_counters "bench-$vmm-b")" >> "$OUT/bench-trace.tsv"
