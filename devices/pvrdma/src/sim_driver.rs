@@ -34,7 +34,7 @@ pub mod endpoint;
 pub mod fleet;
 pub mod ib;
 mod verbs;
-pub use verbs::RcPath;
+pub use verbs::{PageLayout, RcPath};
 mod work;
 use self::ib::Writer;
 use crate::{Pvrdma, PvrdmaConfig};
@@ -689,15 +689,46 @@ impl SimDriver {
 
     /// A zeroed page (with an unused page after it).
     pub fn alloc_page(&mut self) -> u64 {
-        let page = self.next_page;
-        self.next_page += 2 * PAGE_SIZE;
+        let page = self.reserve(1);
+        self.zero(page);
+        page
+    }
+
+    /// `n` zeroed pages, each with an unused page after it, so that no
+    /// two are guest-physically contiguous.
+    pub fn alloc_pages(&mut self, n: u32) -> Vec<u64> {
+        (0..n).map(|_| self.alloc_page()).collect()
+    }
+
+    /// `n` zeroed pages that follow each other in guest-physical memory
+    /// (as a buffer in a guest's huge page), with an unused page after
+    /// the last.
+    pub fn alloc_run(&mut self, n: u32) -> Vec<u64> {
+        let start = self.reserve(n);
+        let pages: Vec<u64> = (0..u64::from(n)).map(|i| start + i * PAGE_SIZE).collect();
+        for &page in &pages {
+            self.zero(page);
+        }
+        pages
+    }
+
+    /// The first of `n` pages not handed out yet, and an unused one after
+    /// them.
+    fn reserve(&mut self, n: u32) -> u64 {
+        let start = self.next_page;
+        self.next_page += (u64::from(n) + 1) * PAGE_SIZE;
         assert!(
             self.next_page <= self.mem_size,
             "sim guest memory exhausted"
         );
-        // A page never written is zero already (the dirty bitmap knows
-        // which were): writing it would only fault it in, for every page
-        // of every device a fuzz input builds.
+        start
+    }
+
+    /// Zeroes `page` if it was ever written: a page never written is zero
+    /// already (the dirty bitmap knows which were), and writing it would
+    /// only fault it in, for every page of every device a fuzz input
+    /// builds.
+    fn zero(&self, page: u64) {
         let region = self.mem.find_region(GuestAddress(page)).expect("RAM");
         if region
             .bitmap()
@@ -707,11 +738,6 @@ impl SimDriver {
                 .write_slice(&[0; PAGE_SIZE as usize], GuestAddress(page))
                 .expect("zero page");
         }
-        page
-    }
-
-    pub fn alloc_pages(&mut self, n: u32) -> Vec<u64> {
-        (0..n).map(|_| self.alloc_page()).collect()
     }
 
     /// A page directory for `pages`, as `pvrdma_page_dir_init` builds it.

@@ -20,9 +20,13 @@
 //! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send`,
 //! `count=N` and `cq=sleep` for another stream), no baseline (for
 //! `valgrind --tool=callgrind --separate-threads=yes`), and prints the
-//! data path's events per WRITE (frames, kicks, doorbells). `poll=US` sets
-//! how long the device workers busy-poll after work (0 for callgrind,
-//! which would count the polling).
+//! data path's events per WRITE (frames, kicks, doorbells) and each
+//! thread's time per WRITE on a CPU and waiting for one ([`Sched`]).
+//! `poll=US` sets how long the device workers busy-poll after work (0 for
+//! callgrind, which would count the polling). `pin=CPU,CPU[,CPU]` pins A's
+//! and B's workers (and the driver) to those CPUs, for every part;
+//! `pages=contiguous` registers MRs over contiguous guest pages (as in a
+//! guest's huge page) instead of pages with a gap after each.
 //!
 //! `-- wire` (root) measures the wire path instead: two devices over
 //! TAPs on a bridge against a UDP stream over that bridge ([`wire`]);
@@ -34,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use pvrdma::sim_driver::endpoint::{GID_A, GID_B, IOVA, MAC_A, MAC_B, RIGHTS};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::{QpSpec, RcPath, SimCq, SimDriver, SimQp};
+use pvrdma::sim_driver::{PageLayout, QpSpec, RcPath, SimCq, SimDriver, SimQp};
 use pvrdma::PvrdmaConfig;
 use pvrdma_abi::wqe::{send_flags, wc_status, Cqe, Sge, SqWqeHdr};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -92,8 +96,9 @@ struct Side {
 }
 
 impl Side {
-    /// Sets up `sim` (not yet probed) with GID `gid`.
-    fn new(mut sim: SimDriver, gid: [u8; 16]) -> Self {
+    /// Sets up `sim` (not yet probed) with GID `gid`, its MR's pages laid
+    /// out as `layout` says.
+    fn new(mut sim: SimDriver, gid: [u8; 16], layout: PageLayout) -> Self {
         sim.probe().expect("probe");
         sim.bind_gid(0, gid, 2).expect("bind");
         let pd = sim.create_pd(0).expect("pd");
@@ -104,7 +109,9 @@ impl Side {
             ..QpSpec::rc(pd, cq.handle)
         };
         let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
-        let (mr, _) = sim.reg_user_mr_pages(pd, IOVA, MR_LEN, RIGHTS).expect("mr");
+        let (mr, _) = sim
+            .reg_user_mr_laid_out(pd, (IOVA, MR_LEN), RIGHTS, layout)
+            .expect("mr");
         let cq_irq = sim.msi.irqfd(CQ_VECTOR).expect("CQ vector");
         Side {
             sim,
@@ -166,18 +173,19 @@ struct Pair {
 }
 
 impl Pair {
-    /// Two devices of `config` over the same-host channel.
-    fn new(config: &PvrdmaConfig) -> Self {
+    /// Two devices of `config` over the same-host channel, their MRs'
+    /// pages laid out as `layout` says.
+    fn new(config: &PvrdmaConfig, layout: PageLayout) -> Self {
         let a = SimDriver::with_config_and_mac(config, MAC_A);
         let b = SimDriver::with_config_and_mac(config, MAC_B);
-        Self::connected(a, b, RcPath::default())
+        Self::connected(a, b, RcPath::default(), layout)
     }
 
     /// Drivers `a` (of MAC_A) and `b` (of MAC_B), their QPs connected
     /// with `path`.
-    fn connected(a: SimDriver, b: SimDriver, path: RcPath) -> Self {
-        let mut a = Side::new(a, GID_A);
-        let mut b = Side::new(b, GID_B);
+    fn connected(a: SimDriver, b: SimDriver, path: RcPath, layout: PageLayout) -> Self {
+        let mut a = Side::new(a, GID_A, layout);
+        let mut b = Side::new(b, GID_B, layout);
         for i in 0..QPS {
             let (qa, qb) = (a.qps[i].qpn, b.qps[i].qpn);
             let (ha, hb) = (a.qps[i].handle, b.qps[i].handle);
@@ -450,6 +458,84 @@ fn eventfd_latency(how: Handoff) -> Duration {
     median(samples)
 }
 
+/// One thread's scheduler account (`/proc/self/task/TID/schedstat`):
+/// nanoseconds on a CPU and runnable but waiting for one.
+#[derive(Clone, Copy, Default)]
+struct Sched {
+    run: u64,
+    wait: u64,
+}
+
+impl Sched {
+    fn of(tid: libc::pid_t) -> Self {
+        let s =
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).expect("schedstat");
+        let mut f = s.split_whitespace().map(|x| x.parse::<u64>().expect("ns"));
+        Sched {
+            run: f.next().expect("run"),
+            wait: f.next().expect("wait"),
+        }
+    }
+}
+
+/// The calling thread's id.
+fn gettid() -> libc::pid_t {
+    // SAFETY: gettid takes no argument and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// The bench's driver (this thread), A's worker and B's worker: the
+/// device workers are the threads named `pvrdma`, A's spawned first.
+/// A new thread names itself once it runs, so this waits for both.
+fn threads() -> [(&'static str, libc::pid_t); 3] {
+    let named = || -> Vec<libc::pid_t> {
+        let mut tids: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")
+            .expect("tasks")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|tid| {
+                std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                    .is_ok_and(|c| c.trim() == "pvrdma")
+            })
+            .collect();
+        tids.sort_unstable();
+        tids
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut workers = named();
+    while workers.len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        workers = named();
+    }
+    assert_eq!(workers.len(), 2, "two device workers");
+    [
+        ("driver", gettid()),
+        ("A's worker", workers[0]),
+        ("B's worker", workers[1]),
+    ]
+}
+
+/// `pin=A,B[,D]`: pins A's worker, B's worker (and the driver) to those
+/// CPUs.
+fn pin_threads(cpus: &str) {
+    let cpus: Vec<usize> = cpus.split(',').map(|c| c.parse().expect("a CPU")).collect();
+    let [driver, a, b] = threads();
+    let mut order = vec![a, b];
+    if cpus.len() > 2 {
+        order.push(driver);
+    }
+    for ((name, tid), cpu) in order.into_iter().zip(cpus) {
+        // SAFETY: cpu_set_t is plain data, all zero is an empty set; the
+        // call reads only the set passed, of the size passed.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set)
+        };
+        assert_eq!(rc, 0, "pin {name} to CPU {cpu}");
+        println!("{name} pinned to CPU {cpu}");
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "wire") {
@@ -468,7 +554,18 @@ fn main() {
         busy_poll,
         ..PvrdmaConfig::default()
     };
-    let pair = Pair::new(&config);
+    // `pages=contiguous`: the MRs' pages follow each other (a guest's
+    // huge page) instead of each having a gap after it.
+    let layout = if args.iter().any(|a| a == "pages=contiguous") {
+        PageLayout::Contiguous
+    } else {
+        PageLayout::Scattered
+    };
+    println!("MR pages {layout:?}");
+    let pair = Pair::new(&config, layout);
+    if let Some(cpus) = args.iter().find_map(|a| a.strip_prefix("pin=")) {
+        pin_threads(cpus);
+    }
     let parts = ["bandwidth", "rate", "latency", "profile"];
     let chosen: Vec<String> = std::env::args()
         .filter(|a| parts.contains(&a.as_str()))
@@ -491,7 +588,10 @@ fn main() {
             _ => Reap::Poll,
         };
         let before = pair.counters();
+        let threads = threads();
+        let sched0 = threads.map(|(_, tid)| Sched::of(tid));
         let t = pair.transfer(op, 64 << 10, 1, count as usize, reap);
+        let sched1 = threads.map(|(_, tid)| Sched::of(tid));
         let rate = f64::from(count) * f64::from(1u32 << 16) / t.as_secs_f64();
         println!(
             "{name} 64 KiB, 1 QP, {count} once, CQ {}: {:.0} MiB/s",
@@ -502,6 +602,18 @@ fn main() {
         for ((name, a0, b0), (_, a1, b1)) in before.iter().zip(pair.counters()) {
             let per = |x: u64, x0: &u64| (x - x0) as f64 / f64::from(count);
             println!("  {name:<18} {:.2} / {:.2}", per(a1, a0), per(b1, b0));
+        }
+        let us = |ns: u64| ns as f64 / 1e3 / f64::from(count);
+        println!(
+            "per {name}, us: {:.2} wall; on a CPU / runnable, waiting for one:",
+            t.as_secs_f64() * 1e6 / f64::from(count)
+        );
+        for (((thread, _), s0), s1) in threads.iter().zip(sched0).zip(sched1) {
+            println!(
+                "  {thread:<18} {:.2} / {:.2}",
+                us(s1.run - s0.run),
+                us(s1.wait - s0.wait)
+            );
         }
         drop(pair);
         let _ = std::fs::remove_dir_all(&dir);

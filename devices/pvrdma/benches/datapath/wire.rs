@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use net_port::{FrameBackend, Port, Tap, VnetHdr, MAX_FRAME_LEN};
 use pvrdma::sim_driver::endpoint::{MAC_A, MAC_B};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::{RcPath, SimDriver};
+use pvrdma::sim_driver::{PageLayout, RcPath, SimDriver};
 use pvrdma::PvrdmaConfig;
 
 use crate::{median, mib, Pair, Reap, RUNS, RUN_BYTES};
@@ -134,7 +134,7 @@ impl WirePair {
             ..RcPath::default()
         };
         WirePair {
-            pair: Pair::connected(a, b, path),
+            pair: Pair::connected(a, b, path, PageLayout::Scattered),
             _pumps: [pa, pb],
         }
     }

@@ -38,7 +38,8 @@ impl<M: GuestMemory> GuestMrs<'_, M> {
     }
 
     /// Calls `f(gpa, range of buf)` for each guest-contiguous piece of
-    /// `[iova, iova + len)` of MR `key`.
+    /// `[iova, iova + len)` of MR `key`: one per run of pages that follow
+    /// each other in guest-physical memory, not one per page.
     fn pieces(
         &self,
         key: u32,
@@ -52,8 +53,9 @@ impl<M: GuestMemory> GuestMrs<'_, M> {
             let at = iova
                 .checked_add(u64::try_from(done).map_err(|_| MemError)?)
                 .ok_or(MemError)?;
-            let (gpa, room) = mr.translate(at).ok_or(MemError)?;
             let left = len.checked_sub(done).ok_or(MemError)?;
+            let want = u64::try_from(left).map_err(|_| MemError)?;
+            let (gpa, room) = mr.translate(at, want).ok_or(MemError)?;
             let n = usize::try_from(room).unwrap_or(usize::MAX).min(left);
             if n == 0 {
                 return Err(MemError);

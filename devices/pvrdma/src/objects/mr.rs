@@ -40,13 +40,31 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
-    /// The guest address of `iova` and the bytes from there to the end of
-    /// its page, if `iova` is mapped.
-    fn translate(&self, iova: u64) -> Option<(u64, u64)> {
+    /// The guest address of `iova` and how many bytes from there are
+    /// guest-physically contiguous: to the end of its page, and on over
+    /// the pages after it while each starts where the one before ends,
+    /// until `want` bytes are covered (more may be reported). `None` if
+    /// `iova` is not mapped.
+    ///
+    /// One run is one copy and one dirty-bitmap update instead of one per
+    /// page; the page list is the guest's, so nothing is assumed of it:
+    /// the walk stops at the first page that does not follow, and at
+    /// most `want` bytes' worth of pages are looked at.
+    fn translate(&self, iova: u64, want: u64) -> Option<(u64, u64)> {
         let rel = iova.checked_sub(self.iova & !(PAGE_SIZE - 1))?;
-        let page = self.pages.get(usize::try_from(rel / PAGE_SIZE).ok()?)?;
+        let first = usize::try_from(rel / PAGE_SIZE).ok()?;
+        let page = *self.pages.get(first)?;
         let in_page = rel % PAGE_SIZE;
-        Some((page.checked_add(in_page)?, PAGE_SIZE.checked_sub(in_page)?))
+        let mut run = PAGE_SIZE.checked_sub(in_page)?;
+        let mut end = page.checked_add(PAGE_SIZE);
+        for &next in self.pages.get(first.checked_add(1)?..)? {
+            if run >= want || end != Some(next) {
+                break;
+            }
+            run = run.checked_add(PAGE_SIZE)?;
+            end = next.checked_add(PAGE_SIZE);
+        }
+        Some((page.checked_add(in_page)?, run))
     }
 }
 
@@ -94,12 +112,13 @@ impl Mr {
     }
 
     /// Guest address of `iova` and how many bytes are contiguous from
-    /// there (to the end of its page; for the DMA MR, unbounded).
-    pub(crate) fn translate(&self, iova: u64) -> Option<(u64, u64)> {
+    /// there (a run of pages, at least to the end of its page, looked at
+    /// up to `want` bytes; for the DMA MR, unbounded).
+    pub(crate) fn translate(&self, iova: u64, want: u64) -> Option<(u64, u64)> {
         match &self.region {
             Region::Dma => Some((iova, u64::MAX.saturating_sub(iova))),
             Region::Fast { map: None, .. } => None,
-            Region::Fast { map: Some(m), .. } | Region::User(m) => m.translate(iova),
+            Region::Fast { map: Some(m), .. } | Region::User(m) => m.translate(iova, want),
         }
     }
 
@@ -270,6 +289,32 @@ mod tests {
         assert!(check_access(access::REMOTE_ATOMIC | access::REMOTE_READ).is_err());
         assert!(check_access(access::ON_DEMAND | access::LOCAL_WRITE).is_err());
         assert!(check_access(access::ZERO_BASED).is_err());
+    }
+
+    #[test]
+    fn translation_runs_over_pages_that_follow_each_other() {
+        let map = |pages: &[u64]| Mapping {
+            iova: 0x5000_0800,
+            len: 0x1_0000,
+            pages: pages.to_vec(),
+        };
+        let m = map(&[0x10000, 0x11000, 0x12000, 0x30000, 0x31000]);
+        // From mid-page: the rest of it, then whole pages up to `want`.
+        assert_eq!(m.translate(0x5000_0800, 100), Some((0x10800, 0x800)));
+        assert_eq!(m.translate(0x5000_0800, 0x801), Some((0x10800, 0x1800)));
+        assert_eq!(m.translate(0x5000_0800, 1 << 20), Some((0x10800, 0x2800)));
+        // A page that does not follow ends the run; the next one starts.
+        assert_eq!(m.translate(0x5000_2000, 1 << 20), Some((0x12000, 0x1000)));
+        assert_eq!(m.translate(0x5000_3010, 1 << 20), Some((0x30010, 0x1ff0)));
+        assert_eq!(m.translate(0x5000_5000, 1), None, "beyond the pages");
+        assert_eq!(m.translate(0x4fff_f000, 1), None, "below the MR");
+        // Hostile lists: a page at the top of the address space, a list
+        // that goes backwards, the same page twice.
+        let top = !0xfff_u64;
+        let m = map(&[top, 0, 0x1000, 0x1000]);
+        assert_eq!(m.translate(0x5000_0000, 1 << 20), Some((top, 0x1000)));
+        assert_eq!(m.translate(0x5000_1000, 1 << 20), Some((0, 0x2000)));
+        assert_eq!(m.translate(0x5000_3000, 1 << 20), Some((0x1000, 0x1000)));
     }
 
     #[test]

@@ -23,6 +23,16 @@ impl Default for RcPath {
     }
 }
 
+/// How the pages behind an MR lie in guest-physical memory
+/// ([`SimDriver::reg_user_mr_laid_out`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageLayout {
+    /// Each page with an unused page after it: no two contiguous.
+    Scattered,
+    /// Pages that follow each other, as a buffer in a guest's huge page.
+    Contiguous,
+}
+
 impl SimDriver {
     pub fn create_uc(&mut self, uar_index: u32) -> Result<u32, Failure> {
         let pfn64 = (self.bars[BAR_UAR] >> 12) + u64::from(uar_index);
@@ -211,7 +221,8 @@ impl SimDriver {
             .map(|(resp, _)| resp)
     }
 
-    /// [`Self::reg_user_mr`], also returning the pages behind the MR.
+    /// [`Self::reg_user_mr`], also returning the pages behind the MR (no
+    /// two of them contiguous).
     pub fn reg_user_mr_pages(
         &mut self,
         pd: u32,
@@ -219,8 +230,23 @@ impl SimDriver {
         length: u64,
         access_flags: u32,
     ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
+        self.reg_user_mr_laid_out(pd, (start, length), access_flags, PageLayout::Scattered)
+    }
+
+    /// [`Self::reg_user_mr_pages`] over pages laid out as `layout` says.
+    pub fn reg_user_mr_laid_out(
+        &mut self,
+        pd: u32,
+        (start, length): (u64, u64),
+        access_flags: u32,
+        layout: PageLayout,
+    ) -> Result<(CreateMrResp, Vec<u64>), Failure> {
         let n = ((start & (PAGE_SIZE - 1)) + length).div_ceil(PAGE_SIZE) as u32;
-        let pages = self.alloc_pages(n);
+        let pages = match layout {
+            PageLayout::Scattered => self.alloc_pages(n),
+            PageLayout::Contiguous => self.alloc_run(n),
+        };
+        let n = pages.len() as u32;
         let pdir = self.make_pdir(&pages);
         let resp = self.cmd(
             CmdCode::CreateMr,
