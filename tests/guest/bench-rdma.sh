@@ -9,9 +9,11 @@
 #   KIND            pvrdma | qemu-pvrdma | rxe
 #   MY_IP PEER_IP HOST_IP   eth0's address, the other guest's and the bridge's (/24)
 #   SHARED_IP       qemu-pvrdma: both guests' RoCE address (see below)
-#   ROUNDS          rounds; each runs ibv_rc_pingpong, ib_write_bw, ib_read_bw and ib_send_bw once
-#                   (qemu-pvrdma: ib_write_bw and ib_read_bw in the first round only, see below)
-#   PP_ITERS PP_SIZE  ibv_rc_pingpong -n and -s
+#   ROUNDS          rounds; each runs ibv_rc_pingpong (polling), ibv_rc_pingpong -e (completion
+#                   events), ib_write_bw, ib_read_bw and ib_send_bw once
+#                   (qemu-pvrdma: ibv_rc_pingpong -e, ib_write_bw and ib_read_bw in the first round
+#                   only, see below)
+#   PP_ITERS PP_SIZE  ibv_rc_pingpong -n and -s (both kinds)
 #   BW_ITERS BW_SIZE  ib_{write,read,send}_bw -n and -s
 #   PORT_BASE       TCP ports PORT_BASE+1.. (one per program run, so that a late client never
 #                   meets the previous run's server)
@@ -25,7 +27,8 @@
 #   BENCH-RDMA-GID dev=D idx=N gid=G
 #   BENCH-RDMA-RXE ok modules=... | BENCH-RDMA-FAIL why   (rxe: rdma_rxe loaded, rxe0 on eth0)
 #   BENCH-RDMA-BEGIN prog=P round=R side=S ... BENCH-RDMA-END prog=P round=R side=S rc=N attempts=K
-#     P: pp (ibv_rc_pingpong: "N iters in T seconds = U usec/iter") | write, read, send
+#     P: pp, ppe (ibv_rc_pingpong, ibv_rc_pingpong -e: "N iters in T seconds = U usec/iter") |
+#        write, read, send
 #        (ib_write_bw, ib_read_bw, ib_send_bw: BW average)
 #   BENCH-RDMA-DONE role=R
 # A failed program is a result (its rc), not the end of the script; a set-up failure prints
@@ -84,7 +87,8 @@ retry 120 ping -c 1 -W 1 "$HOST_IP" || fail "no ping answer from the test host $
 
 # RDMA_ONCE: the programs run in the first round only, bounded by ONCE_LIMIT (QEMU's model posts
 # every work request as a SEND and gives every MR the rkey 0xffffffff: ib_write_bw and ib_read_bw
-# hang there until killed; once shows that they still do).
+# hang there until killed; so does ibv_rc_pingpong -e, whose first completion event never comes;
+# once shows that they still do).
 RDMA_ONCE=
 case $KIND in
   pvrdma)
@@ -96,7 +100,7 @@ case $KIND in
     # locally only between equal GIDs: both guests' RoCE address is SHARED_IP (also on rxe0's
     # netdev), a /32 beside eth0's own, which perftest's TCP exchange keeps using.
     DEV=vmw_pvrdma0
-    RDMA_ONCE="write read"
+    RDMA_ONCE="ppe write read"
     ip addr add "$SHARED_IP/32" dev eth0 || fail "ip addr add $SHARED_IP/32"
     device_ready "$SHARED_IP" "RoCE v2" "IB/RoCE v1"
     say "GIDS $(cd /sys/class/infiniband/$DEV/ports/1 && for f in gids/*; do g=$(cat "$f"); [ "$g" = 0000:0000:0000:0000:0000:0000:0000:0000 ] || printf '%s=%s/%s ' "${f#gids/}" "$g" "$(tr ' ' _ < "gid_attrs/types/${f#gids/}")"; done)"
@@ -116,9 +120,8 @@ r=1
 while [ "$r" -le "$ROUNDS" ]; do
   first=0
   [ "$r" = 1 ] && first=1
-  port=$((PORT_BASE + 4 * (r - 1)))
-  run pp "$r" $((port + 1)) "$first" "$LIMIT" ibv_rc_pingpong -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE"
-  for prog in write read send; do
+  port=$((PORT_BASE + 5 * (r - 1)))
+  for prog in pp ppe write read send; do
     port=$((port + 1))
     limit=$LIMIT
     case " $RDMA_ONCE " in *" $prog "*)
@@ -126,7 +129,14 @@ while [ "$r" -le "$ROUNDS" ]; do
       limit=$ONCE_LIMIT
       ;;
     esac
-    run "$prog" "$r" $((port + 1)) 0 "$limit" "ib_${prog}_bw" -d "$DEV" -x "$GIDX" -F -n "$BW_ITERS" -s "$BW_SIZE"
+    case $prog in
+      pp) run pp "$r" "$port" "$first" "$limit" ibv_rc_pingpong -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE" ;;
+      # The same with completion events: each side sleeps on its CQ's channel (the device's
+      # interrupt wakes it) instead of spinning on the CQ, so that the one-vCPU test host's time
+      # slices matter less.
+      ppe) run ppe "$r" "$port" 0 "$limit" ibv_rc_pingpong -e -d "$DEV" -g "$GIDX" -n "$PP_ITERS" -s "$PP_SIZE" ;;
+      *) run "$prog" "$r" "$port" 0 "$limit" "ib_${prog}_bw" -d "$DEV" -x "$GIDX" -F -n "$BW_ITERS" -s "$BW_SIZE" ;;
+    esac
   done
   r=$((r + 1))
 done

@@ -7,6 +7,12 @@
 # timed by B's clock; A checks every transfer's md5), at MTU MTU.
 # Writes $OUT/bench.tsv: vmm, round, bytes, seconds, md5 match (1/0), TCP segments A received with a
 # bad checksum so far (InCsumErrors); logs as bench-<vmm>-{a,b}-*.
+# And $OUT/bench-trace.tsv, a sample about every second while a pair runs (issue 15 goal 5: what
+# a slow round looked like): vmm, microseconds since the pair started, rounds B has sent and A has
+# received so far (from their consoles), the TAPs' packet counters as this host sees them (tapa
+# rx, tapa tx, tapb rx, tapb tx: a TAP's tx is what its guest's NIC receives), this host's CPU
+# ticks so far (busy, idle), then A's and B's `pvrdma-remote counters` on one line each
+# (pvrdma-vmm; "-" for QEMU, which has no such API).
 
 isolate_network
 
@@ -27,7 +33,7 @@ guest_script_disk "$WORK/bench-b-run.img" "$header ROLE=b MY_IP=10.10.0.2 PEER_I
 # launch_<vmm> NAME ROLE MAC: one guest in the background, its pid in GUEST_PID.
 launch_pvrdma_vmm() {
   VMM_CPUS=1 start_vmm "$1" --cmdline "$cmdline" --disk "path=$WORK/bench-$2-run.img,readonly=on" \
-    --serial "file=$OUT/$1-serial.log" --net "tap=tap$2,mac=$3"
+    --serial "file=$OUT/$1-serial.log" --net "tap=tap$2,mac=$3" --api-socket "$WORK/$1.api"
   GUEST_PID=$VMM_PID
 }
 
@@ -41,13 +47,54 @@ launch_qemu() {
   GUEST_PID=$!
 }
 
+# vmm_counters NAME: NAME's `pvrdma-remote counters` on one line ("-" without its API socket or
+# an answer).
+vmm_counters() {
+  local api=$WORK/$1.api json
+  [[ -S $api && -x ${PVRDMA_REMOTE_BIN:-} ]] && json=$(timeout 5 "$PVRDMA_REMOTE_BIN" --api-socket "$api" counters 2>/dev/null) &&
+    tr -d ' \n' <<<"$json" && return 0
+  echo -
+}
+
+# line_count FILE PATTERN: how many lines of FILE match PATTERN (0 if none or no file).
+line_count() {
+  local n
+  n=$(grep -c "$2" "$1" 2>/dev/null) || true
+  echo "${n:-0}"
+}
+
+# trace VMM: a line of bench-trace.tsv about every second until killed (see the header).
+trace() {
+  local vmm=$1 t0 tap stats rx tx user nice system idle iowait irq softirq steal
+  t0=$(now_us)
+  while :; do
+    stats=()
+    for tap in tapa tapb; do
+      read -r rx < "/sys/class/net/$tap/statistics/rx_packets"
+      read -r tx < "/sys/class/net/$tap/statistics/tx_packets"
+      stats+=("$rx" "$tx")
+    done
+    read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+    stats+=($((user + nice + system + irq + softirq + steal)) $((idle + iowait)))
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$vmm" $(($(now_us) - t0)) \
+      "$(line_count "$OUT/bench-$vmm-b-serial.log" 'NET-TCP-SENT round=')" \
+      "$(line_count "$OUT/bench-$vmm-a-serial.log" 'NET-TCP-RECV round=')" "${stats[@]}" \
+      "$(vmm_counters "bench-$vmm-a")" "$(vmm_counters "bench-$vmm-b")" >> "$OUT/bench-trace.tsv"
+    sleep 1
+  done
+}
+
 for vmm in ${VMMS:?}; do
   log "bench-net: $vmm pair"
   "launch_${vmm//-/_}" "bench-$vmm-a" a 52:54:00:0a:00:01
   pid_a=$GUEST_PID
   "launch_${vmm//-/_}" "bench-$vmm-b" b 52:54:00:0b:00:02
   pid_b=$GUEST_PID
+  trace "$vmm" &
+  trace_pid=$!
   wait_for_exit "$pid_b" "$BENCH_LIMIT"
+  kill "$trace_pid" 2>/dev/null || true
+  wait "$trace_pid" 2>/dev/null || true
   exit_b=$EXIT_STATUS
   wait_for_exit "$pid_a" 60
   log "bench-net: $vmm exits: a=$EXIT_STATUS b=$exit_b"

@@ -12,12 +12,15 @@
 #   qemu-pvrdma   QEMU 7.2's own `-device pvrdma` instead of our VMM (see launch_qemu_pvrdma): its
 #                 verbs run on Soft-RoCE rxe0 of this host, no RoCE frame touches the TAPs
 # Same kernel, initramfs and guest script (tests/guest/bench-rdma.sh) for all, one vCPU each.
-# Writes $OUT/bench.tsv: config, program (pp | write | read | send), round, client rc, server rc,
-# figure (pp: usec/iter; the others: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
+# Writes $OUT/bench.tsv: config, program (pp | ppe | write | read | send), round, client rc, server rc,
+# figure (pp, ppe: usec/iter; the others: BW average MB/sec; NA if the client printed none, NOCLOCK if perftest printed
 # that its cycle-clock calibration failed, which makes its figures 0.00); and $OUT/bench.env: per
 # config, the VMMs' exits, the RoCE v2 frames (UDP 4791) this host sent to each TAP meanwhile and
 # the guests' set-up failures. Logs: bench-<config>-{a,b}-{serial,vmm}.log (QEMU's output in the
-# -vmm.log), qemu-pvrdma-mux.log (PVRDMA_MUX_BIN's).
+# -vmm.log), qemu-pvrdma-mux.log (PVRDMA_MUX_BIN's). And $OUT/cpu.tsv, where this host's one CPU
+# went, sampled about every half second while a pair runs: config, microseconds (this host's
+# clock), the program B runs (its key, "-" between programs), CPU ticks so far of this host (busy,
+# idle) and of each VMM (A's vCPU threads, A's other threads, B's, B's).
 
 isolate_network
 
@@ -91,6 +94,45 @@ launch_qemu_pvrdma() {
   GUEST_PID=$!
 }
 
+# task_ticks PID: the CPU ticks (user + system) of PID's threads, tab-separated: of its vCPU
+# threads (ours: vcpuN; QEMU: "CPU N/KVM") and of all others (device workers, the main loop, QEMU's
+# iothreads). Read with builtins: the sampler runs beside what it measures, on one CPU.
+task_ticks() {
+  local vcpu=0 other=0 stat comm file fields
+  for file in /proc/"$1"/task/*/stat; do
+    read -r stat < "$file" 2>/dev/null || continue
+    comm=${stat#*(}
+    comm=${comm%)*}
+    # The fields after the comm, from state (field 3 of proc_pid_stat(5)): utime (14) and stime
+    # (15) are the 12th and 13th.
+    read -r -a fields <<<"${stat##*) }"
+    if [[ $comm == vcpu* || $comm == CPU\ * ]]; then
+      vcpu=$((vcpu + fields[11] + fields[12]))
+    else
+      other=$((other + fields[11] + fields[12]))
+    fi
+  done
+  printf '%s\t%s\n' "$vcpu" "$other"
+}
+
+# cpu_sampler CONFIG PID_A PID_B: about every half second until killed, a line of cpu.tsv (see
+# the header): which program B runs, this host's CPU ticks, and both VMMs' by thread kind.
+cpu_sampler() {
+  local config=$1 pid_a=$2 pid_b=$3 prog user nice system idle iowait irq softirq steal
+  while :; do
+    prog=$(grep -a -o 'BENCH-RDMA-\(BEGIN\|END\) prog=[a-z]* round=[0-9]*' "$OUT/bench-$config-b-serial.log" 2>/dev/null | tail -n1) || true
+    case $prog in
+      BENCH-RDMA-BEGIN*) prog=${prog#*prog=} prog=${prog%% *} ;;
+      *) prog=- ;;
+    esac
+    read -r _ user nice system idle iowait irq softirq steal _ < /proc/stat
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$(now_us)" "$prog" \
+      $((user + nice + system + irq + softirq + steal)) $((idle + iowait)) \
+      "$(task_ticks "$pid_a")" "$(task_ticks "$pid_b")" >> "$OUT/cpu.tsv"
+    sleep 0.5
+  done
+}
+
 # launch CONFIG ROLE IP MAC: one guest of CONFIG in the background; its pid in GUEST_PID.
 launch() {
   local config=$1 role=$2 ip=$3 mac=$4 peer=$IP_B kind=pvrdma nic=()
@@ -137,11 +179,11 @@ figures() {
       inside = 0; next
     }
     !inside || file == 1 { next }
-    prog == "pp" && / iters in .* usec\/iter/ { fig[prog SUBSEP round] = $(NF - 1) }
-    prog != "pp" && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
-    prog != "pp" && /#bytes/ { header = 1 }
+    prog ~ /^pp/ && / iters in .* usec\/iter/ { fig[prog SUBSEP round] = $(NF - 1) }
+    prog !~ /^pp/ && header && NF >= 5 && $1 ~ /^[0-9]+$/ { fig[prog SUBSEP round] = $4; header = 0 }
+    prog !~ /^pp/ && /#bytes/ { header = 1 }
     # perftest could not calibrate its cycle clock (noisy nested guest): its figures are 0.00.
-    prog != "pp" && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
+    prog !~ /^pp/ && /Correlation coefficient/ { noclock[prog SUBSEP round] = 1 }
     END {
       for (i = 1; i <= n; i++) {
         split(order[i], k, SUBSEP)
@@ -167,8 +209,12 @@ for config in ${CONFIGS:?}; do
   pid_a=$GUEST_PID
   launch "$config" b "$IP_B" "$mac_b"
   pid_b=$GUEST_PID
+  cpu_sampler "$config" "$pid_a" "$pid_b" &
+  sampler_pid=$!
   # Each VMM must end once its guest powered off (60 s grace, as in rdma.sh).
   wait_for_line "$OUT/bench-$config-b-serial.log" 'GUEST-POWEROFF' "$BENCH_LIMIT" "$pid_b" || true
+  kill "$sampler_pid" 2>/dev/null || true
+  wait "$sampler_pid" 2>/dev/null || true
   wait_for_exit "$pid_b" 60
   exit_b=$EXIT_STATUS
   wait_for_line "$OUT/bench-$config-a-serial.log" 'GUEST-POWEROFF' 60 "$pid_a" || true

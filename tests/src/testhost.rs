@@ -186,7 +186,7 @@ pub fn run(scenario: &Scenario, assets: &Assets) -> Result<Outcome> {
 
 fn run_once(scenario: &Scenario, assets: &Assets, mode: Mode) -> Result<Outcome> {
     let dir = runs_dir().join(&scenario.name);
-    let out = dir.join("out");
+    let out = out_dir(&scenario.name);
     if dir.exists() {
         fs::remove_dir_all(&dir).map_err(|e| io_error("remove old run dir", &dir, &e))?;
     }
@@ -320,6 +320,12 @@ fn wait_for_exit(
         let _ = child.wait();
         Error::new(format!("{e}; killed it\n{}", tail_of(log, 30)))
     })
+}
+
+/// Where a run of scenario `name` will have its `$OUT` ([`Outcome::out`]), for a benchmark that
+/// watches the run's files while it runs.
+pub fn out_dir(name: &str) -> PathBuf {
+    runs_dir().join(name).join("out")
 }
 
 /// `target/e2e-runs` of this workspace (or of `$CARGO_TARGET_DIR`).

@@ -137,7 +137,8 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
             MSIX_PBA_OFFSET,
         )
         .map_err(Vmxnet3Error::Msix)?;
-        let intr = Arc::new(Interrupts::new(msix));
+        let metrics = Arc::new(Vmxnet3Metrics::default());
+        let intr = Arc::new(Interrupts::new(msix, metrics.clone()));
 
         let eventfd = || EventFd::new(EFD_NONBLOCK).map_err(Vmxnet3Error::EventFd);
         let tx_evts = (0..MAX_TX_QUEUES)
@@ -163,7 +164,6 @@ impl<M: GuestAddressSpace + Send + 'static> Vmxnet3<M> {
         port.set_carrier(backend.link_up());
 
         let state = SharedState::default();
-        let metrics = Arc::new(Vmxnet3Metrics::default());
         let worker = spawn_worker(WorkerParts {
             mem: mem.clone(),
             backend,

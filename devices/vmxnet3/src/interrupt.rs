@@ -15,11 +15,12 @@
 //! arrived in between pending until some later event. The IMR bits alone
 //! say what the driver wants (it sets them all whenever it sets the bit).
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use pci::Msix;
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::Vmxnet3Metrics;
 use crate::regs::NUM_VECTORS;
 
 const VECTORS: usize = NUM_VECTORS as usize;
@@ -35,7 +36,7 @@ pub(crate) struct IntrState {
 
 impl IntrState {
     /// Delivers vector `index` if it is pending and unmasked.
-    fn sync(&mut self, index: usize, msix: &Mutex<Msix>) {
+    fn sync(&mut self, index: usize, msix: &Mutex<Msix>, metrics: &Vmxnet3Metrics) {
         let (Some(masked), Some(pending)) =
             (self.masked.get_mut(index), self.pending.get_mut(index))
         else {
@@ -46,6 +47,7 @@ impl IntrState {
         }
         *pending = false;
         *masked = self.auto_mask;
+        metrics.intr_fired.inc();
         // index < 25 fits u16.
         lock(msix).trigger(u16::try_from(index).unwrap_or(u16::MAX));
     }
@@ -56,6 +58,7 @@ impl IntrState {
 pub(crate) struct Interrupts {
     state: Mutex<IntrState>,
     msix: Mutex<Msix>,
+    metrics: Arc<Vmxnet3Metrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,7 +67,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Interrupts {
     /// Every vector starts masked, as after RESET_DEV.
-    pub(crate) fn new(msix: Msix) -> Self {
+    pub(crate) fn new(msix: Msix, metrics: Arc<Vmxnet3Metrics>) -> Self {
         Interrupts {
             state: Mutex::new(IntrState {
                 masked: [true; VECTORS],
@@ -72,6 +75,7 @@ impl Interrupts {
                 auto_mask: true,
             }),
             msix: Mutex::new(msix),
+            metrics,
         }
     }
 
@@ -87,7 +91,10 @@ impl Interrupts {
         if let Some(pending) = state.pending.get_mut(index) {
             *pending = true;
         }
-        state.sync(index, &self.msix);
+        if state.masked.get(index).copied().unwrap_or(true) {
+            self.metrics.intr_held.inc();
+        }
+        state.sync(index, &self.msix, &self.metrics);
     }
 
     /// A write of `IMR[index]`.
@@ -96,7 +103,7 @@ impl Interrupts {
         if let Some(m) = state.masked.get_mut(index) {
             *m = masked;
         }
-        state.sync(index, &self.msix);
+        state.sync(index, &self.msix, &self.metrics);
     }
 
     /// A read of `IMR[index]`.
@@ -139,7 +146,7 @@ mod tests {
 
     use super::*;
 
-    fn setup() -> (Arc<MockMsi>, Interrupts) {
+    fn setup() -> (Arc<MockMsi>, Interrupts, Arc<Vmxnet3Metrics>) {
         let mut config = PciConfiguration::new(PciHeader::default());
         config
             .add_bar(BarSpec {
@@ -151,18 +158,21 @@ mod tests {
             .unwrap();
         let router = Arc::new(MockMsi::default());
         let msix = Msix::new(&mut config, router.clone(), NUM_VECTORS, 2, 0, 0x1000).unwrap();
-        let intr = Interrupts::new(msix);
+        let metrics = Arc::new(Vmxnet3Metrics::default());
+        let intr = Interrupts::new(msix, metrics.clone());
         enable_all_vectors(&mut config, &mut intr.msix());
-        (router, intr)
+        (router, intr, metrics)
     }
 
     #[test]
     fn masked_vectors_stay_pending_and_auto_mask_rearms_the_mask() {
-        let (router, intr) = setup();
+        let (router, intr, metrics) = setup();
         intr.trigger(3);
         assert_eq!(router.fired(3), 0, "masked after reset");
+        assert_eq!((metrics.intr_held.get(), metrics.intr_fired.get()), (1, 0));
         intr.set_masked(3, false);
         assert_eq!(router.fired(3), 1, "pending vector fires on unmask");
+        assert_eq!((metrics.intr_held.get(), metrics.intr_fired.get()), (1, 1));
         assert!(intr.masked(3), "auto-masked when it fired");
         intr.trigger(3);
         intr.trigger(3);
@@ -175,6 +185,7 @@ mod tests {
         intr.trigger(3);
         intr.trigger(3);
         assert_eq!(router.fired(3), 2, "active mode: the driver masks");
+        assert_eq!((metrics.intr_held.get(), metrics.intr_fired.get()), (3, 4));
         assert!(!intr.masked(3));
 
         intr.trigger(200);

@@ -109,6 +109,12 @@ metrics! {
     reg_bad_access,
     /// Link-change events posted to the guest (ECR LINK).
     link_events,
+    /// MSI-X messages sent to the guest (every vector).
+    intr_fired,
+    /// Interrupts raised while their vector was masked (`IMR`, or auto-masked
+    /// after the last one): held until the driver unmasks it. A driver that
+    /// stops unmasking shows as these growing while `intr_fired` does not.
+    intr_held,
 }
 
 /// Counts a guest-triggerable event on `$counter` and logs it at `$level`

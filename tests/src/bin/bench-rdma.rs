@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-//! RDMA benchmark between two guests (issues 5 and 15): `ibv_rc_pingpong` time per iteration and
+//! RDMA benchmark between two guests (issues 5 and 15): `ibv_rc_pingpong` time per iteration (its
+//! guests spinning on their CQs, and again with `-e`: sleeping until the device's interrupt) and
 //! `ib_write_bw`, `ib_read_bw` and `ib_send_bw` average bandwidth between two guests on one bridge
 //! of the same test host, through our PVRDMA device (over the VMMs' same-host channel, and again
 //! with `local=off` so that the RoCE v2 frames cross the TAPs and the bridge) against two
 //! baselines: two guests running Linux Soft-RoCE (rdma_rxe on their vmxnet3, our VMM's plain
 //! `--net`), and two guests of QEMU 7.2 with its own `-device pvrdma` (backed by Soft-RoCE in the
 //! test host; it posts every work request as a SEND, so its RDMA WRITE and READ run once and are
-//! reported as unsupported when they fail). Medians and the ratios of the same run. Figures, not a
+//! reported as unsupported when they fail, as is its `ibv_rc_pingpong -e`, which hangs). Medians and the ratios of the same run. Figures, not a
 //! test; but a run in which a program or a configuration failed says so and exits non-zero.
 //!
 //! Usage: `cargo build --release --bins && cargo run --release -p e2e --bin bench-rdma --
@@ -113,18 +114,30 @@ fn pvrdma_opts(s: &str) -> Result<String, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Prog {
     PingPong,
+    /// `ibv_rc_pingpong -e`: both sides sleep on their completion channel, woken by the device's
+    /// interrupt, instead of polling the CQ. In the one-vCPU test host two polling guests take
+    /// turns by the scheduler's time slices; this measures the devices' round trip with guests
+    /// that give the CPU away.
+    PingPongEvents,
     WriteBw,
     ReadBw,
     SendBw,
 }
 
 impl Prog {
-    const ALL: [Self; 4] = [Self::PingPong, Self::WriteBw, Self::ReadBw, Self::SendBw];
+    const ALL: [Self; 5] = [
+        Self::PingPong,
+        Self::PingPongEvents,
+        Self::WriteBw,
+        Self::ReadBw,
+        Self::SendBw,
+    ];
 
     /// Its name in bench.tsv (and in the guest's BENCH-RDMA-BEGIN lines).
     fn key(self) -> &'static str {
         match self {
             Self::PingPong => "pp",
+            Self::PingPongEvents => "ppe",
             Self::WriteBw => "write",
             Self::ReadBw => "read",
             Self::SendBw => "send",
@@ -132,10 +145,15 @@ impl Prog {
     }
 
     /// QEMU 7.2's pvrdma posts every work request to its backend as a SEND: RDMA WRITE and READ
-    /// cannot work there. The guest runs them in the first round only; their failure is a
-    /// result, not a failed run.
+    /// cannot work there; and `ibv_rc_pingpong -e` waits for its first completion event until
+    /// killed. The guest runs them in the first round only; their failure is a result, not a
+    /// failed run.
+    fn is_pingpong(self) -> bool {
+        matches!(self, Self::PingPong | Self::PingPongEvents)
+    }
+
     fn unsupported_by(self, config: &str) -> bool {
-        config == QEMU && matches!(self, Self::WriteBw | Self::ReadBw)
+        config == QEMU && matches!(self, Self::PingPongEvents | Self::WriteBw | Self::ReadBw)
     }
 }
 
@@ -145,7 +163,7 @@ struct Round {
     round: u32,
     client_rc: String,
     server_rc: String,
-    /// usec/iter (pp) or MB/s (bw); None if the client printed no figure.
+    /// usec/iter (pp, ppe) or MB/s (bw); None if the client printed no figure.
     figure: Option<f64>,
     /// perftest said its cycle-clock calibration failed ("Correlation coefficient r^2 ... < 0.9"),
     /// so it printed 0.00: the program ran, but this round has no figure.
@@ -232,10 +250,10 @@ fn run(args: &Args) -> Result<(), String> {
         .into_iter()
         .filter(|c| args.configs.iter().any(|s| s == c.0))
         .collect();
-    // Per pair: ~90 s for two guests to boot and set up, then per round four programs of at most
+    // Per pair: ~90 s for two guests to boot and set up, then per round five programs of at most
     // PROG_LIMIT each (typically a few seconds with pvrdma-vmm, ~70 s each with Soft-RoCE).
     let prog_limit = 120u64;
-    let per_pair = 360 + u64::from(args.rounds) * 4 * prog_limit;
+    let per_pair = 360 + u64::from(args.rounds) * Prog::ALL.len() as u64 * prog_limit;
     let mut env = vec![
         ("PVRDMA_VMM_BIN".to_string(), vmm.display().to_string()),
         (
@@ -298,9 +316,13 @@ fn run(args: &Args) -> Result<(), String> {
         );
         failures.extend(pair_failures(label, get));
     }
+    let cpu = parse_cpu(&read("cpu.tsv").unwrap_or_default());
     for prog in Prog::ALL {
         let medians = prog_figures(prog, args, &configs, &rounds, &mut failures);
         print_ratios(prog, &configs, &medians);
+        if prog.is_pingpong() {
+            print_cpu(prog, &configs, &medians, &cpu);
+        }
     }
     bench::report_failures(&failures, "program run(s) or guest(s)", &outcome.out)
 }
@@ -315,13 +337,19 @@ fn prog_figures<'a>(
     rounds: &BTreeMap<(String, String), Vec<Round>>,
     failures: &mut Vec<String>,
 ) -> BTreeMap<&'a str, f64> {
-    let (n, s) = match prog {
-        Prog::PingPong => (args.pp_iters, args.pp_size),
-        _ => (args.bw_iters, args.bw_size),
+    let (n, s) = if prog.is_pingpong() {
+        (args.pp_iters, args.pp_size)
+    } else {
+        (args.bw_iters, args.bw_size)
     };
     match prog {
         Prog::PingPong => {
             println!("ibv_rc_pingpong -n {n} -s {s}: usec/iter (lower is better)");
+        }
+        Prog::PingPongEvents => {
+            println!(
+                "ibv_rc_pingpong -e -n {n} -s {s} (completion events): usec/iter (lower is better)"
+            );
         }
         _ => println!(
             "ib_{}_bw -n {n} -s {s}: BW average MB/s (higher is better)",
@@ -395,9 +423,10 @@ fn print_ratios(prog: Prog, configs: &[(&str, &str)], medians: &BTreeMap<&str, f
                 continue;
             };
             let r = o / b;
-            let (what, better) = match prog {
-                Prog::PingPong => ("time per iteration", "below 1: pvrdma-vmm faster"),
-                _ => ("bandwidth", "above 1: pvrdma-vmm faster"),
+            let (what, better) = if prog.is_pingpong() {
+                ("time per iteration", "below 1: pvrdma-vmm faster")
+            } else {
+                ("bandwidth", "above 1: pvrdma-vmm faster")
             };
             let goal = if base == QEMU {
                 let (met, bound) = qemu_goal(prog, r);
@@ -410,12 +439,112 @@ fn print_ratios(prog: Prog, configs: &[(&str, &str)], medians: &BTreeMap<&str, f
     }
 }
 
+/// One line of cpu.tsv (tests/scenarios/bench-rdma.sh's sampler): the program B was running
+/// (its key, or "-" between programs), and CPU ticks so far: the test host's busy and idle, then
+/// per VMM (A, B) its vCPU threads' and its other threads'.
+#[derive(Debug, Clone, PartialEq)]
+struct CpuSample {
+    config: String,
+    prog: String,
+    ticks: [u64; 6],
+}
+
+fn parse_cpu(tsv: &str) -> Vec<CpuSample> {
+    let mut samples = Vec::new();
+    for line in tsv.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [config, _us, prog, ticks @ ..] = fields.as_slice() else {
+            continue;
+        };
+        let Ok(ticks) = ticks
+            .iter()
+            .map(|t| t.parse())
+            .collect::<Result<Vec<u64>, _>>()
+        else {
+            continue;
+        };
+        if let Ok(ticks) = <[u64; 6]>::try_from(ticks) {
+            samples.push(CpuSample {
+                config: (*config).to_string(),
+                prog: (*prog).to_string(),
+                ticks,
+            });
+        }
+    }
+    samples
+}
+
+/// Where the test host's CPU went while `config`'s guest B ran `prog`: the sum of the tick
+/// differences between consecutive samples that both fall inside one of its runs, as shares of
+/// the total: A's vCPU, A's other threads, B's vCPU, B's other threads, the rest of the host
+/// (its kernel, the bridge, rxe, the sampler) and idle. None without such samples.
+fn cpu_shares(samples: &[CpuSample], config: &str, prog: &str) -> Option<[f64; 6]> {
+    let mut sum = [0u64; 6];
+    for pair in samples.windows(2) {
+        let [a, b] = pair else { continue };
+        if [a, b].iter().all(|s| s.config == config && s.prog == prog) {
+            for (s, (x, y)) in sum.iter_mut().zip(a.ticks.iter().zip(&b.ticks)) {
+                *s += y.saturating_sub(*x);
+            }
+        }
+    }
+    let [busy, idle, vmms @ ..] = sum;
+    let total = busy + idle;
+    if total == 0 {
+        return None;
+    }
+    let rest = busy.saturating_sub(vmms.iter().sum());
+    let [av, ao, bv, bo] = vmms;
+    Some([av, ao, bv, bo, rest, idle].map(|t| t as f64 / total as f64))
+}
+
+/// Prints, for a pingpong program, where the test host's one CPU went during it per configuration,
+/// as shares and as microseconds of the median iteration.
+fn print_cpu(
+    prog: Prog,
+    configs: &[(&str, &str)],
+    medians: &BTreeMap<&str, f64>,
+    cpu: &[CpuSample],
+) {
+    println!(
+        "    the test host's CPU while B ran it (share; times the median: usec/iter), sampled every ~0.5 s:"
+    );
+    const PARTS: [&str; 6] = [
+        "A vCPU",
+        "A VMM threads",
+        "B vCPU",
+        "B VMM threads",
+        "rest of host",
+        "idle",
+    ];
+    for &(config, label) in configs {
+        if prog.unsupported_by(config) {
+            continue;
+        }
+        let Some(shares) = cpu_shares(cpu, config, prog.key()) else {
+            println!("      {label:<32} no samples");
+            continue;
+        };
+        let m = medians.get(config).copied();
+        let parts: Vec<String> = PARTS
+            .iter()
+            .zip(shares)
+            .map(|(name, share)| match m {
+                Some(m) => format!("{name} {:.0}% ({:.0})", share * 100.0, share * m),
+                None => format!("{name} {:.0}%", share * 100.0),
+            })
+            .collect();
+        println!("      {label:<32} {}", parts.join(", "));
+    }
+}
+
 /// Issue 15 goal 4 for `prog`: whether `ratio` (ours / QEMU pvrdma's median) meets it, and the
 /// bound it was held to.
 fn qemu_goal(prog: Prog, ratio: f64) -> (bool, String) {
-    match prog {
-        Prog::PingPong => (ratio <= 1.0 / QEMU_GOAL, format!("<= 1/{QEMU_GOAL}")),
-        _ => (ratio >= QEMU_GOAL, format!(">= {QEMU_GOAL}")),
+    if prog.is_pingpong() {
+        (ratio <= 1.0 / QEMU_GOAL, format!("<= 1/{QEMU_GOAL}"))
+    } else {
+        (ratio >= QEMU_GOAL, format!(">= {QEMU_GOAL}"))
     }
 }
 
@@ -495,9 +624,30 @@ mod tests {
         assert!(!qemu_goal(Prog::SendBw, 2.9).0);
         assert!(qemu_goal(Prog::PingPong, 0.33).0);
         assert!(!qemu_goal(Prog::PingPong, 0.34).0);
-        // Only QEMU's RDMA WRITE and READ may fail without failing the run.
+        assert!(qemu_goal(Prog::PingPongEvents, 0.33).0);
+        assert!(!qemu_goal(Prog::PingPongEvents, 0.5).0);
+        // Only QEMU's RDMA WRITE and READ and its pingpong with events may fail without failing
+        // the run.
         assert!(Prog::WriteBw.unsupported_by(QEMU) && Prog::ReadBw.unsupported_by(QEMU));
         assert!(!Prog::SendBw.unsupported_by(QEMU) && !Prog::PingPong.unsupported_by(QEMU));
+        assert!(Prog::PingPongEvents.unsupported_by(QEMU));
         assert!(!Prog::WriteBw.unsupported_by("rxe"));
+    }
+
+    #[test]
+    fn cpu_shares_count_only_intervals_inside_the_program() {
+        let tsv = "qemu-pvrdma\t0\t-\t100\t0\t0\t0\t0\t0\n\
+                   qemu-pvrdma\t1\tppe\t110\t0\t1\t1\t1\t1\n\
+                   qemu-pvrdma\t2\tppe\t150\t20\t21\t6\t11\t2\n\
+                   qemu-pvrdma\t3\tppe\t170\t40\t31\t6\t11\t2\n\
+                   qemu-pvrdma\t4\t-\t900\t40\t31\t6\t11\t2\n\
+                   qemu-pvrdma\t5\tppe\tx\t40\t31\t6\t11\t2\n";
+        let cpu = parse_cpu(tsv);
+        assert_eq!(cpu.len(), 5);
+        // Two intervals: busy 60, idle 40; A's vCPU 30, A's others 5, B's 10 and 1.
+        let s = cpu_shares(&cpu, "qemu-pvrdma", "ppe").unwrap();
+        assert_eq!(s, [0.3, 0.05, 0.1, 0.01, 0.14, 0.4]);
+        assert!(cpu_shares(&cpu, "qemu-pvrdma", "pp").is_none());
+        assert!(cpu_shares(&cpu, "rxe", "ppe").is_none());
     }
 }
