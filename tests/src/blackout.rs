@@ -29,8 +29,8 @@ pub struct Stages {
     /// Of that, the devices resuming, and each PCI function's share (`"02.1"`, ms).
     pub resume_ms: Option<u64>,
     pub resumed: Vec<(String, u64)>,
-    /// Of the PVRDMA function's, its same-host channel: taking over the MAC's socket and
-    /// offering a new ring to each peer.
+    /// Of the PVRDMA function's, its same-host channel: taking over the MAC's socket (and,
+    /// before blackout4, offering a new ring to each peer).
     pub pvrdma_channel_ms: Option<u64>,
 }
 
@@ -73,8 +73,9 @@ impl Stages {
             stages.pvrdma_channel_ms = dest.lines().find_map(|l| {
                 let rest = l.split("pvrdma: same-host socket claimed in ").nth(1)?;
                 let claim: u64 = rest.split(" ms").next()?.parse().ok()?;
-                let rings = number_before(rest, " peers in ", " ms")?;
-                Some(claim + rings)
+                // VMMs before blackout4 also offered the rings there, on the same line (now
+                // the worker does, after the start).
+                Some(claim + number_before(rest, " peers in ", " ms").unwrap_or(0))
             });
         }
         Some(stages)
@@ -176,6 +177,11 @@ mod tests {
             (s.resume_ms, s.resumed.len(), s.pvrdma_channel_ms),
             (None, 0, None)
         );
+        // The socket claimed in resume, the rings offered by the worker after the start.
+        let dest = DEST.replace(", rings offered to 1 peers in 30 ms", "");
+        let logs = [OTHER.to_string(), dest, SOURCE.to_string()];
+        let s = Stages::read(&logs, "tcp:127.0.0.1:6709").unwrap();
+        assert_eq!(s.pvrdma_channel_ms, Some(2));
         // A migration whose source printed no switch-over has no stages.
         assert!(Stages::read(&logs, "tcp:127.0.0.1:6708").is_none());
         assert!(Stages::read(&logs, "tcp:127.0.0.1:6700").is_none());

@@ -190,6 +190,7 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             state: Mutex::new(State::new()),
             paused: AtomicBool::new(false),
             kick_all: AtomicBool::new(false),
+            announce: AtomicBool::new(false),
             rearm_cqs: AtomicBool::new(false),
         });
         let worker = Worker::new(mem.clone(), Arc::clone(&shared), link)?;
@@ -218,23 +219,20 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     /// Lets the device work again, starting with everything posted while
     /// it was paused; lost frames come back by retransmission.
     /// A device restored for an incoming migration also becomes its MAC's
-    /// owner on the same-host channel now, when the VM runs here.
+    /// owner on the same-host channel now, when the VM runs here; its
+    /// worker then offers rings to the QPs' peers (see [`Shared::announce`]).
     fn resume(&mut self) -> Result<(), MigratableError> {
         let t0 = std::time::Instant::now();
         if let Some(local) = &self.shared.wire.local {
             if let Err(e) = local.claim() {
                 log::warn!("pvrdma: cannot take over the MAC's same-host socket ({e}); peers on this host reach the VM over the wire");
             }
-            let claimed = t0.elapsed();
-            let peers = self.rc_peer_macs();
-            let n = peers.len();
-            local.announce(peers);
             // A migrated guest waits for this after the hand-over.
             log::info!(
-                "pvrdma: same-host socket claimed in {} ms, rings offered to {n} peers in {} ms",
-                claimed.as_millis(),
-                t0.elapsed().saturating_sub(claimed).as_millis()
+                "pvrdma: same-host socket claimed in {} ms",
+                t0.elapsed().as_millis()
             );
+            self.shared.announce.store(true, Ordering::Release);
         }
         self.shared.paused.store(false, Ordering::Release);
         self.shared.wire.inbox.set_discard(false);
@@ -304,19 +302,6 @@ impl<M: GuestAddressSpace> Drop for Pvrdma<M> {
 }
 
 impl<M: GuestAddressSpace> Pvrdma<M> {
-    /// The next-hop MACs of the connected QPs, each once.
-    fn rc_peer_macs(&self) -> std::collections::BTreeSet<[u8; 6]> {
-        let state = self.shared.lock();
-        state
-            .session
-            .iter()
-            .flat_map(|s| s.objects.qps.values())
-            .filter_map(|qp| qp.engine.as_ref().map(|e| e.attrs()))
-            .filter(|a| !a.ud)
-            .map(|a| a.addr.dst_mac)
-            .collect()
-    }
-
     /// The device's counters, by name (see the `metrics` module).
     pub fn metrics(&self) -> Vec<(&'static str, u64)> {
         self.shared.env.metrics.snapshot()
@@ -453,5 +438,69 @@ impl DeviceCounters for CountersHandle {
             })
             .collect();
         Some(qps)
+    }
+}
+
+#[cfg(all(test, feature = "test-utils"))]
+mod tests {
+    use std::os::unix::net::UnixDatagram;
+    use std::time::Duration;
+
+    use vm_migration::Pausable;
+
+    use crate::datapath::local::sock_name;
+    use crate::sim_driver::endpoint::{Endpoint, GID_A, GID_B, MAC_A, MAC_B};
+    use crate::sim_driver::{QpSpec, SimDriver};
+    use crate::PvrdmaConfig;
+
+    /// A resumed device (a migrated VM starting here) leaves offering its
+    /// same-host rings to its worker: `resume` neither reads the QPs nor
+    /// waits for a peer's VMM, and the worker hands the connected QP's
+    /// peer a ring once the device runs, before any frame needs it.
+    #[test]
+    fn the_worker_offers_the_rings_after_resume() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-announce-{}", std::process::id()));
+        let config = PvrdmaConfig {
+            local_dir: Some(dir.clone()),
+            ..PvrdmaConfig::default()
+        };
+        let mut b = Endpoint::on(
+            SimDriver::with_config_and_mac(&config, MAC_B),
+            GID_B,
+            QpSpec::rc,
+        );
+        // A's VMM: a bare socket that records what it is handed.
+        let peer = UnixDatagram::bind(dir.join(sock_name(MAC_A))).unwrap();
+        peer.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        b.sim
+            .connect_rc(b.qp.handle, 0, (GID_A, MAC_A), 0x99, (0x20, 0x10))
+            .unwrap();
+        b.sim.device().pause().unwrap();
+        let shared = std::sync::Arc::clone(&b.sim.device().shared);
+        let state = shared.lock();
+        std::thread::scope(|s| {
+            let resume = s.spawn(|| b.sim.device().resume());
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !resume.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let returned = resume.is_finished();
+            // Nothing offered while the QPs are out of the worker's reach.
+            peer.set_nonblocking(true).unwrap();
+            let early = peer.recv(&mut [0; 64]);
+            drop(state);
+            assert!(returned, "resume waited for the device's state");
+            assert!(early.is_err(), "a ring offered with the state locked");
+            resume.join().unwrap().unwrap();
+        });
+        peer.set_nonblocking(false).unwrap();
+        let mut msg = [0; 64];
+        let n = peer.recv(&mut msg).expect("the worker offers a ring");
+        let msg = msg.get(..n).unwrap_or_default();
+        assert!(msg.starts_with(b"PVRDMA-SHM-RING"), "{msg:?}");
+        assert_eq!(b.sim.metric("roce_local_tx"), 0, "no frame needed it");
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -36,6 +36,12 @@ pub(crate) struct Shared {
     /// Set on resume and restore: every QP is run once, for the work
     /// posted while nothing ran.
     pub(crate) kick_all: AtomicBool,
+    /// Set on resume: once it has run every QP ([`Shared::kick_all`]) the
+    /// worker offers a same-host ring to each connected QP's peer that has
+    /// none yet. A migrated VM's new home tells its peers so early, off
+    /// the path the guest waits on (the VM's start): handing a ring over
+    /// (`connect`, `sendmsg` with two descriptors) lets the peer's VMM run.
+    pub(crate) announce: AtomicBool,
     /// Set on restore: every CQ the guest has armed and that is unarmed is
     /// armed again once the device runs (see `Cq::rearm_restored`).
     pub(crate) rearm_cqs: AtomicBool,

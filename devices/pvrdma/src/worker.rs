@@ -521,6 +521,40 @@ impl<M: GuestAddressSpace> Worker<M> {
         self.busy.extend(all);
         self.handle_timer_or_kick(true);
         self.handle_link();
+        self.announce();
+    }
+
+    /// Offers a same-host ring to the peer of every connected QP that has
+    /// none yet (frames the QPs just sent made theirs), once resumed (see
+    /// [`Shared::announce`]).
+    fn announce(&self) {
+        use std::sync::atomic::Ordering;
+        let Some(local) = self.shared.wire.local.as_ref() else {
+            return;
+        };
+        if self.shared.paused.load(Ordering::Acquire)
+            || !self.shared.announce.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        let peers: BTreeSet<[u8; 6]> = {
+            let state = self.shared.lock();
+            state
+                .session
+                .iter()
+                .flat_map(|s| s.objects.qps.values())
+                .filter_map(|qp| qp.engine.as_ref().map(|e| e.attrs()))
+                .filter(|a| !a.ud)
+                .map(|a| a.addr.dst_mac)
+                .collect()
+        };
+        let n = peers.len();
+        local.announce(peers);
+        log::info!(
+            "pvrdma: same-host rings offered to {n} peers in {} ms",
+            t0.elapsed().as_millis()
+        );
     }
 
     /// Arms the timer for the earliest engine deadline (or, while frames

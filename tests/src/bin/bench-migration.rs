@@ -590,7 +590,8 @@ fn run(args: &Args) -> Result<(), String> {
         "  (state: sent, restored by the destination and acknowledged; devices: the destination's \
          share of it restoring devices; dest start: after the hand-over, devices resumed, then vCPUs \
          let go; resume: the devices' share of it; pvrdma ch: of that, PVRDMA's same-host \
-         channel taking the MAC's socket over and offering rings to its peers)"
+         channel taking the MAC's socket over (VMMs before blackout4: and offering rings to its \
+         peers, which the worker now does after the start))"
     );
     bench::report_failures(
         &failures,

@@ -239,7 +239,7 @@ fn parse_control(msg: &[u8]) -> Option<(&[u8; 16], u32, [u8; 6], u64)> {
     ))
 }
 
-fn sock_name(mac: [u8; 6]) -> String {
+pub(crate) fn sock_name(mac: [u8; 6]) -> String {
     let [a, b, c, d, e, f] = mac;
     format!("{a:02x}-{b:02x}-{c:02x}-{d:02x}-{e:02x}-{f:02x}.sock")
 }
