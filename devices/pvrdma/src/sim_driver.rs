@@ -49,9 +49,9 @@ pub const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 pub const GID: [u8; 16] = [
     0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0x00, 0xff, 0xfe, 0x12, 0x34, 0x56,
 ];
-/// How long a test waits for the worker.
 /// The Q_Key [`SimDriver::to_rts`] gives UD QPs: the GSI's, as ib_mad's.
 pub const GSI_QKEY: u32 = 0x8001_0000;
+/// How long a test waits for the worker.
 pub const WAIT: Duration = Duration::from_secs(10);
 const SLOT: u8 = 2;
 const FUNCTION: u8 = 1;

@@ -532,8 +532,6 @@ impl Default for Harness {
     }
 }
 
-/// The driver's side of a generation ring: one entry on, flipping the
-/// generation at the wrap.
 /// Completion descriptor types (`VMXNET3_CDTYPE_*`, dword 3 bits 24-30).
 const TXCOMP_TYPE: u32 = 0;
 const RXCOMP_TYPE: u32 = 3;
@@ -557,6 +555,8 @@ fn next_completion(
     Some(at)
 }
 
+/// The driver's side of a generation ring: one entry on, flipping the
+/// generation at the wrap.
 fn step(pos: &mut u32, gen: &mut bool, size: u32) {
     *pos += 1;
     if *pos == size {

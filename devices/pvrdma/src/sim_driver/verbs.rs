@@ -258,7 +258,6 @@ impl SimDriver {
             PageLayout::Scattered => self.alloc_pages(n),
             PageLayout::Contiguous => self.alloc_run(n),
         };
-        let n = pages.len() as u32;
         let pdir = self.make_pdir(&pages);
         let resp = self.cmd(
             CmdCode::CreateMr,
