@@ -50,6 +50,16 @@ pub fn median(sorted: &[f64]) -> f64 {
     }
 }
 
+/// `fields` as `N` integers: None unless there are exactly `N` and each parses (a sampler's line
+/// cut short when it was killed mid-write is skipped, not misread).
+pub fn u64_fields<const N: usize>(fields: &[&str]) -> Option<[u64; N]> {
+    let values: Vec<u64> = fields
+        .iter()
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    values.try_into().ok()
+}
+
 /// This host's /proc/loadavg (its three load averages).
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").map_or("?".to_string(), |s| {
@@ -133,6 +143,14 @@ mod tests {
         assert!(err.starts_with("base produced no good run"), "{err}");
         let base_only = BTreeMap::from([("base", 1.0)]);
         assert_eq!(ratio_to_baseline(&base_only, names, labels, "ctx"), Ok(()));
+    }
+
+    #[test]
+    fn fields_are_integers_exactly_as_many_as_asked() {
+        assert_eq!(u64_fields(&["1", "20", "300"]), Some([1, 20, 300]));
+        assert_eq!(u64_fields::<3>(&["1", "20"]), None);
+        assert_eq!(u64_fields::<2>(&["1", "20", "300"]), None);
+        assert_eq!(u64_fields::<2>(&["1", "-2"]), None);
     }
 
     #[test]

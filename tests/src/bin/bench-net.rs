@@ -355,23 +355,14 @@ fn parse_trace(tsv: &str) -> Vec<Sample> {
     let mut samples = Vec::new();
     for line in tsv.lines() {
         let fields: Vec<&str> = line.split('\t').collect();
-        let [vmm, us, sent, received, t0, t1, t2, t3, busy, idle, a, b] = fields.as_slice() else {
+        let [vmm, numbers @ .., a, b] = fields.as_slice() else {
             continue;
         };
-        let (Ok(busy), Ok(idle)) = (busy.parse(), idle.parse()) else {
-            continue;
-        };
-        let (Ok(us), Ok(sent), Ok(received)) = (us.parse(), sent.parse(), received.parse()) else {
-            continue;
-        };
-        let Ok(taps) = [t0, t1, t2, t3]
-            .map(|t| t.parse::<u64>())
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
+        let Some([us, sent, received, t0, t1, t2, t3, busy, idle]) = bench::u64_fields(numbers)
         else {
             continue;
         };
-        let Ok(taps) = <[u64; 4]>::try_from(taps) else {
+        let (Ok(sent), Ok(received)) = (u32::try_from(sent), u32::try_from(received)) else {
             continue;
         };
         let nics = nic_counters(a).zip(nic_counters(b)).map(|(a, b)| [a, b]);
@@ -380,7 +371,7 @@ fn parse_trace(tsv: &str) -> Vec<Sample> {
             us,
             sent,
             received,
-            taps,
+            taps: [t0, t1, t2, t3],
             l1: [busy, idle],
             nics,
         });

@@ -440,12 +440,14 @@ fn print_ratios(prog: Prog, configs: &[(&str, &str)], medians: &BTreeMap<&str, f
 }
 
 /// One line of cpu.tsv (tests/scenarios/bench-rdma.sh's sampler): the program B was running
-/// (its key, or "-" between programs), and CPU ticks so far: the test host's busy and idle, then
-/// per VMM (A, B) its vCPU threads' and its other threads'.
+/// (its key, or "-" between programs), when (microseconds, the test host's clock), and CPU ticks
+/// so far: the test host's busy and idle, then per VMM (A, B) its vCPU threads' and its other
+/// threads'.
 #[derive(Debug, Clone, PartialEq)]
 struct CpuSample {
     config: String,
     prog: String,
+    us: u64,
     ticks: [u64; 6],
 }
 
@@ -453,39 +455,46 @@ fn parse_cpu(tsv: &str) -> Vec<CpuSample> {
     let mut samples = Vec::new();
     for line in tsv.lines() {
         let fields: Vec<&str> = line.split('\t').collect();
-        let [config, _us, prog, ticks @ ..] = fields.as_slice() else {
+        let [config, us, prog, ticks @ ..] = fields.as_slice() else {
             continue;
         };
-        let Ok(ticks) = ticks
-            .iter()
-            .map(|t| t.parse())
-            .collect::<Result<Vec<u64>, _>>()
-        else {
+        let (Ok(us), Some(ticks)) = (us.parse(), bench::u64_fields(ticks)) else {
             continue;
         };
-        if let Ok(ticks) = <[u64; 6]>::try_from(ticks) {
-            samples.push(CpuSample {
-                config: (*config).to_string(),
-                prog: (*prog).to_string(),
-                ticks,
-            });
-        }
+        samples.push(CpuSample {
+            config: (*config).to_string(),
+            prog: (*prog).to_string(),
+            us,
+            ticks,
+        });
     }
     samples
 }
 
-/// Where the test host's CPU went while `config`'s guest B ran `prog`: the sum of the tick
-/// differences between consecutive samples that both fall inside one of its runs, as shares of
-/// the total: A's vCPU, A's other threads, B's vCPU, B's other threads, the rest of the host
-/// (its kernel, the bridge, rxe, the sampler) and idle. None without such samples.
-fn cpu_shares(samples: &[CpuSample], config: &str, prog: &str) -> Option<[f64; 6]> {
+/// Where the test host's CPU went while `config`'s guest B ran `prog`.
+#[derive(Debug, PartialEq)]
+struct CpuShares {
+    /// Shares of the total: A's vCPU, A's other threads, B's vCPU, B's other threads, the rest of
+    /// the host (its kernel, the bridge, rxe, the sampler) and idle.
+    parts: [f64; 6],
+    /// The mean time between the samples counted, in seconds (the sampler sleeps 0.5 s, then
+    /// reads every thread's stat: on a busy test host that takes as long again).
+    every: f64,
+}
+
+/// The sum of the tick differences between consecutive samples that both fall inside one of
+/// `config`'s runs of `prog`; None without such samples.
+fn cpu_shares(samples: &[CpuSample], config: &str, prog: &str) -> Option<CpuShares> {
     let mut sum = [0u64; 6];
+    let (mut intervals, mut us) = (0u32, 0u64);
     for pair in samples.windows(2) {
         let [a, b] = pair else { continue };
         if [a, b].iter().all(|s| s.config == config && s.prog == prog) {
             for (s, (x, y)) in sum.iter_mut().zip(a.ticks.iter().zip(&b.ticks)) {
                 *s += y.saturating_sub(*x);
             }
+            intervals += 1;
+            us += b.us.saturating_sub(a.us);
         }
     }
     let [busy, idle, vmms @ ..] = sum;
@@ -495,7 +504,10 @@ fn cpu_shares(samples: &[CpuSample], config: &str, prog: &str) -> Option<[f64; 6
     }
     let rest = busy.saturating_sub(vmms.iter().sum());
     let [av, ao, bv, bo] = vmms;
-    Some([av, ao, bv, bo, rest, idle].map(|t| t as f64 / total as f64))
+    Some(CpuShares {
+        parts: [av, ao, bv, bo, rest, idle].map(|t| t as f64 / total as f64),
+        every: us as f64 / 1e6 / f64::from(intervals),
+    })
 }
 
 /// Prints, for a pingpong program, where the test host's one CPU went during it per configuration,
@@ -507,7 +519,7 @@ fn print_cpu(
     cpu: &[CpuSample],
 ) {
     println!(
-        "    the test host's CPU while B ran it (share; times the median: usec/iter), sampled every ~0.5 s:"
+        "    the test host's CPU while B ran it (share; times the median: usec/iter; sampling interval):"
     );
     const PARTS: [&str; 6] = [
         "A vCPU",
@@ -528,11 +540,12 @@ fn print_cpu(
         let m = medians.get(config).copied();
         let parts: Vec<String> = PARTS
             .iter()
-            .zip(shares)
+            .zip(shares.parts)
             .map(|(name, share)| match m {
                 Some(m) => format!("{name} {:.0}% ({:.0})", share * 100.0, share * m),
                 None => format!("{name} {:.0}%", share * 100.0),
             })
+            .chain([format!("every {:.1} s", shares.every)])
             .collect();
         println!("      {label:<32} {}", parts.join(", "));
     }
@@ -637,16 +650,19 @@ mod tests {
     #[test]
     fn cpu_shares_count_only_intervals_inside_the_program() {
         let tsv = "qemu-pvrdma\t0\t-\t100\t0\t0\t0\t0\t0\n\
-                   qemu-pvrdma\t1\tppe\t110\t0\t1\t1\t1\t1\n\
-                   qemu-pvrdma\t2\tppe\t150\t20\t21\t6\t11\t2\n\
-                   qemu-pvrdma\t3\tppe\t170\t40\t31\t6\t11\t2\n\
-                   qemu-pvrdma\t4\t-\t900\t40\t31\t6\t11\t2\n\
-                   qemu-pvrdma\t5\tppe\tx\t40\t31\t6\t11\t2\n";
+                   qemu-pvrdma\t600000\tppe\t110\t0\t1\t1\t1\t1\n\
+                   qemu-pvrdma\t1600000\tppe\t150\t20\t21\t6\t11\t2\n\
+                   qemu-pvrdma\t2800000\tppe\t170\t40\t31\t6\t11\t2\n\
+                   qemu-pvrdma\t3400000\t-\t900\t40\t31\t6\t11\t2\n\
+                   qemu-pvrdma\t4000000\tppe\tx\t40\t31\t6\t11\t2\n\
+                   qemu-pvrdma\t4600000\tppe\t1\t2\t3\t4\t5\n";
         let cpu = parse_cpu(tsv);
         assert_eq!(cpu.len(), 5);
-        // Two intervals: busy 60, idle 40; A's vCPU 30, A's others 5, B's 10 and 1.
+        // Two intervals (1.0 and 1.2 s): busy 60, idle 40; A's vCPU 30, A's others 5, B's 10
+        // and 1. The line with a tick that is not a number and the one cut short are skipped.
         let s = cpu_shares(&cpu, "qemu-pvrdma", "ppe").unwrap();
-        assert_eq!(s, [0.3, 0.05, 0.1, 0.01, 0.14, 0.4]);
+        assert_eq!(s.parts, [0.3, 0.05, 0.1, 0.01, 0.14, 0.4]);
+        assert!((s.every - 1.1).abs() < 1e-9, "{}", s.every);
         assert!(cpu_shares(&cpu, "qemu-pvrdma", "pp").is_none());
         assert!(cpu_shares(&cpu, "rxe", "ppe").is_none());
     }
