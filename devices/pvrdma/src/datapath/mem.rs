@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::objects::mr::Mr;
 
@@ -87,6 +87,29 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
         self.pieces(key, iova, data.len(), |gpa, range| {
             let src = data.get(range).ok_or(MemError)?;
             mem.write_slice(src, gpa).map_err(|_| MemError)
+        })
+    }
+
+    /// Offsets into the memfd behind guest memory (the view peers map):
+    /// each guest-contiguous piece must lie in one region with a file.
+    fn locate(
+        &self,
+        key: u32,
+        iova: u64,
+        len: usize,
+        f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        let phys = self.mem.physical_memory().ok_or(MemError)?;
+        self.pieces(key, iova, len, |gpa, range| {
+            let region = phys.find_region(gpa).ok_or(MemError)?;
+            let off = gpa.0.checked_sub(region.start_addr().0).ok_or(MemError)?;
+            let n = u64::try_from(range.len()).map_err(|_| MemError)?;
+            if off.checked_add(n).is_none_or(|end| end > region.len()) {
+                return Err(MemError);
+            }
+            let file = region.file_offset().ok_or(MemError)?;
+            let at = file.start().checked_add(off).ok_or(MemError)?;
+            f(at, u32::try_from(n).map_err(|_| MemError)?)
         })
     }
 
