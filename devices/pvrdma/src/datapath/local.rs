@@ -2154,4 +2154,32 @@ mod tests {
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A view lives as long as its ring: a sender that leaves (BYE, as a
+    /// migration's source does) takes it with it, and the MAC's next owner
+    /// (the migration's destination) hands over a fresh one.
+    #[test]
+    fn a_view_goes_with_its_ring_and_the_next_owner_offers_its_own() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-sb-{}", std::process::id()));
+        let ro = || Some(guest_ram(b"", SEALED).1);
+        let (a, b, shares) = sharing(&dir, 9, ro(), ro());
+        assert!(shares);
+        let (ma, mb) = ([2, 0, 0, 1, 9, 1], [2, 0, 0, 1, 9, 2]);
+        let has_view = |b: &LocalChannel| {
+            let inbound = b.inbound.lock().unwrap();
+            inbound.get(&ma).is_some_and(|r| r.view.is_some())
+        };
+        assert!(has_view(&b));
+        drop(a);
+        recv(&b, 8, Wake::Socket);
+        assert!(!has_view(&b), "dropped with the ring");
+        let mut a = LocalChannel::bind(&dir, ma, false).unwrap();
+        a.share(ro().unwrap());
+        assert_eq!(a.send(mb, b"again"), Sent::Local);
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"again".to_vec()]);
+        recv(&a, 8, Wake::Socket);
+        assert!(has_view(&b) && a.shares_with(mb), "a fresh view");
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
