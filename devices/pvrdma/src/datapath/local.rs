@@ -902,13 +902,17 @@ impl LocalChannel {
     /// Waits, up to `wait`, until no peer may still copy from our memory
     /// for a described record: each has read past the last one we pushed,
     /// and those still in a backlog are dropped (RC sends them again, from
-    /// the MRs as they are then). Called before an MR goes (DESTROY_MR),
-    /// so that its pages, which the guest may reuse, are not read for it
-    /// afterwards. A peer that does not get there in time is forgotten and
+    /// the MRs as they are then). Called before an MR goes or changes its
+    /// pages (DESTROY_MR, LOCAL_INV, SEND_WITH_INV, REG_MR), so that
+    /// pages the guest may reuse are not read for it afterwards; without
+    /// `share_memory` there is nothing to wait for. A peer that does not get there in time is forgotten and
     /// told BYE: it drops the ring, with what is left in it, and its QPs'
     /// frames from us take the wire until a new ring is offered. Returns
     /// the peers forgotten.
     pub(crate) fn settle(&self, wait: Duration) -> usize {
+        if self.view.is_none() {
+            return 0;
+        }
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         for p in peers.values_mut() {
             let before = p.backlog.len();

@@ -19,12 +19,17 @@ use std::collections::BTreeMap;
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::local::{LocalChannel, SETTLE_WAIT};
 use crate::objects::mr::Mr;
 
 /// The MRs of one session over guest memory.
 pub(crate) struct GuestMrs<'a, M> {
     pub(crate) mem: &'a M,
     pub(crate) mrs: &'a mut BTreeMap<u32, Mr>,
+    /// The same-host channel, whose peers may copy from our MRs' pages
+    /// (`share_memory`): an MR is unmapped (LOCAL_INV, SEND_WITH_INV) or
+    /// remapped (REG_MR) only once they are done, as at DESTROY_MR.
+    pub(crate) local: Option<&'a LocalChannel>,
 }
 
 /// The MR index of a key (lkey = rkey = `index << 8 | key byte`).
@@ -114,12 +119,18 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
     }
 
     fn invalidate(&mut self, key: u32, pd: u32) -> bool {
+        if let Some(local) = self.local {
+            local.settle(SETTLE_WAIT);
+        }
         self.mrs
             .get_mut(&index(key))
             .is_some_and(|mr| mr.invalidate(key, pd))
     }
 
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool {
+        if let Some(local) = self.local {
+            local.settle(SETTLE_WAIT);
+        }
         let mem = self.mem;
         self.mrs
             .get_mut(&index(fr.key))
