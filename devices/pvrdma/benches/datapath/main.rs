@@ -238,13 +238,14 @@ impl Pair {
 
     /// The device counters of the data path's events, on A and B: frames
     /// each way, the same-host peers woken, frames that missed the ring,
-    /// doorbells.
+    /// described records (`share=on`), doorbells.
     fn counters(&self) -> Vec<(&'static str, u64, u64)> {
         [
             "roce_local_tx",
             "roce_local_rx",
             "roce_local_kicks",
             "roce_local_copied",
+            "roce_local_described",
             "doorbell_qp",
             "doorbell_cq_arm",
         ]
