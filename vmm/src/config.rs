@@ -282,6 +282,11 @@ pub struct PvrdmaConfig {
     /// (`pvrdma::PvrdmaConfig::busy_poll`; `None`: its default).
     #[serde(default)]
     pub poll_us: Option<u32>,
+    /// `share_memory=on`: same-host peers that turned it on too may map
+    /// all of this guest's memory read-only and copy payloads from it
+    /// themselves (`pvrdma::PvrdmaConfig::share_memory`). Off by default.
+    #[serde(default)]
+    pub share_memory: bool,
 }
 
 /// The longest busy-poll `poll=` takes: beyond a millisecond a worker
@@ -378,9 +383,19 @@ impl FromStr for PvrdmaConfig {
             s,
             "--pvrdma",
             &[
-                "tap", "mac", "mtu", "gid", "local", "max_qp", "max_cq", "max_mr", "mapped", "poll",
+                "tap",
+                "mac",
+                "mtu",
+                "gid",
+                "local",
+                "max_qp",
+                "max_cq",
+                "max_mr",
+                "mapped",
+                "poll",
+                "share_memory",
             ],
-            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=, poll=",
+            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=, poll=, share_memory=",
         )?;
         let mut cfg = Self {
             net,
@@ -388,6 +403,7 @@ impl FromStr for PvrdmaConfig {
             local: Some(PathBuf::from(DEFAULT_LOCAL_DIR)),
             budget: PvrdmaBudget::default(),
             poll_us: None,
+            share_memory: false,
         };
         let count = |key: &'static str, v: &str| {
             v.parse::<u32>().map_err(|_| ConfigError::BadValue {
@@ -412,6 +428,19 @@ impl FromStr for PvrdmaConfig {
                         });
                     }
                     cfg.poll_us = Some(us);
+                }
+                "share_memory" => {
+                    cfg.share_memory = match v {
+                        "on" => true,
+                        "off" => false,
+                        _ => {
+                            return Err(ConfigError::BadValue {
+                                key: "share_memory",
+                                value: v.to_string(),
+                                expected: "on or off",
+                            })
+                        }
+                    };
                 }
                 "gid" => {
                     cfg.gid = v.parse().map_err(|_| ConfigError::BadValue {
@@ -644,6 +673,15 @@ mod tests {
         assert_eq!(local("off"), Ok(None));
         assert_eq!(local("/tmp/r"), Ok(Some(PathBuf::from("/tmp/r"))));
         assert!(local("relative").is_err());
+        let share = |s: &str| {
+            format!("tap=t1,mac=02:00:00:00:00:01{s}")
+                .parse::<PvrdmaConfig>()
+                .map(|p| p.share_memory)
+        };
+        assert_eq!(share(""), Ok(false), "off by default");
+        assert_eq!(share(",share_memory=on"), Ok(true));
+        assert_eq!(share(",share_memory=off"), Ok(false));
+        assert!(share(",share_memory=yes").is_err());
         for bad in [
             "mac=52:54:00:12:34:56",
             "tap=t0",
@@ -680,6 +718,7 @@ mod tests {
             local: None,
             budget: PvrdmaBudget::default(),
             poll_us: None,
+            share_memory: false,
         }
     }
 

@@ -328,6 +328,7 @@ impl DeviceManager {
                 // The source VMM still holds the same-host socket of the
                 // MAC while it migrates the VM here.
                 local_takeover: incoming,
+                share_memory: rdma.share_memory,
                 busy_poll: rdma.poll_us.map_or(pvrdma::DEFAULT_BUSY_POLL, |us| {
                     std::time::Duration::from_micros(us.into())
                 }),

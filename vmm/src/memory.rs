@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::FromRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
@@ -21,6 +21,8 @@ pub enum MemoryError {
     Memfd(#[source] std::io::Error),
     #[error("Failed to size the guest memory file to {0} bytes")]
     Resize(u64, #[source] std::io::Error),
+    #[error("Failed to seal the guest memory file's size")]
+    Seal(#[source] std::io::Error),
     #[error("Guest memory size {0} is not supported on this host")]
     TooLarge(u64),
     #[error("Failed to map guest memory")]
@@ -32,9 +34,10 @@ pub enum MemoryError {
 /// Creates `size` bytes of guest RAM laid out by [`layout::ram_ranges`].
 pub fn create_guest_memory(size: u64) -> Result<GuestMemory, MemoryError> {
     let name = CString::new("pvrdma-vmm-guest-ram").map_err(|e| MemoryError::Memfd(e.into()))?;
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create with a valid NUL-terminated name and flags; the
     // return value is checked before use.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
     if fd < 0 {
         return Err(MemoryError::Memfd(std::io::Error::last_os_error()));
     }
@@ -42,6 +45,19 @@ pub fn create_guest_memory(size: u64) -> Result<GuestMemory, MemoryError> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size)
         .map_err(|e| MemoryError::Resize(size, e))?;
+    // Guest RAM never resizes; sealed, a same-host peer may map it
+    // (`share_memory=on`) without a truncation being able to crash it.
+    // SAFETY: F_ADD_SEALS on the descriptor `file` owns, flags only.
+    let sealed = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+        )
+    };
+    if sealed < 0 {
+        return Err(MemoryError::Seal(std::io::Error::last_os_error()));
+    }
     let file = std::sync::Arc::new(file);
 
     let mut regions = Vec::new();
@@ -78,6 +94,17 @@ mod tests {
             mem.read_obj::<u32>(GuestAddress(0x1000)).unwrap(),
             0xdead_beef
         );
+    }
+
+    /// Sealed against resizing: a same-host peer may map it safely.
+    #[test]
+    fn guest_memory_cannot_be_resized() {
+        use vm_memory::FileOffset;
+        let mem = create_guest_memory(16 << 20).unwrap();
+        let region = mem.find_region(GuestAddress(0)).unwrap();
+        let file = region.file_offset().map(FileOffset::file).unwrap();
+        assert!(file.set_len(8 << 20).is_err(), "shrunk");
+        assert!(file.set_len(32 << 20).is_err(), "grown");
     }
 
     #[test]

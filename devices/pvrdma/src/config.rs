@@ -229,6 +229,12 @@ pub struct PvrdmaConfig {
     /// Replace a live same-host socket of our MAC instead of failing: the
     /// VM is migrating here from a VMM of this host that still holds it.
     pub local_takeover: bool,
+    /// Lets same-host peers that share theirs map **all** of guest memory
+    /// read-only, so that each copies payloads straight from the sender's
+    /// memory into its own (one copy; `datapath::view`,
+    /// docs/security.md). Only for VMs of one trust domain; off by
+    /// default, and used towards a peer only when both turned it on.
+    pub share_memory: bool,
     /// How long the worker busy-polls (its same-host rings in shared
     /// memory, its descriptors without sleeping, yielding the CPU between
     /// looks) after data-path work before it sleeps; zero: never. While
@@ -258,6 +264,7 @@ impl Default for PvrdmaConfig {
             limits: Limits::default(),
             local_dir: None,
             local_takeover: false,
+            share_memory: false,
             busy_poll: DEFAULT_BUSY_POLL,
             busy_yield: DEFAULT_BUSY_YIELD,
         }

@@ -130,6 +130,39 @@ fn pci_config(
     Ok((pci, msix))
 }
 
+/// A read-only descriptor of the memfd that holds all of guest memory,
+/// for same-host peers (`share_memory=on`); `None`, logged, where guest
+/// memory is not one such file sealed against resizing (a peer would
+/// refuse it).
+fn memory_view<M: GuestAddressSpace>(mem: &M) -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use vm_memory::{GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
+    let guard = mem.memory();
+    let files: Option<Vec<&std::fs::File>> = guard.physical_memory().and_then(|p| {
+        p.iter()
+            .map(|r| r.file_offset().map(vm_memory::FileOffset::file))
+            .collect()
+    });
+    let file = match files.as_deref() {
+        Some([first, rest @ ..]) if rest.iter().all(|f| f.as_raw_fd() == first.as_raw_fd()) => {
+            *first
+        }
+        _ => {
+            log::warn!("pvrdma: share_memory: guest memory is not one file; not shared");
+            return None;
+        }
+    };
+    let view = crate::datapath::view::read_only(file)
+        .inspect_err(|e| log::warn!("pvrdma: share_memory: cannot reopen guest memory ({e})"))
+        .ok()?;
+    if let Err(e) = crate::datapath::view::View::map(&view) {
+        log::warn!("pvrdma: share_memory: guest memory cannot be shared ({e}); not shared");
+        return None;
+    }
+    log::info!("pvrdma: share_memory: same-host peers that share theirs may read guest memory");
+    Some(view)
+}
+
 impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
     /// Creates the function and starts its worker thread. `mem` is guest
     /// memory (every device write goes through it, so dirty tracking sees
@@ -162,6 +195,14 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
         let local = config.local_dir.as_ref().and_then(|dir| {
             let mac = port.state().mac;
             LocalChannel::bind(dir, mac, config.local_takeover)
+                .map(|mut local| {
+                    if config.share_memory {
+                        if let Some(view) = memory_view(&mem) {
+                            local.share(view);
+                        }
+                    }
+                    local
+                })
                 .inspect(|_| log::info!("pvrdma: same-host channel in {}", dir.display()))
                 .inspect_err(|e| {
                     log::warn!(

@@ -154,6 +154,9 @@ metrics! {
     /// (no room, or frames waited before them), but in a buffer, then
     /// copied, most into the backlog: a copy more of every byte.
     roce_local_copied,
+    /// Of `roce_local_tx`: described records, whose payload the peer
+    /// copies from our memory itself (`share_memory=on`).
+    roce_local_described,
     /// Frames for a VMM of this host that had no room for them.
     roce_local_dropped,
     /// Frames received over the same-host channel.

@@ -42,6 +42,32 @@ pub use work::ud_send;
 
 /// Guest memory as the VMM passes it.
 pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
+
+/// Guest memory in a memfd sealed against resizing, as the VMM makes it:
+/// what `share_memory=on` hands to same-host peers.
+fn memfd_memory(size: u64) -> GuestMemoryMmap<AtomicBitmap> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create with a NUL-terminated name and flags only.
+    let fd = unsafe { libc::memfd_create(c"sim-guest-ram".as_ptr(), flags) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: just returned by memfd_create, owned by nobody else.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(size).expect("guest memory size");
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    // SAFETY: F_ADD_SEALS on the descriptor `file` owns, flags only.
+    let sealed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+    assert_eq!(sealed, 0, "guest memory sealed");
+    let region =
+        vm_memory::MmapRegion::from_file(vm_memory::FileOffset::new(file, 0), size as usize)
+            .expect("guest memory mapping");
+    GuestMemoryMmap::from_regions(vec![vm_memory::GuestRegionMmap::new(
+        region,
+        GuestAddress(0),
+    )
+    .expect("guest memory region")])
+    .expect("guest memory")
+}
 pub const MEM_SIZE: u64 = 64 << 20;
 /// The vmxnet3 MAC the port starts with.
 pub const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
@@ -488,10 +514,12 @@ impl SimDriver {
             },
             ..config.clone()
         };
-        let mem: Mem = Arc::new(
+        let mem: Mem = Arc::new(if config.share_memory {
+            memfd_memory(mem_size)
+        } else {
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), mem_size as usize)])
-                .expect("guest memory"),
-        );
+                .expect("guest memory")
+        });
         let port = Arc::new(Port::new(mac, true));
         port.set_active(true);
         let msi = Arc::new(MockMsi::default());

@@ -29,7 +29,7 @@ use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 use pvrdma_abi::verbs::qp_state;
 use rdma_transport::net::{gid_from_ip, RoceVersion};
-use rdma_transport::packet::{parse, parse_unsealed, Packet, ParseError};
+use rdma_transport::packet::{parse, Packet, ParseError};
 use vm_memory::GuestAddressSpace;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::timerfd::TimerFd;
@@ -392,13 +392,7 @@ impl<M: GuestAddressSpace> Worker<M> {
         match shared.wire.inbox.admits() {
             Some(true) => {
                 self.with_session(true, |w, mem, env, events, objects| {
-                    w.receive(
-                        mem,
-                        env,
-                        events,
-                        objects,
-                        batch.frames().map(parse_unsealed),
-                    );
+                    w.receive(mem, env, events, objects, batch.packets());
                 });
             }
             Some(false) => {

@@ -27,6 +27,14 @@
 //! and B's workers (and the driver) to those CPUs, for every part;
 //! `pages=contiguous` registers MRs over contiguous guest pages (as in a
 //! guest's huge page) instead of pages with a gap after each.
+//! `share=on` turns `share_memory` on for both devices (the one-copy
+//! path: each receiver copies from the sender's guest memory), and
+//! `share=both` measures a pair with it and a pair without in one run,
+//! their runs interleaved (rows `copy` and `share`; the other parts use
+//! the first pair). `rewrite` has the driver rewrite the source buffer
+//! (A's for WRITE and SEND, B's for READ) before each post, as an
+//! application that produces its data does: its cache lines are then the
+//! driver's CPU's, not left shared from the previous message.
 //!
 //! `-- wire` (root) measures the wire path instead: two devices over
 //! TAPs on a bridge against a UDP stream over that bridge ([`wire`]);
@@ -93,6 +101,8 @@ struct Side {
     /// The MSI-X vector of CQ notifications, which a sleeping driver
     /// waits on ([`Reap::Sleep`]).
     cq_irq: EventFd,
+    /// The guest pages of the MR.
+    pages: Vec<u64>,
 }
 
 impl Side {
@@ -109,7 +119,7 @@ impl Side {
             ..QpSpec::rc(pd, cq.handle)
         };
         let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
-        let (mr, _) = sim
+        let (mr, pages) = sim
             .reg_user_mr_laid_out(pd, (IOVA, MR_LEN), RIGHTS, layout)
             .expect("mr");
         let cq_irq = sim.msi.irqfd(CQ_VECTOR).expect("CQ vector");
@@ -119,6 +129,26 @@ impl Side {
             qps,
             key: mr.lkey,
             cq_irq,
+            pages,
+        }
+    }
+
+    /// Writes the first `len` bytes of the MR, a page at a time, as the
+    /// application would before posting them (`rewrite`).
+    fn rewrite(&self, len: u32, seed: u8) {
+        use vm_memory::{Bytes, GuestAddress};
+        let page = [seed; 4096];
+        let mut left = len as usize;
+        for &gpa in &self.pages {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(page.len());
+            self.sim
+                .mem
+                .write_slice(&page[..n], GuestAddress(gpa))
+                .expect("MR page");
+            left -= n;
         }
     }
 
@@ -170,6 +200,8 @@ struct Pair {
     /// Receives B has posted and A has not yet consumed, per QP; each
     /// covers the whole MR, so any SEND fits.
     recvs: std::cell::RefCell<Vec<usize>>,
+    /// The driver rewrites the source buffer before each post.
+    rewrite: bool,
 }
 
 impl Pair {
@@ -200,30 +232,26 @@ impl Pair {
             a,
             b,
             recvs: std::cell::RefCell::new(vec![0; QPS]),
+            rewrite: false,
         }
     }
 
     /// The device counters of the data path's events, on A and B: frames
     /// each way, the same-host peers woken, frames that missed the ring,
-    /// doorbells.
+    /// described records (`share=on`), doorbells.
     fn counters(&self) -> Vec<(&'static str, u64, u64)> {
         [
             "roce_local_tx",
             "roce_local_rx",
             "roce_local_kicks",
             "roce_local_copied",
+            "roce_local_described",
             "doorbell_qp",
             "doorbell_cq_arm",
         ]
         .into_iter()
         .map(|n| (n, self.a.sim.metric(n), self.b.sim.metric(n)))
         .collect()
-    }
-
-    /// Frames of both devices that went to a same-host peer through a
-    /// buffer instead of being built in its ring (its ring was full).
-    fn copied(&self) -> u64 {
-        self.both("roce_local_copied")
     }
 
     /// Device counter `name` of A and B together.
@@ -257,6 +285,10 @@ impl Pair {
             let reaped = done + received;
             for i in 0..qps {
                 while posted < count && inflight[i] < depth && (!send || recvs[i] > 0) {
+                    if self.rewrite {
+                        let source = if opcode == wr::RDMA_READ { b } else { a };
+                        source.rewrite(len, posted as u8);
+                    }
                     a.post(i, posted as u64, opcode, len, b.key, 0);
                     inflight[i] += 1;
                     posted += 1;
@@ -549,11 +581,14 @@ fn main() {
         .find_map(|a| a.strip_prefix("poll=")?.parse().ok())
         .map_or(pvrdma::DEFAULT_BUSY_POLL, Duration::from_micros);
     println!("workers busy-poll for {} us", busy_poll.as_micros());
-    let config = PvrdmaConfig {
-        local_dir: Some(dir.clone()),
-        busy_poll,
-        ..PvrdmaConfig::default()
+    // `share=on|both`: pairs with `share_memory` (see the module doc).
+    let shares: &[bool] = match args.iter().find_map(|a| a.strip_prefix("share=")) {
+        Some("on") => &[true],
+        Some("both") => &[false, true],
+        _ => &[false],
     };
+    let rewrite = args.iter().any(|a| a == "rewrite");
+    println!("share_memory {shares:?}, source rewritten before each post: {rewrite}");
     // `pages=contiguous`: the MRs' pages follow each other (a guest's
     // huge page) instead of each having a gap after it.
     let layout = if args.iter().any(|a| a == "pages=contiguous") {
@@ -562,7 +597,26 @@ fn main() {
         PageLayout::Scattered
     };
     println!("MR pages {layout:?}");
-    let pair = Pair::new(&config, layout);
+    let pairs: Vec<(&str, Pair)> = shares
+        .iter()
+        .map(|&share| {
+            let name = if share { "share" } else { "copy" };
+            let config = PvrdmaConfig {
+                local_dir: Some(dir.join(name)),
+                busy_poll,
+                share_memory: share,
+                ..PvrdmaConfig::default()
+            };
+            let mut pair = Pair::new(&config, layout);
+            pair.rewrite = rewrite;
+            // The first frames go before the peer took the ring (and the
+            // view): not what is measured.
+            pair.transfer(wr::RDMA_WRITE, 4096, QPS, 256, Reap::Poll);
+            pair.transfer(wr::RDMA_READ, 4096, QPS, 256, Reap::Poll);
+            (name, pair)
+        })
+        .collect();
+    let pair = &pairs[0].1;
     if let Some(cpus) = args.iter().find_map(|a| a.strip_prefix("pin=")) {
         pin_threads(cpus);
     }
@@ -615,21 +669,21 @@ fn main() {
                 us(s1.wait - s0.wait)
             );
         }
-        drop(pair);
+        drop(pairs);
         let _ = std::fs::remove_dir_all(&dir);
         return;
     }
 
     if run("bandwidth") {
-        bandwidth(&pair);
+        bandwidth(&pairs);
     }
     if run("rate") {
-        message_rate(&pair);
+        message_rate(pair);
     }
     if run("latency") {
-        latency(&pair);
+        latency(pair);
     }
-    drop(pair);
+    drop(pairs);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -637,10 +691,11 @@ fn mib(bps: f64) -> f64 {
     bps / f64::from(1u32 << 20)
 }
 
-fn bandwidth(pair: &Pair) {
+fn bandwidth(pairs: &[(&str, Pair)]) {
     println!(
         "bandwidth, median of {RUNS} runs, {DEPTH} in flight in all; the driver polls its CQs \
-         (yielding between polls), and beside it sleeps on their interrupt (runs alternate)"
+         (yielding between polls), and beside it sleeps on their interrupt (runs alternate, \
+         and so do the pairs' runs)"
     );
     for len in [4u32 << 10, 64 << 10, 1 << 20] {
         let count = (RUN_BYTES / u64::from(len)).max(64) as usize;
@@ -660,35 +715,51 @@ fn bandwidth(pair: &Pair) {
             ("SEND", wr::SEND),
         ] {
             for qps in [1, QPS] {
-                let copied = pair.copied();
-                let kicked = pair.both("roce_local_kicks");
-                // The two modes' runs alternate, so that both see the
-                // same minutes of the machine.
-                let mut rates = [Vec::new(), Vec::new()];
+                let events = |p: &Pair| {
+                    let names = [
+                        "roce_local_copied",
+                        "roce_local_kicks",
+                        "roce_local_described",
+                    ];
+                    names.map(|n| p.both(n))
+                };
+                let before: Vec<_> = pairs.iter().map(|(_, p)| events(p)).collect();
+                // The two modes' runs (and the pairs') alternate, so that
+                // all see the same minutes of the machine.
+                let mut rates = vec![[Vec::new(), Vec::new()]; pairs.len()];
                 for _ in 0..RUNS {
-                    for (r, reap) in rates.iter_mut().zip([Reap::Poll, Reap::Sleep]) {
-                        let t = pair.transfer(op, len, qps, count, reap);
-                        r.push((count as f64 * f64::from(len)) / t.as_secs_f64());
+                    for ((_, pair), rates) in pairs.iter().zip(rates.iter_mut()) {
+                        for (r, reap) in rates.iter_mut().zip([Reap::Poll, Reap::Sleep]) {
+                            let t = pair.transfer(op, len, qps, count, reap);
+                            r.push((count as f64 * f64::from(len)) / t.as_secs_f64());
+                        }
                     }
                 }
-                let [poll, sleep] = rates.map(median);
-                println!(
-                    "  {name:<5} {:>4} KiB, {qps:>2} QP: {:>8.0} MiB/s  ratio to memcpy {:.3}  \
-                     | CQ sleep: {:>8.0} MiB/s  {:.3}  | frames not built in the ring {}  \
-                     | kicks per message {:.2}",
-                    len >> 10,
-                    mib(poll),
-                    poll / copy,
-                    mib(sleep),
-                    sleep / copy,
-                    pair.copied() - copied,
-                    (pair.both("roce_local_kicks") - kicked) as f64 / (2 * RUNS * count) as f64
-                );
+                for (((label, pair), rates), before) in pairs.iter().zip(rates).zip(before) {
+                    let [poll, sleep] = rates.map(median);
+                    let [copied, kicked, described] = events(pair);
+                    let per = |x: u64, x0: u64| (x - x0) as f64 / (2 * RUNS * count) as f64;
+                    println!(
+                        "  {name:<5} {:>4} KiB, {qps:>2} QP, {label:<5}: {:>8.0} MiB/s  ratio to \
+                         memcpy {:.3}  | CQ sleep: {:>8.0} MiB/s  {:.3}  | frames not built in \
+                         the ring {}  | kicks per message {:.2}  | described per message {:.2}",
+                        len >> 10,
+                        mib(poll),
+                        poll / copy,
+                        mib(sleep),
+                        sleep / copy,
+                        copied - before[0],
+                        per(kicked, before[1]),
+                        per(described, before[2]),
+                    );
+                }
             }
         }
     }
-    let a = &pair.a.sim;
-    assert!(a.metric("roce_local_tx") > 0 && a.metric("roce_tx") == 0);
+    for (_, pair) in pairs {
+        let a = &pair.a.sim;
+        assert!(a.metric("roce_local_tx") > 0 && a.metric("roce_tx") == 0);
+    }
 }
 
 fn message_rate(pair: &Pair) {

@@ -157,7 +157,14 @@ fn dispatch<M: GuestMemory>(
         CmdCode::CreatePd => run(req, |r| ctx::handle_create_pd(cx, r)),
         CmdCode::DestroyPd => run_noop(req, |r| ctx::handle_destroy_pd(cx, r)),
         CmdCode::CreateMr => run(req, |r| mr::handle_create_mr(cx, r)),
-        CmdCode::DestroyMr => run_noop(req, |r| mr::handle_destroy_mr(cx, r)),
+        CmdCode::DestroyMr => {
+            // Its pages are the guest's again once it is gone: peers that
+            // copy from our memory must be done with them first.
+            if let Some(local) = wire.local.as_ref() {
+                local.settle(crate::datapath::local::SETTLE_WAIT);
+            }
+            run_noop(req, |r| mr::handle_destroy_mr(cx, r))
+        }
         CmdCode::CreateCq => run(req, |r| cq::handle_create_cq(cx, r)),
         CmdCode::ResizeCq => run(req, |r| cq::handle_resize_cq(cx, r)),
         CmdCode::DestroyCq => run_noop(req, |r| cq::handle_destroy_cq(cx, r)),

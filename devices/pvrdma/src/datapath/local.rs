@@ -47,10 +47,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rdma_transport::packet::{build_in_buffer, parse_unsealed, Packet, ParseError, Payload, Run};
+use rdma_transport::req::MAX_SEGMENT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::shm_ring::{self, NotWritten, Record, ShmRing};
+use super::view::{self, Described, View};
 
 /// What became of a frame offered to the channel.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,12 +112,27 @@ pub(crate) struct Batch {
     /// Copies of frames that wrap; its length is the most a batch used,
     /// not this one's (no pass over the bytes to empty it).
     data: Vec<u8>,
-    /// The frames, in order.
-    frames: Vec<Held>,
-    /// The rings read, and how far.
-    rings: Vec<(Arc<ShmRing>, u64)>,
+    /// The frames, in order, and what each is.
+    frames: Vec<(Held, Kind)>,
+    /// The rings read, how far, and the view of their sender's memory.
+    rings: Vec<(Arc<ShmRing>, u64, Option<Arc<View>>)>,
+    /// The runs of the batch's described records.
+    runs: Vec<Run>,
     /// Bytes of the frames.
     bytes: usize,
+}
+
+/// What a record of a [`Batch`] is.
+#[derive(Debug)]
+enum Kind {
+    Frame,
+    /// A described record (see `view`) of the ring `Batch::rings[ring]`.
+    Described {
+        ring: usize,
+        d: Described,
+    },
+    /// A record that is neither: dropped as a bad frame.
+    Bad,
 }
 
 /// Where a frame of a [`Batch`] is.
@@ -127,14 +145,75 @@ enum Held {
 }
 
 impl Batch {
-    /// The frames, in order.
-    pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
-        self.frames.iter().filter_map(|h| match h {
+    /// The bytes of a record.
+    fn record(&self, held: &Held) -> &[u8] {
+        match held {
             Held::InRing { ring, record } => {
-                self.rings.get(*ring).and_then(|(r, _)| r.frame(record))
+                self.rings.get(*ring).and_then(|(r, _, _)| r.frame(record))
             }
             Held::Copied { start, end } => self.data.get(*start..*end),
+        }
+        .unwrap_or_default()
+    }
+
+    /// What `record` of ring `ring` is: a frame, a described record (only
+    /// from a peer whose view we took: `view`), or neither.
+    fn kind_of(record: &[u8], ring: usize, view: bool, runs: &mut Vec<Run>) -> Kind {
+        if !view::is_described(record) {
+            return Kind::Frame;
+        }
+        match view.then(|| view::read_described(record, runs)).flatten() {
+            Some(d) => Kind::Described { ring, d },
+            None => Kind::Bad,
+        }
+    }
+
+    /// The records, in order.
+    #[cfg(test)]
+    pub(crate) fn frames(&self) -> impl Iterator<Item = &[u8]> {
+        self.frames.iter().map(|(h, _)| self.record(h))
+    }
+
+    /// The packets, in order: frames parsed, and described records with
+    /// their payload in their sender's memory.
+    pub(crate) fn packets(&self) -> impl Iterator<Item = Result<Packet<'_>, ParseError>> {
+        self.frames.iter().map(|(h, kind)| {
+            let record = self.record(h);
+            match kind {
+                Kind::Frame => parse_unsealed(record),
+                Kind::Described { ring, d } => self.described(record, *ring, d),
+                Kind::Bad => Err(ParseError::Length),
+            }
         })
+    }
+
+    /// The packet of described record `record` of ring `ring`: its frame,
+    /// which must carry no payload of its own but have an opcode with one,
+    /// and the runs, which must lie in the view and add up to the length
+    /// the record gives (at most a segment's); else the peer corrupted it.
+    fn described<'b>(
+        &'b self,
+        record: &'b [u8],
+        ring: usize,
+        d: &Described,
+    ) -> Result<Packet<'b>, ParseError> {
+        let view = self.rings.get(ring).and_then(|(_, _, v)| v.as_ref());
+        let runs = self.runs.get(d.runs.clone());
+        let (Some(view), Some(runs)) = (view, runs) else {
+            return Err(ParseError::Length);
+        };
+        let mut pkt = parse_unsealed(record.get(d.frame..).unwrap_or_default())?;
+        let payload = Payload::runs(view.bytes(), runs, MAX_SEGMENT as usize)
+            .filter(|p| p.len() == d.payload && pkt.payload.is_empty());
+        let with_payload = pkt.opcode.is(rdma_transport::opcode::OpClass::PAYLOAD);
+        match payload {
+            Some(p) if with_payload => {
+                pkt.payload = p;
+                pkt.hdrs.bth.pad = (d.payload.wrapping_neg() & 3) as u8;
+                Ok(pkt)
+            }
+            _ => Err(ParseError::Length),
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -144,10 +223,11 @@ impl Batch {
     /// Hands the records read back to their producers: the frames are
     /// done with.
     pub(crate) fn release(&mut self) {
-        for (ring, pos) in self.rings.drain(..) {
+        for (ring, pos, _) in self.rings.drain(..) {
             ring.release(pos);
         }
         self.frames.clear();
+        self.runs.clear();
         self.bytes = 0;
     }
 
@@ -173,6 +253,10 @@ const BACKLOG_BYTES: usize = 8 << 20;
 /// Longest the oldest frame of a backlog waits for room before the
 /// backlog is dropped: its consumer stalled (paused, migrating, gone).
 const ROOM_WAIT: Duration = Duration::from_millis(100);
+/// Longest DESTROY_MR waits for same-host peers to finish copying from
+/// our memory ([`LocalChannel::settle`]); a peer reads its ring within
+/// microseconds unless it is paused or gone.
+pub(crate) const SETTLE_WAIT: Duration = Duration::from_millis(100);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
 /// Control messages read per wake-up.
@@ -207,6 +291,10 @@ const REFUSE: &[u8; 16] = b"PVRDMA-SHM-REFUS";
 const PROBE: &[u8; 16] = b"PVRDMA-SHM-PROBE";
 const BYE: &[u8; 16] = b"PVRDMA-SHM-BYE-2";
 const MSG_LEN: usize = 16 + 4 + 6 + 8;
+/// An ACCEPT's size field: the consumer mapped the view of the sender's
+/// memory that came with the ring (both ends `share_memory=on`), so the
+/// sender may send described records (see `view`).
+const VIEW_TAKEN: u32 = 1;
 /// Longest a ring may go neither accepted nor read before its sender
 /// takes the peer for one that does not speak our version (generous: a
 /// worker of a nested test host can be descheduled for a while).
@@ -317,6 +405,12 @@ struct Peer {
     offered: Option<Instant>,
     /// The instance owning the MAC's socket when we connected.
     instance: u64,
+    /// The consumer took the view of our memory: frames with payload go
+    /// as described records.
+    shares: bool,
+    /// Where the last described record pushed into the ring ends: until
+    /// the consumer's tail passes it, it may still copy from our memory.
+    described_end: Option<u64>,
     /// Frames the full ring refused, oldest first.
     backlog: VecDeque<Vec<u8>>,
     /// Their bytes.
@@ -387,6 +481,9 @@ impl Peer {
     fn flush(&mut self, now: Instant) -> usize {
         while let Some(waiting) = self.backlog.front().and_then(|f| self.ring.push(f)) {
             self.owed |= waiting;
+            if self.backlog.front().is_some_and(|f| view::is_described(f)) {
+                self.described_end = Some(self.ring.head());
+            }
             let len = self.backlog.pop_front().map_or(0, |f| f.len());
             self.backlog_bytes = self.backlog_bytes.saturating_sub(len);
             self.since = Some(now);
@@ -413,6 +510,8 @@ struct Inbound {
     instance: u64,
     /// The peer's kick, watched by the worker.
     kick: File,
+    /// The peer's memory, if it shares it and we took it.
+    view: Option<Arc<View>>,
 }
 
 /// Whether `file` is an eventfd: an anonymous inode like `ours` (one
@@ -483,6 +582,9 @@ pub(crate) struct LocalChannel {
     /// touch the rings of the instance that sent it. It also tells whether
     /// our socket file is still ours to remove.
     inode: u64,
+    /// A read-only descriptor of our guest RAM, handed to peers with our
+    /// rings (`share_memory=on`); with it, views from peers are taken.
+    view: Option<File>,
 }
 
 impl LocalChannel {
@@ -538,7 +640,16 @@ impl LocalChannel {
             staged: Mutex::new((own != home).then_some(own)),
             home,
             inode,
+            view: None,
         })
+    }
+
+    /// Shares our memory with the peers that share theirs: `view` (a
+    /// read-only descriptor of our guest RAM's memfd, see
+    /// [`view::read_only`]) goes with each ring we hand over, and views
+    /// that come with peers' rings are mapped.
+    pub(crate) fn share(&mut self, view: File) {
+        self.view = Some(view);
     }
 
     /// Makes our socket the MAC's (atomically replacing a migration
@@ -607,7 +718,8 @@ impl LocalChannel {
             .take();
         let Fresh { ring, file, kick } = spare.map_or_else(Fresh::new, Ok).ok()?;
         let msg = control(SETUP, RING_BYTES as u32, self.mac, self.inode);
-        let fds = [file.as_raw_fd(), kick.as_raw_fd()];
+        let mut fds = vec![file.as_raw_fd(), kick.as_raw_fd()];
+        fds.extend(self.view.as_ref().map(File::as_raw_fd));
         sock.send_with_fds(&[&msg[..]], &fds).ok()?;
         Some(Peer {
             sock,
@@ -617,6 +729,8 @@ impl LocalChannel {
             unanswered: None,
             offered: Some(Instant::now()),
             instance,
+            shares: false,
+            described_end: None,
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             since: None,
@@ -750,6 +864,94 @@ impl LocalChannel {
         }
     }
 
+    /// Whether the peer owning `mac` took the view of our memory with our
+    /// ring: frames with payload to it may go as described records.
+    pub(crate) fn shares_with(&self, mac: [u8; 6]) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers
+            .get_mut(&mac)
+            .is_some_and(|p| p.shares && p.accepted())
+    }
+
+    /// Offers the described record of `len` bytes that `write` writes
+    /// (see `view`) to the VMM owning `dst_mac`: in place in its ring, else
+    /// as [`LocalChannel::send`] does a frame (the backlog; never the wire,
+    /// where it means nothing: `NotLocal` is a lost frame).
+    pub(crate) fn send_described(
+        &self,
+        dst_mac: [u8; 6],
+        len: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Sent {
+        match self.push_with(dst_mac, len, write) {
+            InPlace::Pushed => {
+                let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(p) = peers.get_mut(&dst_mac) {
+                    p.described_end = Some(p.ring.head());
+                }
+                Sent::Local
+            }
+            InPlace::NotWritten => Sent::Dropped,
+            InPlace::Elsewhere => match build_in_buffer(len, write) {
+                Some(record) => self.send(dst_mac, &record),
+                None => Sent::Dropped,
+            },
+        }
+    }
+
+    /// Waits, up to `wait`, until no peer may still copy from our memory
+    /// for a described record: each has read past the last one we pushed,
+    /// and those still in a backlog are dropped (RC sends them again, from
+    /// the MRs as they are then). Called before an MR goes or changes its
+    /// pages (DESTROY_MR, LOCAL_INV, SEND_WITH_INV, REG_MR), so that
+    /// pages the guest may reuse are not read for it afterwards; without
+    /// `share_memory` there is nothing to wait for. A peer that does not get there in time is forgotten and
+    /// told BYE: it drops the ring, with what is left in it, and its QPs'
+    /// frames from us take the wire until a new ring is offered. Returns
+    /// the peers forgotten.
+    pub(crate) fn settle(&self, wait: Duration) -> usize {
+        if self.view.is_none() {
+            return 0;
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        for p in peers.values_mut() {
+            let before = p.backlog.len();
+            p.backlog.retain(|f| !view::is_described(f));
+            if p.backlog.len() != before {
+                p.backlog_bytes = p.backlog.iter().map(Vec::len).sum();
+            }
+        }
+        let start = Instant::now();
+        let read = |p: &Peer| {
+            // Positions only grow; the tail is the peer's say, never ahead
+            // of what we wrote unless it lies (then it only fools itself).
+            p.described_end
+                .is_none_or(|end| p.ring.tail().wrapping_sub(end) as i64 >= 0)
+        };
+        while !peers.values().all(read) && start.elapsed() < wait {
+            std::thread::yield_now();
+        }
+        let stuck: Vec<[u8; 6]> = peers
+            .iter()
+            .filter(|(_, p)| !read(p))
+            .map(|(mac, _)| *mac)
+            .collect();
+        let bye = control(BYE, 0, self.mac, self.inode);
+        for mac in &stuck {
+            if let Some(p) = peers.remove(mac) {
+                log::warn!(
+                    "pvrdma: same-host channel: {} did not read its ring in {wait:?}; dropped",
+                    sock_name(*mac)
+                );
+                let _ = p.sock.send(&bye);
+            }
+        }
+        for p in peers.values_mut() {
+            p.described_end = None;
+        }
+        stuck.len()
+    }
+
     /// Kicks the consumers that went to sleep before frames of ours
     /// reached them. Frames go in as the engine builds them, under the
     /// state lock; the kicks wait for this call, which the worker makes
@@ -838,7 +1040,7 @@ impl LocalChannel {
     fn accept(&self) {
         let mut buf = [0u8; MSG_LEN];
         for _ in 0..CONTROL_BATCH {
-            let Some((n, [memfd, kick])) = self.recv_control(&mut buf) else {
+            let Some((n, [memfd, kick, theirs])) = self.recv_control(&mut buf) else {
                 break;
             };
             // Anything else (a PROBE) needs no answer.
@@ -846,7 +1048,8 @@ impl LocalChannel {
                 continue;
             };
             if tag == ACCEPT || tag == REFUSE {
-                self.answered(tag == ACCEPT, from, instance);
+                let taken = tag == ACCEPT && size & VIEW_TAKEN != 0;
+                self.answered(tag == ACCEPT, taken, from, instance);
                 continue;
             }
             if tag != SETUP && tag.starts_with(SETUP_ANY) {
@@ -857,7 +1060,7 @@ impl LocalChannel {
                     String::from_utf8_lossy(tag),
                     String::from_utf8_lossy(SETUP)
                 );
-                self.answer(REFUSE, from, instance);
+                self.answer(REFUSE, 0, from, instance);
                 continue;
             }
             if tag != SETUP && tag != BYE {
@@ -894,34 +1097,54 @@ impl LocalChannel {
             match ShmRing::map(file, size as usize) {
                 Ok(ring) => {
                     let fd = kick.as_raw_fd();
+                    let view = self.take_view(from, theirs);
+                    let flags = if view.is_some() { VIEW_TAKEN } else { 0 };
                     let old = inbound.insert(
                         from,
                         Inbound {
                             ring: Arc::new(ring),
                             instance,
                             kick,
+                            view,
                         },
                     );
                     self.retire(old);
                     let mut watch = self.watch.lock().unwrap_or_else(PoisonError::into_inner);
                     watch.push(KickWatch::Add(fd));
-                    self.answer(ACCEPT, from, instance);
+                    self.answer(ACCEPT, flags, from, instance);
                 }
                 Err(e) => log::warn!("pvrdma: same-host channel: ring refused: {e}"),
             }
         }
     }
 
+    /// The view of its memory that `mac` sent with its ring, mapped if we
+    /// share ours (else dropped: the peer sends payloads, as without it).
+    fn take_view(&self, mac: [u8; 6], theirs: Option<File>) -> Option<Arc<View>> {
+        self.view.as_ref()?;
+        match View::map(&theirs?) {
+            Ok(v) => Some(Arc::new(v)),
+            Err(e) => {
+                log::warn!(
+                    "pvrdma: same-host channel: {}: {e}; its frames carry their payload",
+                    sock_name(mac)
+                );
+                None
+            }
+        }
+    }
+
     /// Answers the SETUP of `instance` of `mac` (best effort: a sender
     /// that gets no answer finds out by whether we read its ring).
-    fn answer(&self, tag: &[u8; 16], mac: [u8; 6], instance: u64) {
-        let msg = control(tag, 0, self.mac, instance);
+    fn answer(&self, tag: &[u8; 16], flags: u32, mac: [u8; 6], instance: u64) {
+        let msg = control(tag, flags, self.mac, instance);
         let _ = self.sock.send_to(&msg, self.dir.join(sock_name(mac)));
     }
 
-    /// The answer of `mac` to the ring we handed over (ACCEPT or REFUSE),
-    /// if it is for us (`instance`, the ring sender's, is ours).
-    fn answered(&self, accept: bool, mac: [u8; 6], instance: u64) {
+    /// The answer of `mac` to the ring we handed over (ACCEPT, and whether
+    /// it took our view, or REFUSE), if it is for us (`instance`, the ring
+    /// sender's, is ours).
+    fn answered(&self, accept: bool, view_taken: bool, mac: [u8; 6], instance: u64) {
         if instance != self.inode {
             return;
         }
@@ -929,6 +1152,7 @@ impl LocalChannel {
         if accept {
             if let Some(p) = peers.get_mut(&mac) {
                 p.offered = None;
+                p.shares = view_taken && self.view.is_some();
             }
         } else if let Some(p) = peers.remove(&mac) {
             self.give_up(mac, &p, "refused our ring");
@@ -936,13 +1160,13 @@ impl LocalChannel {
     }
 
     /// The next control message into `buf`: its length and the (up to
-    /// two) descriptors that came with it; `None` when there is none.
-    fn recv_control(&self, buf: &mut [u8]) -> Option<(usize, [Option<File>; 2])> {
+    /// three) descriptors that came with it; `None` when there is none.
+    fn recv_control(&self, buf: &mut [u8]) -> Option<(usize, [Option<File>; 3])> {
         let mut iov = [libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
             iov_len: buf.len(),
         }];
-        let mut fds: [RawFd; 2] = [-1; 2];
+        let mut fds: [RawFd; 3] = [-1; 3];
         // SAFETY: the iovec covers `buf`, which is borrowed mutably for the
         // call; any bytes may be written there.
         let (n, _) = unsafe { self.sock.recv_with_fds(&mut iov, &mut fds) }.ok()?;
@@ -976,18 +1200,21 @@ impl LocalChannel {
         let mut copied = 0usize;
         let mut inbound = self.inbound.lock().unwrap_or_else(PoisonError::into_inner);
         let mut corrupt = Vec::new();
-        for (mac, Inbound { ring, .. }) in inbound.iter() {
+        for (mac, Inbound { ring, view, .. }) in inbound.iter() {
             let (index, mut pos) = (batch.rings.len(), ring.tail());
             while !batch.full(max) {
                 match ring.next(pos) {
                     Ok(Some(r)) => {
                         pos = r.end;
                         batch.bytes = batch.bytes.saturating_add(r.len);
-                        if ring.frame(&r).is_some() {
-                            batch.frames.push(Held::InRing {
+                        if let Some(record) = ring.frame(&r) {
+                            let kind =
+                                Batch::kind_of(record, index, view.is_some(), &mut batch.runs);
+                            let held = Held::InRing {
                                 ring: index,
                                 record: r,
-                            });
+                            };
+                            batch.frames.push((held, kind));
                             continue;
                         }
                         let end = copied.saturating_add(r.len);
@@ -997,7 +1224,11 @@ impl LocalChannel {
                         if let Some(out) = batch.data.get_mut(copied..end) {
                             ring.copy(&r, out);
                         }
-                        batch.frames.push(Held::Copied { start: copied, end });
+                        let record = batch.data.get(copied..end).unwrap_or_default();
+                        let kind = Batch::kind_of(record, index, view.is_some(), &mut batch.runs);
+                        batch
+                            .frames
+                            .push((Held::Copied { start: copied, end }, kind));
                         copied = end;
                     }
                     // The worker announces its sleep once it is about to
@@ -1013,7 +1244,7 @@ impl LocalChannel {
                 }
             }
             if pos != ring.tail() {
-                batch.rings.push((Arc::clone(ring), pos));
+                batch.rings.push((Arc::clone(ring), pos, view.clone()));
             }
         }
         for mac in corrupt {
@@ -1710,6 +1941,249 @@ mod tests {
         std::os::unix::fs::symlink(&dir, &link).unwrap();
         assert!(LocalChannel::bind(&link, [2, 0, 0, 0, 11, 2], false).is_err());
         let _ = std::fs::remove_file(&link);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A sealed memfd of guest memory holding `bytes` at its start (64
+    /// KiB in all), and the read-only descriptor of it a channel shares.
+    fn guest_ram(bytes: &[u8], seals: libc::c_int) -> (File, File) {
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        // SAFETY: memfd_create with a NUL-terminated name and flags only.
+        let fd = unsafe { libc::memfd_create(c"ram".as_ptr(), flags) };
+        assert!(fd >= 0);
+        // SAFETY: just returned, owned by nobody else.
+        let mut file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(64 << 10).unwrap();
+        file.write_all(bytes).unwrap();
+        // SAFETY: F_ADD_SEALS with flags only.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
+        let ro = view::read_only(&file).unwrap();
+        (file, ro)
+    }
+
+    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+    /// A and B in `dir`, sharing `va` and `vb`, A's ring to B handed over
+    /// and answered. Returns whether A may send B described records.
+    fn sharing(
+        dir: &Path,
+        n: u8,
+        va: Option<File>,
+        vb: Option<File>,
+    ) -> (LocalChannel, LocalChannel, bool) {
+        let (ma, mb) = ([2, 0, 0, 1, n, 1], [2, 0, 0, 1, n, 2]);
+        let mut a = LocalChannel::bind(dir, ma, false).unwrap();
+        let mut b = LocalChannel::bind(dir, mb, false).unwrap();
+        if let Some(v) = va {
+            a.share(v);
+        }
+        if let Some(v) = vb {
+            b.share(v);
+        }
+        assert_eq!(a.send(mb, b"hello"), Sent::Local);
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"hello".to_vec()]);
+        recv(&a, 8, Wake::Socket);
+        assert!(a.has_ring(mb));
+        let shares = a.shares_with(mb);
+        (a, b, shares)
+    }
+
+    /// A view is taken only where both ends share, and only a read-only
+    /// descriptor of a memfd sealed against resizing; otherwise the ring
+    /// is still taken and frames carry their payload.
+    #[test]
+    fn views_are_taken_only_sealed_read_only_and_where_both_share() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-sv-{}", std::process::id()));
+        let ro = || Some(guest_ram(b"", SEALED).1);
+        assert!(sharing(&dir, 1, ro(), ro()).2, "both share");
+        assert!(!sharing(&dir, 2, ro(), None).2, "B does not");
+        assert!(!sharing(&dir, 3, None, ro()).2, "A does not");
+        let writable = Some(guest_ram(b"", SEALED).0);
+        assert!(!sharing(&dir, 4, writable, ro()).2, "writable");
+        let unsealed = Some(guest_ram(b"", libc::F_SEAL_SHRINK).1);
+        assert!(!sharing(&dir, 5, unsealed, ro()).2, "unsealed");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A frame from A to B of opcode `op` with `own` bytes of payload.
+    fn header(op: rdma_transport::opcode::Opcode, own: &[u8]) -> Vec<u8> {
+        use rdma_transport::hdr::{Bth, Reth};
+        use rdma_transport::net::{Encap, IpInfo};
+        use rdma_transport::packet::{build, Addr, Headers};
+        let ip = |last| std::net::IpAddr::from([10, 0, 0, last]);
+        let addr = Addr {
+            src_mac: [2, 0, 0, 1, 0, 1],
+            dst_mac: [2, 0, 0, 1, 0, 2],
+            ip: IpInfo {
+                src: ip(1),
+                dst: ip(2),
+                tclass: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+            udp_sport: 0xc000,
+            encap: Encap::V2,
+        };
+        use rdma_transport::hdr::{Aeth, Syndrome};
+        use rdma_transport::opcode::Hdrs;
+        let reth = op.has(Hdrs::RETH).then_some(Reth {
+            va: 0,
+            rkey: 1,
+            len: 0,
+        });
+        let aeth = op.has(Hdrs::AETH).then_some(Aeth {
+            syndrome: Syndrome::Ack { credits: 0 },
+            msn: 0,
+        });
+        let hdrs = Headers {
+            bth: Bth {
+                opcode: op as u8,
+                dqpn: 17,
+                ..Bth::default()
+            },
+            reth,
+            aeth,
+            ..Headers::default()
+        };
+        build(&addr, &hdrs, own).unwrap()
+    }
+
+    /// A described record of `runs` (claiming `len` bytes) around `frame`.
+    fn described(runs: &[Run], len: usize, frame: &[u8]) -> Vec<u8> {
+        let mut rec = vec![0u8; view::described_len(frame.len(), runs.len()).unwrap()];
+        assert!(view::write_described(&mut rec, runs, len, &mut |out| {
+            out.copy_from_slice(frame);
+            true
+        }));
+        rec
+    }
+
+    /// Described records give packets whose payload is the sender's
+    /// memory; records a hostile sender made (runs outside the view,
+    /// overflowing, empty or huge, lengths that disagree, too many runs, an
+    /// opcode without payload, a frame with its own) are dropped as bad
+    /// frames, as is a described record from a peer whose view we lack.
+    #[test]
+    fn described_records_read_the_senders_memory_and_hostile_ones_are_dropped() {
+        use rdma_transport::opcode::Opcode;
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-sd-{}", std::process::id()));
+        let ram: Vec<u8> = (0..=255u8).cycle().take(64 << 10).collect();
+        let (_, ro) = guest_ram(&ram, SEALED);
+        let (a, b, shares) = sharing(&dir, 6, Some(ro), Some(guest_ram(b"", SEALED).1));
+        assert!(shares);
+        let mb = [2, 0, 0, 1, 6, 2];
+        let write = header(Opcode::RcRdmaWriteOnly, &[]);
+        let run = |at, len| Run { at, len };
+        let good = [run(4096, 100), run(10, 20)];
+        let records = [
+            described(&good, 120, &write),
+            described(&[run(65_000, 1000)], 1000, &write),
+            described(&[run(u64::MAX - 10, 20)], 20, &write),
+            described(&[run(0, 0)], 0, &write),
+            described(&[run(0, u32::MAX)], u32::MAX as usize, &write),
+            described(&good, 119, &write),
+            described(&vec![run(0, 1); MAX_RUNS_PLUS], MAX_RUNS_PLUS, &write),
+            described(&good, 120, &header(Opcode::RcAcknowledge, &[])),
+            described(&good, 120, &header(Opcode::RcRdmaWriteOnly, b"own!")),
+        ];
+        for r in &records {
+            assert_eq!(a.send(mb, r), Sent::Local);
+        }
+        let mut batch = Batch::default();
+        b.recv(64, Wake::Ring, &mut batch);
+        let got: Vec<_> = batch.packets().collect();
+        assert_eq!(got.len(), records.len());
+        let pkt = got[0].as_ref().unwrap();
+        let pieces: Vec<u8> = pkt.payload.pieces().flatten().copied().collect();
+        assert_eq!(pieces, [&ram[4096..4196], &ram[10..30]].concat());
+        assert_eq!((pkt.payload.len(), pkt.hdrs.bth.dqpn), (120, 17));
+        for (i, p) in got.iter().enumerate().skip(1) {
+            assert!(p.is_err(), "record {i} taken");
+        }
+        batch.release();
+        // A described record to a peer that took no view of ours (it
+        // does not share) is a bad frame there.
+        let (c, d, shares) = sharing(&dir, 8, Some(guest_ram(&ram, SEALED).1), None);
+        assert!(!shares);
+        assert_eq!(c.send([2, 0, 0, 1, 8, 2], &records[0]), Sent::Local);
+        let mut other = Batch::default();
+        d.recv(8, Wake::Ring, &mut other);
+        assert_eq!(other.len(), 1);
+        assert!(other.packets().all(|p| p.is_err()));
+        other.release();
+        drop((c, d));
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    const MAX_RUNS_PLUS: usize = rdma_transport::packet::MAX_RUNS + 1;
+
+    /// `settle` (before DESTROY_MR) waits until the peer has read past the
+    /// last described record; a peer that does not within the wait is
+    /// dropped, and told BYE, so that it never copies from the record.
+    #[test]
+    fn settling_waits_for_the_peer_to_read_described_records() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-st-{}", std::process::id()));
+        let ro = || Some(guest_ram(b"", SEALED).1);
+        let (a, b, shares) = sharing(&dir, 7, ro(), ro());
+        assert!(shares);
+        let mb = [2, 0, 0, 1, 7, 2];
+        let rec = described(
+            &[Run { at: 0, len: 8 }],
+            8,
+            &header(rdma_transport::opcode::Opcode::RcRdmaWriteOnly, &[]),
+        );
+        let mut write = |out: &mut [u8]| {
+            out.copy_from_slice(&rec);
+            true
+        };
+        assert_eq!(a.settle(Duration::ZERO), 0, "nothing described yet");
+        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
+        // B reads it 30 ms later: A waits for that.
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(30));
+                assert_eq!(recv(&b, 8, Wake::Ring).len(), 1);
+            });
+            assert_eq!(a.settle(Duration::from_secs(5)), 0);
+            assert!(t0.elapsed() >= Duration::from_millis(30), "did not wait");
+        });
+        // B does not read: A gives up on it after the wait, and B, told
+        // BYE, drops the ring with the record unread.
+        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
+        assert_eq!(a.settle(Duration::from_millis(20)), 1);
+        assert!(!a.has_ring(mb));
+        assert!(recv(&b, 8, Wake::Socket).is_empty(), "read after the BYE");
+        drop((a, b));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A view lives as long as its ring: a sender that leaves (BYE, as a
+    /// migration's source does) takes it with it, and the MAC's next owner
+    /// (the migration's destination) hands over a fresh one.
+    #[test]
+    fn a_view_goes_with_its_ring_and_the_next_owner_offers_its_own() {
+        let dir = std::env::temp_dir().join(format!("pvrdma-local-sb-{}", std::process::id()));
+        let ro = || Some(guest_ram(b"", SEALED).1);
+        let (a, b, shares) = sharing(&dir, 9, ro(), ro());
+        assert!(shares);
+        let (ma, mb) = ([2, 0, 0, 1, 9, 1], [2, 0, 0, 1, 9, 2]);
+        let has_view = |b: &LocalChannel| {
+            let inbound = b.inbound.lock().unwrap();
+            inbound.get(&ma).is_some_and(|r| r.view.is_some())
+        };
+        assert!(has_view(&b));
+        drop(a);
+        recv(&b, 8, Wake::Socket);
+        assert!(!has_view(&b), "dropped with the ring");
+        let mut a = LocalChannel::bind(&dir, ma, false).unwrap();
+        a.share(ro().unwrap());
+        assert_eq!(a.send(mb, b"again"), Sent::Local);
+        assert_eq!(recv(&b, 8, Wake::Socket), vec![b"again".to_vec()]);
+        recv(&a, 8, Wake::Socket);
+        assert!(has_view(&b) && a.shares_with(mb), "a fresh view");
+        drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,14 +17,19 @@
 use std::collections::BTreeMap;
 
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
-use vm_memory::{Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
 
+use super::local::{LocalChannel, SETTLE_WAIT};
 use crate::objects::mr::Mr;
 
 /// The MRs of one session over guest memory.
 pub(crate) struct GuestMrs<'a, M> {
     pub(crate) mem: &'a M,
     pub(crate) mrs: &'a mut BTreeMap<u32, Mr>,
+    /// The same-host channel, whose peers may copy from our MRs' pages
+    /// (`share_memory`): an MR is unmapped (LOCAL_INV, SEND_WITH_INV) or
+    /// remapped (REG_MR) only once they are done, as at DESTROY_MR.
+    pub(crate) local: Option<&'a LocalChannel>,
 }
 
 /// The MR index of a key (lkey = rkey = `index << 8 | key byte`).
@@ -90,13 +95,42 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
         })
     }
 
+    /// Offsets into the memfd behind guest memory (the view peers map):
+    /// each guest-contiguous piece must lie in one region with a file.
+    fn locate(
+        &self,
+        key: u32,
+        iova: u64,
+        len: usize,
+        f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        let phys = self.mem.physical_memory().ok_or(MemError)?;
+        self.pieces(key, iova, len, |gpa, range| {
+            let region = phys.find_region(gpa).ok_or(MemError)?;
+            let off = gpa.0.checked_sub(region.start_addr().0).ok_or(MemError)?;
+            let n = u64::try_from(range.len()).map_err(|_| MemError)?;
+            if off.checked_add(n).is_none_or(|end| end > region.len()) {
+                return Err(MemError);
+            }
+            let file = region.file_offset().ok_or(MemError)?;
+            let at = file.start().checked_add(off).ok_or(MemError)?;
+            f(at, u32::try_from(n).map_err(|_| MemError)?)
+        })
+    }
+
     fn invalidate(&mut self, key: u32, pd: u32) -> bool {
+        if let Some(local) = self.local {
+            local.settle(SETTLE_WAIT);
+        }
         self.mrs
             .get_mut(&index(key))
             .is_some_and(|mr| mr.invalidate(key, pd))
     }
 
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool {
+        if let Some(local) = self.local {
+            local.settle(SETTLE_WAIT);
+        }
         let mem = self.mem;
         self.mrs
             .get_mut(&index(fr.key))

@@ -18,6 +18,7 @@
 pub(crate) mod local;
 pub(crate) mod mem;
 mod shm_ring;
+pub(crate) mod view;
 pub(crate) mod wire;
 pub(crate) mod wqe;
 
@@ -432,7 +433,8 @@ pub(crate) fn run_qp<M: GuestMemory>(
             (None, Some(rq)) => Some(GuestRecvQueue::new(mem, rq, qp.cap.max_recv_sge)),
             (None, None) => None,
         };
-        let mut mrs = GuestMrs { mem, mrs };
+        let local = wire.local.as_ref();
+        let mut mrs = GuestMrs { mem, mrs, local };
         let mut io = Io {
             mr: &mut mrs,
             cq: &mut done,
@@ -473,7 +475,11 @@ pub(crate) fn run_qp<M: GuestMemory>(
         engine.flush(
             now,
             &mut Io {
-                mr: &mut GuestMrs { mem, mrs },
+                mr: &mut GuestMrs {
+                    mem,
+                    mrs,
+                    local: wire.local.as_ref(),
+                },
                 cq: &mut done,
                 net: &mut frames,
                 srq: None,

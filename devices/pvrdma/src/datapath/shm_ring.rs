@@ -359,6 +359,11 @@ impl ShmRing {
         self.store(TAIL, pos);
     }
 
+    /// Producer: bytes written so far (the end of the last record).
+    pub(crate) fn head(&self) -> u64 {
+        self.load(HEAD)
+    }
+
     /// Bytes the consumer has read so far: it moves when the consumer
     /// answers a kick.
     pub(crate) fn tail(&self) -> u64 {

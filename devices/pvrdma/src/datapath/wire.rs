@@ -20,11 +20,12 @@ use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
     RoceVersion,
 };
-use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr};
+use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr, Run};
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::local::{InPlace, LocalChannel, Sent};
+use super::view;
 use crate::metrics::Metrics;
 use crate::objects::gid::{Gid, GidTable};
 
@@ -191,6 +192,8 @@ pub(crate) struct Frames<'a> {
     pub(crate) out: Vec<Vec<u8>>,
     /// The same-host peer: its channel, MAC, and our counters.
     same_host: Option<(&'a LocalChannel, [u8; 6], &'a Metrics)>,
+    /// The peer maps our memory (see `view`).
+    shares: bool,
 }
 
 impl<'a> Frames<'a> {
@@ -203,6 +206,7 @@ impl<'a> Frames<'a> {
         Self {
             out: Vec::new(),
             same_host: Some((local, dst_mac, metrics)),
+            shares: local.shares_with(dst_mac),
         }
     }
 }
@@ -242,6 +246,37 @@ impl PacketSink for Frames<'_> {
             self.send(frame);
             true
         })
+    }
+
+    fn shares_memory(&self) -> bool {
+        self.shares
+    }
+
+    fn send_described(
+        &mut self,
+        len: usize,
+        runs: &[Run],
+        payload_len: usize,
+        write: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> bool {
+        let Some((local, mac, metrics)) = self.same_host.filter(|_| self.shares) else {
+            return false;
+        };
+        let Some(record_len) = view::described_len(len, runs.len()) else {
+            return false;
+        };
+        let mut record = |out: &mut [u8]| view::write_described(out, runs, payload_len, write);
+        match local.send_described(mac, record_len, &mut record) {
+            Sent::Local => {
+                metrics.roce_local_tx.inc();
+                metrics.roce_local_described.inc();
+            }
+            // As for a segment (see `send`): RC sends it again.
+            Sent::Dropped | Sent::NotLocal => {
+                metrics.roce_local_dropped.inc();
+            }
+        }
+        true
     }
 }
 

@@ -116,12 +116,103 @@ pub struct Packet<'a> {
     /// Transport headers.
     pub hdrs: Headers,
     /// Payload (without pad and ICRC).
-    pub payload: &'a [u8],
+    pub payload: Payload<'a>,
     /// It came over the same-host channel (parsed by [`parse_unsealed`]):
     /// it may be a segment, a packet carrying several path MTUs of its
     /// message (see [`crate::req::MAX_SEGMENT`]); a wire packet carries at
     /// most one.
     pub same_host: bool,
+}
+
+/// Most runs a described frame ([`Payload::runs`]) may stand for: a
+/// segment of [`crate::req::MAX_SEGMENT`] bytes over 4 KiB pages that
+/// follow no order is 9, an SGE boundary adds one.
+pub const MAX_RUNS: usize = 64;
+
+/// A run of payload bytes in the sender's memory as the receiver maps it
+/// (the same-host channel's one-copy path): offset and length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Run {
+    /// Offset into the sender's memory (its guest RAM's memfd).
+    pub at: u64,
+    /// Bytes.
+    pub len: u32,
+}
+
+/// A packet's payload: bytes of its frame, or runs of a view of the
+/// sender's memory that the receiver maps read-only, each checked against
+/// the view when the payload was made ([`Payload::runs`]): the receiver
+/// places it straight from there, the payload's only copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Payload<'a>(Pieces<'a>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pieces<'a> {
+    Bytes(&'a [u8]),
+    Runs {
+        view: &'a [u8],
+        runs: &'a [Run],
+        len: usize,
+    },
+}
+
+impl<'a> From<&'a [u8]> for Payload<'a> {
+    fn from(bytes: &'a [u8]) -> Self {
+        Self(Pieces::Bytes(bytes))
+    }
+}
+
+impl<'a> Payload<'a> {
+    /// `runs` of `view`; `None` if one is empty or leaves it, there are more than
+    /// [`MAX_RUNS`] or they add up to more than `max` bytes (a peer's
+    /// record is not trusted).
+    pub fn runs(view: &'a [u8], runs: &'a [Run], max: usize) -> Option<Self> {
+        if runs.len() > MAX_RUNS {
+            return None;
+        }
+        let mut len = 0usize;
+        for r in runs {
+            let start = usize::try_from(r.at).ok()?;
+            let n = usize::try_from(r.len).ok().filter(|&n| n > 0)?;
+            view.get(start..start.checked_add(n)?)?;
+            len = len.checked_add(n)?;
+        }
+        (len <= max).then_some(Self(Pieces::Runs { view, runs, len }))
+    }
+
+    /// Bytes of payload.
+    pub fn len(&self) -> usize {
+        match self.0 {
+            Pieces::Bytes(b) => b.len(),
+            Pieces::Runs { len, .. } => len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The payload's pieces, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let (one, view, runs) = match self.0 {
+            Pieces::Bytes(b) => (Some(b), &[][..], &[][..]),
+            Pieces::Runs { view, runs, .. } => (None, view, runs),
+        };
+        one.into_iter().chain(runs.iter().map(move |r| {
+            // Checked in `Payload::runs`.
+            let start = usize::try_from(r.at).unwrap_or(usize::MAX);
+            let end = start.saturating_add(r.len as usize);
+            view.get(start..end).unwrap_or_default()
+        }))
+    }
+
+    /// The bytes of a payload that is its frame's.
+    pub fn bytes(&self) -> Option<&'a [u8]> {
+        match self.0 {
+            Pieces::Bytes(b) => Some(b),
+            Pieces::Runs { .. } => None,
+        }
+    }
 }
 
 /// Addressing of an outgoing frame.
@@ -239,7 +330,7 @@ fn parse_checked(frame: &[u8], check_icrc: bool) -> Result<Packet<'_>, ParseErro
         layers,
         opcode,
         hdrs,
-        payload,
+        payload: payload.into(),
         same_host: !check_icrc,
     })
 }
@@ -454,7 +545,7 @@ pub(crate) fn test_packet(op: Opcode, hdrs: Headers, payload: &[u8]) -> Packet<'
         },
         opcode: op,
         hdrs,
-        payload,
+        payload: payload.into(),
         same_host: false,
     }
 }
@@ -526,7 +617,7 @@ mod tests {
             let f = build(&addr(v6), &write_imm(), b"hello").unwrap();
             let p = parse(&f).unwrap();
             assert_eq!(p.opcode, Opcode::RcRdmaWriteOnlyWithImmediate);
-            assert_eq!(p.payload, b"hello");
+            assert_eq!(p.payload.bytes(), Some(&b"hello"[..]));
             assert_eq!(p.hdrs.bth.pad, 3);
             let mut want = write_imm();
             want.bth.pad = 3;
@@ -544,7 +635,10 @@ mod tests {
             };
             let mut f = build_unsealed(&addr(v6), &write_imm(), 5, fill).unwrap();
             assert_eq!(parse(&f), Err(ParseError::BadIcrc));
-            assert_eq!(parse_unsealed(&f).unwrap().payload, b"hello");
+            assert_eq!(
+                parse_unsealed(&f).unwrap().payload.bytes(),
+                Some(&b"hello"[..])
+            );
             seal(&mut f).unwrap();
             assert_eq!(f, build(&addr(v6), &write_imm(), b"hello").unwrap());
         }
@@ -670,7 +764,7 @@ mod tests {
             };
             assert_eq!(f[12 + tag..14 + tag], ethertype, "{a:?}");
             let p = parse(&f).unwrap();
-            assert_eq!(p.payload, b"hello");
+            assert_eq!(p.payload.bytes(), Some(&b"hello"[..]));
             assert_eq!((p.layers.encap, p.layers.ip), (a.encap, a.ip));
             let mut want = write_imm();
             want.bth.pad = 3;
@@ -682,7 +776,10 @@ mod tests {
             };
             let mut u = build_unsealed(&a, &write_imm(), 5, fill).unwrap();
             assert_eq!(parse(&u), Err(ParseError::BadIcrc));
-            assert_eq!(parse_unsealed(&u).unwrap().payload, b"hello");
+            assert_eq!(
+                parse_unsealed(&u).unwrap().payload.bytes(),
+                Some(&b"hello"[..])
+            );
             seal(&mut u).unwrap();
             assert_eq!(u, f);
         }

@@ -26,12 +26,12 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet};
+use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet, Payload, Run};
 use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
-use crate::sgl::{gather, scatter, sge_total};
+use crate::sgl::{gather, locate, scatter, sge_total};
 use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
@@ -284,14 +284,32 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
 
 /// Builds the frame of `hdrs` with `payload_len` bytes from `fill` where
 /// `net` sends it (a same-host ring takes it in place: the payload is
-/// copied once, from its MR to the ring).
+/// copied once, from its MR to the ring). Towards a peer that maps our
+/// memory ([`PacketSink::shares_memory`]) it sends the headers and the
+/// runs `locate` finds instead, where it finds them all: the peer copies
+/// the payload from our memory, its only copy.
 fn send_frame(
     net: &mut dyn PacketSink,
     addr: &Addr,
     hdrs: &Headers,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]) -> bool,
+    locate: impl FnOnce(&mut Vec<Run>) -> bool,
 ) -> Result<(), BuildError> {
+    if payload_len > 0 && net.shares_memory() {
+        let mut runs = Vec::new();
+        if locate(&mut runs) {
+            let len = frame_len(addr, hdrs, 0)?;
+            let mut built = Ok(());
+            let sent = net.send_described(len, &runs, payload_len, &mut |frame| {
+                built = write_unsealed(frame, addr, hdrs, 0, |_| true);
+                built.is_ok()
+            });
+            if sent {
+                return built;
+            }
+        }
+    }
     let len = frame_len(addr, hdrs, payload_len)?;
     let mut fill = Some(fill);
     let mut built = Ok(());
@@ -307,10 +325,17 @@ fn send_frame(
 fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
     // Our own headers and at most one MTU: building cannot fail short of
     // a bug, and a frame that cannot be built is a lost frame to RC.
-    let _ = send_frame(net, addr, h, payload.len(), |dst| {
-        dst.copy_from_slice(payload);
-        true
-    });
+    let _ = send_frame(
+        net,
+        addr,
+        h,
+        payload.len(),
+        |dst| {
+            dst.copy_from_slice(payload);
+            true
+        },
+        |_| false,
+    );
 }
 
 impl Qp {
@@ -575,7 +600,7 @@ impl Qp {
                     scatter(io.mr, pd, &s.e.sges, offset, pkt.payload)
                 }
                 (CompStep::AtomicOrig(v), Some((_, s))) => {
-                    scatter(io.mr, pd, &s.e.sges, 0, &v.to_le_bytes())
+                    scatter(io.mr, pd, &s.e.sges, 0, Payload::from(&v.to_le_bytes()[..]))
                 }
                 _ => Ok(()),
             };
@@ -677,7 +702,16 @@ impl Qp {
                 // covers.
                 let mr = &*io.mr;
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
-                let _ = send_frame(io.net, &self.attrs.addr, &r.hdrs, r.len as usize, fill);
+                let find = |runs: &mut Vec<Run>| {
+                    let mut push = |at, len| {
+                        runs.push(Run { at, len });
+                        Ok(())
+                    };
+                    mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
+                        && runs.len() <= crate::packet::MAX_RUNS
+                };
+                let (addr, len) = (&self.attrs.addr, r.len as usize);
+                let _ = send_frame(io.net, addr, &r.hdrs, len, fill, find);
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -765,9 +799,15 @@ impl Qp {
                 // The payload is gathered straight into the frame.
                 let (mr, pd, sges) = (&*io.mr, self.attrs.pd, &slot.e.sges);
                 let addr = slot.e.ah.as_ref().unwrap_or(&self.attrs.addr);
-                match send_frame(io.net, addr, &hdrs, payload_len as usize, |dst| {
-                    gather(mr, pd, sges, payload_off, dst).is_ok()
-                }) {
+                let len = payload_len as usize;
+                match send_frame(
+                    io.net,
+                    addr,
+                    &hdrs,
+                    len,
+                    |dst| gather(mr, pd, sges, payload_off, dst).is_ok(),
+                    |runs| locate(mr, pd, sges, payload_off, len, runs).is_ok(),
+                ) {
                     Ok(()) => {}
                     Err(BuildError::Payload) => {
                         slot.done = Some(WcStatus::LocProtErr);

@@ -15,6 +15,7 @@
 
 use thiserror::Error;
 
+use crate::packet::{Payload, Run, MAX_RUNS};
 use crate::verbs::{check_mr, Access, MemError, MrCheckError, MrTable, Sge};
 
 /// Most SGEs per WQE: bounds the walk of one scatter/gather (PVRDMA's
@@ -76,19 +77,57 @@ fn walk(
     Ok(())
 }
 
-/// Writes `data` into the SGE list at message offset `off`.
+/// Writes `data` into the SGE list at message offset `off`, piece by
+/// piece.
 pub fn scatter(
     mr: &mut dyn MrTable,
     pd: u32,
     sges: &[Sge],
     off: u32,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), SglError> {
-    walk(sges, off, data.len(), |sge, iova, r| {
-        let part = data.get(r).ok_or(SglError::TooShort)?;
-        let n = part.len() as u64;
-        check_mr(mr, sge.lkey, pd, iova, n, Access::LOCAL_WRITE)?;
-        Ok(mr.write(sge.lkey, iova, part)?)
+    let mut at = off;
+    for piece in data.pieces() {
+        walk(sges, at, piece.len(), |sge, iova, r| {
+            let part = piece.get(r).ok_or(SglError::TooShort)?;
+            let n = part.len() as u64;
+            check_mr(mr, sge.lkey, pd, iova, n, Access::LOCAL_WRITE)?;
+            Ok(mr.write(sge.lkey, iova, part)?)
+        })?;
+        let n = u32::try_from(piece.len()).map_err(|_| SglError::TooShort)?;
+        at = at.checked_add(n).ok_or(SglError::TooShort)?;
+    }
+    Ok(())
+}
+
+/// Appends to `runs` where message bytes `[off, off + len)` of the SGE
+/// list lie in the memory the peer maps ([`MrTable::locate`]), after the
+/// checks [`gather`] makes; an error, and `runs` to be ignored, where
+/// they are refused or take more than [`MAX_RUNS`].
+pub fn locate(
+    mr: &dyn MrTable,
+    pd: u32,
+    sges: &[Sge],
+    off: u32,
+    len: usize,
+    runs: &mut Vec<Run>,
+) -> Result<(), SglError> {
+    walk(sges, off, len, |sge, iova, r| {
+        let n = r.len();
+        check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
+        mr.locate(sge.lkey, iova, n, &mut |at, len| {
+            // A run follows the one before in the view: one run.
+            let full = runs.len() >= MAX_RUNS;
+            match runs.last_mut() {
+                Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
+                    last.len = last.len.checked_add(len).ok_or(MemError)?;
+                }
+                _ if full => return Err(MemError),
+                _ => runs.push(Run { at, len }),
+            }
+            Ok(())
+        })?;
+        Ok(())
     })
 }
 
@@ -136,14 +175,14 @@ mod tests {
                 lkey: 1,
             },
         ];
-        scatter(&mut m, 0, &sges, 1, &[1, 2, 3, 4]).unwrap();
+        scatter(&mut m, 0, &sges, 1, Payload::from(&[1, 2, 3, 4][..])).unwrap();
         assert_eq!(&m.0[11..13], &[1, 2]);
         assert_eq!(&m.0[30..32], &[3, 4]);
         let mut out = [0u8; 4];
         gather(&m, 0, &sges, 1, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 4]);
         assert_eq!(
-            scatter(&mut m, 0, &sges, 6, &[0; 3]),
+            scatter(&mut m, 0, &sges, 6, Payload::from(&[0; 3][..])),
             Err(SglError::TooShort)
         );
         let bad = [Sge {
@@ -157,5 +196,50 @@ mod tests {
         ));
         assert_eq!(sge_total(&sges), Some(8));
         assert_eq!(sge_total(&[bad[0]; MAX_SGE + 1]), None);
+    }
+
+    /// The runs of a message are found with gather's checks, merged where
+    /// they follow each other, and a payload of runs is placed piece by
+    /// piece as its bytes would be.
+    #[test]
+    fn runs_are_located_and_scattered_like_bytes() {
+        let view: Vec<u8> = (0..64).collect();
+        let m = Mem(view.clone());
+        let sge = |addr, len| Sge { addr, len, lkey: 1 };
+        let sges = [sge(10, 3), sge(13, 2), sge(30, 5)];
+        let mut runs = Vec::new();
+        locate(&m, 0, &sges, 1, 6, &mut runs).unwrap();
+        // 11..15 is one run (two SGEs that follow each other), then 30..32.
+        assert_eq!(runs, [Run { at: 11, len: 4 }, Run { at: 30, len: 2 }]);
+        let payload = Payload::runs(&view, &runs, 64).unwrap();
+        assert_eq!(payload.len(), 6);
+        let mut dst = Mem(vec![0; 64]);
+        scatter(&mut dst, 0, &[sge(40, 8)], 1, payload).unwrap();
+        assert_eq!(&dst.0[40..48], &[0, 11, 12, 13, 14, 30, 31, 0]);
+        // Gather's checks: bounds, and a key of another PD.
+        assert!(locate(&m, 0, &[sge(60, 8)], 0, 8, &mut Vec::new()).is_err());
+        assert!(locate(&m, 1, &sges, 0, 4, &mut Vec::new()).is_err());
+        // More than MAX_RUNS runs: refused, the caller copies instead.
+        let scattered: Vec<Sge> = (0..MAX_SGE as u64).map(|i| sge(i * 2, 1)).collect();
+        assert!(locate(&m, 0, &scattered, 0, MAX_SGE, &mut Vec::new()).is_ok());
+        let mut many = vec![Run { at: 0, len: 1 }; MAX_RUNS];
+        assert!(locate(&m, 0, &[sge(2, 1)], 0, 1, &mut many).is_err());
+    }
+
+    /// A peer's runs: outside the view, overflowing, empty, too many or
+    /// too long in all are refused.
+    #[test]
+    fn hostile_runs_are_refused() {
+        let view = [0u8; 64];
+        let ok = |runs: &[Run], max| Payload::runs(&view, runs, max).is_some();
+        let run = |at, len| Run { at, len };
+        assert!(ok(&[run(0, 64)], 64));
+        assert!(!ok(&[run(1, 64)], 64), "past the end");
+        assert!(!ok(&[run(64, 1)], 64), "outside");
+        assert!(!ok(&[run(u64::MAX, 2)], 64), "overflowing");
+        assert!(!ok(&[run(0, u32::MAX)], usize::MAX), "huge");
+        assert!(!ok(&[run(0, 0)], 64), "empty");
+        assert!(!ok(&[run(0, 40), run(0, 40)], 64), "more than max in all");
+        assert!(!ok(&vec![run(0, 1); MAX_RUNS + 1], 1 << 20), "too many");
     }
 }

@@ -187,6 +187,19 @@ pub trait MrTable {
     /// Executes a fast registration (REG_MR) of PD `pd`; false if the MR
     /// cannot take it (unknown, wrong PD, still valid, page list too long).
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool;
+    /// Calls `f(offset, len)` for each run of `[iova, iova + len)` of the
+    /// MR `key` (already checked) in the memory a same-host peer maps
+    /// (see [`PacketSink::shares_memory`]), in order; an error where
+    /// there is none (the default) or `f` fails.
+    fn locate(
+        &self,
+        _key: u32,
+        _iova: u64,
+        _len: usize,
+        _f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        Err(MemError)
+    }
 }
 
 /// The operands of a fast registration WQE (`IB_WR_REG_MR`): the page
@@ -335,6 +348,27 @@ pub trait PacketSink {
             true
         })
     }
+
+    /// Whether the peer maps our memory and copies payloads from it
+    /// itself (the same-host channel's one-copy path): then a frame with
+    /// payload may be sent as [`PacketSink::send_described`].
+    fn shares_memory(&self) -> bool {
+        false
+    }
+
+    /// Sends a frame of `len` bytes that `write` writes in place, built
+    /// for an empty payload, that stands for the `payload_len` bytes of
+    /// `runs` (from [`MrTable::locate`]); false, and nothing sent, when it
+    /// cannot (the caller then sends the payload itself).
+    fn send_described(
+        &mut self,
+        _len: usize,
+        _runs: &[crate::packet::Run],
+        _payload_len: usize,
+        _write: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> bool {
+        false
+    }
 }
 
 /// One MR over a byte vector, for the role tests: key 1, PD 0, IOVA 0,
@@ -362,6 +396,16 @@ impl MrTable for TestMr {
         let i = iova as usize;
         self.0[i..i + data.len()].copy_from_slice(data);
         Ok(())
+    }
+    /// The vector is its own view: one run at the IOVA.
+    fn locate(
+        &self,
+        _: u32,
+        iova: u64,
+        len: usize,
+        f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        f(iova, u32::try_from(len).map_err(|_| MemError)?)
     }
     fn invalidate(&mut self, _: u32, _: u32) -> bool {
         false

@@ -29,7 +29,7 @@ use crate::hdr::{GSI_QKEY, QPN_MASK};
 use crate::metrics::{inc, Metrics};
 use crate::net::{grh, RoceVersion, GRH_LEN};
 use crate::opcode::{OpClass, Opcode};
-use crate::packet::{Headers, Packet};
+use crate::packet::{Headers, Packet, Payload};
 use crate::psn::{psn_compare, Psn};
 use crate::req::{read_psns, segment_len};
 use crate::sgl::{scatter, SglError};
@@ -388,9 +388,13 @@ fn write_data(
     if n > 0 {
         check_mr(cx.mr, rkey, a.pd, va, u64::from(n), Access::REMOTE_WRITE)
             .map_err(|_| (NakCode::RemoteAccessError, WcStatus::RemAccessErr))?;
-        cx.mr
-            .write(rkey, va, pkt.payload)
-            .map_err(|_| (NakCode::RemoteOperationalError, WcStatus::RemOpErr))?;
+        let mut at = va;
+        for piece in pkt.payload.pieces() {
+            cx.mr
+                .write(rkey, at, piece)
+                .map_err(|_| (NakCode::RemoteOperationalError, WcStatus::RemOpErr))?;
+            at = at.saturating_add(piece.len() as u64);
+        }
     }
     st.write = Some((va.saturating_add(u64::from(n)), rkey, left));
     st.offset = st.offset.saturating_add(n);
@@ -618,7 +622,7 @@ fn ud_receive(a: &RespAttrs, cx: &mut RespCtx<'_>, pkt: &Packet<'_>) {
     };
     let plen = u16::try_from(pkt.payload.len()).unwrap_or(u16::MAX);
     let g = grh(&pkt.layers, plen);
-    let placed = scatter(cx.mr, a.pd, &w.sges, 0, &g)
+    let placed = scatter(cx.mr, a.pd, &w.sges, 0, Payload::from(&g[..]))
         .and_then(|()| scatter(cx.mr, a.pd, &w.sges, GRH_LEN as u32, pkt.payload));
     let status = match placed {
         Ok(()) => WcStatus::Success,
