@@ -921,6 +921,11 @@ impl LocalChannel {
                 p.backlog_bytes = p.backlog.iter().map(Vec::len).sum();
             }
         }
+        // Called inside the worker's run, before its kicks: a peer that went
+        // to sleep would sleep through the wait and be dropped.
+        for p in peers.values_mut() {
+            p.notify();
+        }
         let start = Instant::now();
         let read = |p: &Peer| {
             // Positions only grow; the tail is the peer's say, never ahead
@@ -2148,6 +2153,20 @@ mod tests {
             });
             assert_eq!(a.settle(Duration::from_secs(5)), 0);
             assert!(t0.elapsed() >= Duration::from_millis(30), "did not wait");
+        });
+        // B went to sleep: the settle kicks it (it runs inside the worker's
+        // run, before the kicks that follow every run).
+        assert!(!b.prepare_to_sleep());
+        let (kicks, mut watched) = (Kicks::new(), 0);
+        kicks.follow(&b, &mut watched);
+        kicks.wait(0);
+        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert_eq!(kicks.wait(2000), 1, "B slept through the settle");
+                assert_eq!(recv(&b, 8, Wake::Ring).len(), 1);
+            });
+            assert_eq!(a.settle(Duration::from_secs(1)), 0);
         });
         // B does not read: A gives up on it after the wait, and B, told
         // BYE, drops the ring with the record unread.
