@@ -556,4 +556,20 @@ mod tests {
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A paused device's restore (a migration's destination) leaves its
+    /// worker asleep: watching the restored doorbells, an `epoll_ctl`
+    /// each, waits for the resume instead of taking the CPU inside the
+    /// blackout.
+    #[test]
+    fn a_paused_restore_leaves_the_doorbells_to_the_resume() {
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let (sim, _) = b.sim.migrate_paused_timed();
+        std::thread::sleep(Duration::from_millis(200));
+        let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
+        assert!(
+            !hub.take_watch_ops().is_empty(),
+            "the worker watched the doorbells while paused"
+        );
+    }
 }
