@@ -197,6 +197,16 @@ pub trait Pausable {
     fn resume(&mut self) -> Result<(), MigratableError> {
         Ok(())
     }
+    /// Resumes while the VM's vCPUs are still parked; [`Pausable::released`]
+    /// follows once they run. A device may leave until then the work that
+    /// would take the CPU from them: on a host with fewer CPUs than busy
+    /// threads, a migrated guest would wait for it. By default, all of
+    /// `resume`.
+    fn resume_parked(&mut self) -> Result<(), MigratableError> {
+        self.resume()
+    }
+    /// The vCPUs run again after [`Pausable::resume_parked`].
+    fn released(&mut self) {}
 }
 
 #[cfg(test)]

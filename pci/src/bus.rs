@@ -294,15 +294,30 @@ impl PciBus {
     }
 
     pub fn resume(&self) -> Result<(), MigratableError> {
+        self.resume_parked()?;
+        self.released();
+        Ok(())
+    }
+
+    /// Resumes every function while the vCPUs are parked; [`Self::released`]
+    /// follows once they run (see [`Pausable::resume_parked`]).
+    pub fn resume_parked(&self) -> Result<(), MigratableError> {
         // Each function's share, which a migrated guest waits for after the hand-over.
         let mut took = Vec::with_capacity(self.functions.len());
         for (&devfn, func) in &self.functions {
             let start = std::time::Instant::now();
-            lock(&func.dev).resume()?;
+            lock(&func.dev).resume_parked()?;
             took.push(took_ms(devfn, start));
         }
         log::info!("PCI functions resumed: {}", took.join(", "));
         Ok(())
+    }
+
+    /// Tells every function that the vCPUs run again.
+    pub fn released(&self) {
+        for func in self.functions.values() {
+            lock(&func.dev).released();
+        }
     }
 
     /// Every function's configuration space and device state (the bus

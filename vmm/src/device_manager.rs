@@ -378,8 +378,14 @@ impl DeviceManager {
         self.bus.pci().pause()
     }
 
-    pub fn resume(&self) -> Result<(), MigratableError> {
-        self.bus.pci().resume()
+    /// Resumes the devices while the vCPUs are parked; [`Self::released`]
+    /// follows once they run (see [`vm_migration::Pausable::resume_parked`]).
+    pub fn resume_parked(&self) -> Result<(), MigratableError> {
+        self.bus.pci().resume_parked()
+    }
+
+    pub fn released(&self) {
+        self.bus.pci().released()
     }
 
     /// Adds `dev` in the next free slot, for tests of what a device does to

@@ -42,9 +42,10 @@ struct Pending {
     deferring: bool,
     /// The VM is going away: nothing is registered or removed any more.
     closing: bool,
-    /// A copy of each deferred registration's eventfd (the same eventfd:
-    /// KVM signals it whichever descriptor registered it).
-    by_key: BTreeMap<Key, EventFd>,
+    /// Each deferred registration's eventfd: the device's own if it shares
+    /// it (`register_shared`), else a copy (the same eventfd: KVM signals
+    /// it whichever descriptor registered it).
+    by_key: BTreeMap<Key, Arc<EventFd>>,
 }
 
 impl DeferredIoEvents {
@@ -112,8 +113,16 @@ impl DeferredIoEvents {
     }
 }
 
-impl IoEventRegistrar for DeferredIoEvents {
-    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+impl DeferredIoEvents {
+    /// Registers `fd` at once, or records the eventfd `keep` gives while
+    /// deferring.
+    fn register_or_keep(
+        &self,
+        fd: &EventFd,
+        addr: u64,
+        datamatch: Option<u32>,
+        keep: impl FnOnce() -> io::Result<Arc<EventFd>>,
+    ) -> io::Result<()> {
         let mut pending = crate::lock(&self.pending);
         if pending.closing {
             return Ok(());
@@ -124,8 +133,23 @@ impl IoEventRegistrar for DeferredIoEvents {
         if pending.by_key.contains_key(&(addr, datamatch)) {
             return Err(io::Error::from_raw_os_error(libc::EEXIST));
         }
-        pending.by_key.insert((addr, datamatch), fd.try_clone()?);
+        pending.by_key.insert((addr, datamatch), keep()?);
         Ok(())
+    }
+}
+
+impl IoEventRegistrar for DeferredIoEvents {
+    fn register(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
+        self.register_or_keep(fd, addr, datamatch, || fd.try_clone().map(Arc::new))
+    }
+
+    fn register_shared(
+        &self,
+        fd: &Arc<EventFd>,
+        addr: u64,
+        datamatch: Option<u32>,
+    ) -> io::Result<()> {
+        self.register_or_keep(fd, addr, datamatch, || Ok(Arc::clone(fd)))
     }
 
     fn unregister(&self, fd: &EventFd, addr: u64, datamatch: Option<u32>) -> io::Result<()> {
@@ -199,6 +223,23 @@ mod tests {
         assert_eq!(kvm.registrations(), [(0x1000, Some(1))]);
         assert!(io.flush().unwrap().is_none());
         assert_eq!(kvm.count(), 1);
+    }
+
+    /// A shared eventfd is kept while deferred, not duplicated (a system
+    /// call per doorbell in a restore), and let go once registered.
+    #[test]
+    fn a_shared_eventfd_is_kept_not_copied() {
+        let (kvm, io) = setup();
+        let fd = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        io.defer();
+        io.register_shared(&fd, 0x2000, Some(1)).unwrap();
+        io.register_shared(&fd, 0x2000, Some(2)).unwrap();
+        assert_eq!(Arc::strong_count(&fd), 3, "copied instead of shared");
+        assert!(io.register_shared(&fd, 0x2000, Some(2)).is_err());
+        io.flush().unwrap().unwrap().join().unwrap();
+        assert_eq!(Arc::strong_count(&fd), 1);
+        assert!(kvm.signal(0x2000, 2));
+        assert_eq!(fd.read().unwrap(), 1);
     }
 
     /// A VM dropped before its flush (a failed incoming migration) leaves

@@ -252,8 +252,7 @@ impl Machine {
                 None
             }
             StartAs::Resumed => {
-                let devices = &devices;
-                let took = release(|| devices.resume(), &vcpus)
+                let took = release(&devices, &vcpus)
                     .map_err(|e| VmmError::Restore(crate::error_chain(&e)))?;
                 Some(took)
             }
@@ -324,18 +323,41 @@ fn started_line(how: StartAs, threads: Duration, devices: Duration, after: Durat
     }
 }
 
-/// Resumes the devices with `resume_devices`, then lets the parked
-/// `vcpus` run: a guest never runs on a paused device (its doorbells
-/// would wait for the resume). Returns how long the devices took; if they
-/// fail to resume, the vCPUs stay parked.
-fn release<E>(
-    resume_devices: impl FnOnce() -> Result<(), E>,
-    vcpus: &[VcpuHandle],
-) -> Result<Duration, E> {
+/// What [`release`] resumes: the devices, in two steps around letting the
+/// vCPUs go.
+trait Resume {
+    type Error;
+    /// Resumes them while the vCPUs are parked.
+    fn resume_parked(&self) -> Result<(), Self::Error>;
+    /// The vCPUs run: the work they left for then (see
+    /// [`vm_migration::Pausable::resume_parked`]).
+    fn released(&self);
+}
+
+impl Resume for DeviceManager {
+    type Error = vm_migration::MigratableError;
+
+    fn resume_parked(&self) -> Result<(), Self::Error> {
+        DeviceManager::resume_parked(self)
+    }
+
+    fn released(&self) {
+        DeviceManager::released(self)
+    }
+}
+
+/// Resumes the `devices`, then lets the parked `vcpus` run, then tells
+/// the devices: a guest never runs on a paused device (its doorbells
+/// would wait for the resume), and what a device's threads do for the
+/// resume (PVRDMA's worker running every QP) does not hold the vCPUs
+/// back on a host short of CPUs. Returns how long the devices took to
+/// resume; if they fail to, the vCPUs stay parked.
+fn release<R: Resume>(devices: &R, vcpus: &[VcpuHandle]) -> Result<Duration, R::Error> {
     let t0 = Instant::now();
-    resume_devices()?;
+    devices.resume_parked()?;
     let took = t0.elapsed();
     vcpus.iter().for_each(VcpuHandle::resume);
+    devices.released();
     Ok(took)
 }
 
@@ -431,8 +453,7 @@ impl Guest {
     }
 
     pub(crate) fn resume_vm(&mut self) -> Result<(), String> {
-        let devices = &self.devices;
-        release(|| devices.resume(), &self.vcpus).map_err(|e| crate::error_chain(&e))?;
+        release(&self.devices, &self.vcpus).map_err(|e| crate::error_chain(&e))?;
         self.paused = false;
         Ok(())
     }
@@ -529,10 +550,44 @@ mod tests {
         exits.reason.lock().unwrap().is_some()
     }
 
+    /// Devices for [`release`] that record, when resumed and when told the
+    /// vCPUs run, whether the vCPU has run by then (waiting up to
+    /// `settle` for it when told).
+    struct Recorder<'a> {
+        exits: &'a ExitReporter,
+        fail: bool,
+        settle: Duration,
+        ran_at_resume: std::cell::Cell<Option<bool>>,
+        ran_at_released: std::cell::Cell<Option<bool>>,
+    }
+
+    impl Resume for Recorder<'_> {
+        type Error = &'static str;
+
+        fn resume_parked(&self) -> Result<(), Self::Error> {
+            std::thread::sleep(self.settle);
+            self.ran_at_resume.set(Some(has_run(self.exits)));
+            if self.fail {
+                return Err("no");
+            }
+            Ok(())
+        }
+
+        fn released(&self) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !has_run(self.exits) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            self.ran_at_released.set(Some(has_run(self.exits)));
+        }
+    }
+
     /// The devices resume before a parked vCPU runs, and if they cannot,
-    /// the vCPU stays parked (a guest must not run on paused devices).
+    /// the vCPU stays parked (a guest must not run on paused devices);
+    /// they are told the vCPUs run only once they do (PVRDMA's worker
+    /// then runs every QP, which must not hold the vCPUs back).
     #[test]
-    fn devices_resume_before_the_vcpus_run() {
+    fn devices_resume_before_the_vcpus_run_and_hear_after() {
         let kvm = Kvm::new().unwrap();
         let vm = kvm.create_vm().unwrap();
         vcpu::register_kick_signal().unwrap();
@@ -551,37 +606,38 @@ mod tests {
             true,
         )
         .unwrap()];
-        let settle = std::time::Duration::from_millis(50);
+        let recorder = |fail| Recorder {
+            exits: &exits,
+            fail,
+            settle: Duration::from_millis(50),
+            ran_at_resume: Default::default(),
+            ran_at_released: Default::default(),
+        };
 
-        // Devices that fail to resume: the vCPU is not let go.
-        let failed = release(|| Err("no"), &vcpus);
-        assert_eq!(failed, Err("no"));
-        std::thread::sleep(settle);
+        // Devices that fail to resume: the vCPU is not let go, nor are
+        // they told it was.
+        let failed = recorder(true);
+        assert_eq!(release(&failed, &vcpus), Err("no"));
+        std::thread::sleep(failed.settle);
         assert!(
             !has_run(&exits),
             "a vCPU ran although its devices did not resume"
         );
+        assert_eq!(failed.ran_at_released.get(), None);
 
-        // While the devices resume, the vCPU is still parked; then it runs.
-        let mut ran_during_resume = None;
-        release(
-            || {
-                std::thread::sleep(settle);
-                ran_during_resume = Some(has_run(&exits));
-                Ok::<(), ()>(())
-            },
-            &vcpus,
-        )
-        .unwrap();
+        // While the devices resume, the vCPU is still parked; then it
+        // runs, and then the devices hear of it.
+        let devices = recorder(false);
+        release(&devices, &vcpus).unwrap();
         assert_eq!(
-            ran_during_resume,
+            devices.ran_at_resume.get(),
             Some(false),
             "a vCPU ran before its devices resumed"
         );
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        while !has_run(&exits) && Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(has_run(&exits), "the vCPU did not run once let go");
+        assert_eq!(
+            devices.ran_at_released.get(),
+            Some(true),
+            "the devices were told before the vCPU was let go"
+        );
     }
 }

@@ -259,10 +259,18 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
 
     /// Lets the device work again, starting with everything posted while
     /// it was paused; lost frames come back by retransmission.
+    fn resume(&mut self) -> Result<(), MigratableError> {
+        self.resume_parked()?;
+        self.released();
+        Ok(())
+    }
+
+    /// Lets the device take work again; the worker runs what waited (see
+    /// [`Self::released`]) once the vCPUs run.
     /// A device restored for an incoming migration also becomes its MAC's
     /// owner on the same-host channel now, when the VM runs here; its
     /// worker then offers rings to the QPs' peers (see [`Shared::announce`]).
-    fn resume(&mut self) -> Result<(), MigratableError> {
+    fn resume_parked(&mut self) -> Result<(), MigratableError> {
         let t0 = std::time::Instant::now();
         if let Some(local) = &self.shared.wire.local {
             if let Err(e) = local.claim() {
@@ -277,8 +285,17 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
         }
         self.shared.paused.store(false, Ordering::Release);
         self.shared.wire.inbox.set_discard(false);
-        self.shared.kick_all();
         Ok(())
+    }
+
+    /// Wakes the worker for what waited for the resume: the doorbells'
+    /// watches a restore queued, the doorbells held while paused, every
+    /// QP run once and the same-host rings offered. With 256 QPs that is
+    /// tens of milliseconds on a one-CPU test host, which the vCPUs no
+    /// longer wait for; their doorbells meanwhile wait in their eventfds.
+    fn released(&mut self) {
+        self.shared.kick_all.store(true, Ordering::Release);
+        self.shared.env.hub.wake_worker();
     }
 }
 
@@ -484,6 +501,7 @@ impl DeviceCounters for CountersHandle {
 
 #[cfg(all(test, feature = "test-utils"))]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use std::os::unix::net::UnixDatagram;
     use std::time::Duration;
 
@@ -494,13 +512,11 @@ mod tests {
     use crate::sim_driver::{QpSpec, SimDriver};
     use crate::PvrdmaConfig;
 
-    /// A resumed device (a migrated VM starting here) leaves offering its
-    /// same-host rings to its worker: `resume` neither reads the QPs nor
-    /// waits for a peer's VMM, and the worker hands the connected QP's
-    /// peer a ring once the device runs, before any frame needs it.
-    #[test]
-    fn the_worker_offers_the_rings_after_resume() {
-        let dir = std::env::temp_dir().join(format!("pvrdma-announce-{}", std::process::id()));
+    /// Device B with a connected RC QP whose peer A is on this host, in a
+    /// same-host channel directory named after `test`; A's VMM is a bare
+    /// socket that records what it is handed.
+    fn b_with_a_peer_here(test: &str) -> (Endpoint, UnixDatagram, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("pvrdma-{test}-{}", std::process::id()));
         let config = PvrdmaConfig {
             local_dir: Some(dir.clone()),
             ..PvrdmaConfig::default()
@@ -510,13 +526,30 @@ mod tests {
             GID_B,
             QpSpec::rc,
         );
-        // A's VMM: a bare socket that records what it is handed.
         let peer = UnixDatagram::bind(dir.join(sock_name(MAC_A))).unwrap();
         peer.set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         b.sim
             .connect_rc(b.qp.handle, 0, (GID_A, MAC_A), 0x99, (0x20, 0x10))
             .unwrap();
+        (b, peer, dir)
+    }
+
+    /// Waits for the ring B's worker offers to A's VMM.
+    fn ring_offered(peer: &UnixDatagram) {
+        let mut msg = [0; 64];
+        let n = peer.recv(&mut msg).expect("the worker offers a ring");
+        let msg = msg.get(..n).unwrap_or_default();
+        assert!(msg.starts_with(b"PVRDMA-SHM-RING"), "{msg:?}");
+    }
+
+    /// A resumed device (a migrated VM starting here) leaves offering its
+    /// same-host rings to its worker: `resume` neither reads the QPs nor
+    /// waits for a peer's VMM, and the worker hands the connected QP's
+    /// peer a ring once the device runs, before any frame needs it.
+    #[test]
+    fn the_worker_offers_the_rings_after_resume() {
+        let (b, peer, dir) = b_with_a_peer_here("announce");
         b.sim.device().pause().unwrap();
         let shared = std::sync::Arc::clone(&b.sim.device().shared);
         let state = shared.lock();
@@ -536,12 +569,48 @@ mod tests {
             resume.join().unwrap().unwrap();
         });
         peer.set_nonblocking(false).unwrap();
-        let mut msg = [0; 64];
-        let n = peer.recv(&mut msg).expect("the worker offers a ring");
-        let msg = msg.get(..n).unwrap_or_default();
-        assert!(msg.starts_with(b"PVRDMA-SHM-RING"), "{msg:?}");
+        ring_offered(&peer);
         assert_eq!(b.sim.metric("roce_local_tx"), 0, "no frame needed it");
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Resumed while the vCPUs are parked (a migrated VM's start), the
+    /// device leaves its worker asleep until told they run: the worker's
+    /// run over every QP and its ring offers would take the CPU they wait
+    /// for.
+    #[test]
+    fn the_worker_waits_for_the_vcpus_to_run() {
+        let (b, peer, dir) = b_with_a_peer_here("release");
+        b.sim.device().pause().unwrap();
+        b.sim.device().resume_parked().unwrap();
+        peer.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(
+            peer.recv(&mut [0; 64]).is_err(),
+            "the worker ran before the vCPUs did"
+        );
+        b.sim.device().released();
+        peer.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        ring_offered(&peer);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A paused device's restore (a migration's destination) leaves its
+    /// worker asleep: watching the restored doorbells, an `epoll_ctl`
+    /// each, waits for the resume instead of taking the CPU inside the
+    /// blackout.
+    #[test]
+    fn a_paused_restore_leaves_the_doorbells_to_the_resume() {
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let (sim, _) = b.sim.migrate_paused_timed();
+        std::thread::sleep(Duration::from_millis(200));
+        let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
+        assert!(
+            !hub.take_watch_ops().is_empty(),
+            "the worker watched the doorbells while paused"
+        );
     }
 }

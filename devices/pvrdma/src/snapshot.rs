@@ -15,6 +15,7 @@
     clippy::arithmetic_side_effects
 )]
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pci::MsixState;
@@ -136,10 +137,14 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
         s.objects.log_ids("restored");
     }
     drop(state);
-    shared
-        .rearm_cqs
-        .store(true, std::sync::atomic::Ordering::Release);
-    shared.kick_all();
+    shared.rearm_cqs.store(true, Ordering::Release);
+    // A paused device (a migration's destination, a snapshot's VM) runs
+    // its QPs, and its worker watches the new doorbells (an `epoll_ctl`
+    // each), once resumed: no part of a blackout.
+    if !shared.paused.load(Ordering::Acquire) {
+        shared.kick_all.store(true, Ordering::Release);
+        shared.env.hub.wake_worker();
+    }
     let ms = |d: Duration| d.as_millis();
     log::info!(
         "pvrdma: restore steps: decoded in {} ms, namespace {} ms, MSI-X {} ms, state lock {} ms, \

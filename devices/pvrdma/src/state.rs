@@ -33,8 +33,9 @@ pub(crate) struct Shared {
     /// Quiesced for a snapshot or migration: the worker takes no work and
     /// received frames are discarded until resume.
     pub(crate) paused: AtomicBool,
-    /// Set on resume and restore: every QP is run once, for the work
-    /// posted while nothing ran.
+    /// Set once resumed with the vCPUs running (`Pausable::released`), or
+    /// by a restore of a running device: every QP is run once, for the
+    /// work posted while nothing ran.
     pub(crate) kick_all: AtomicBool,
     /// Set on resume: once it has run every QP ([`Shared::kick_all`]) the
     /// worker offers a same-host ring to each connected QP's peer that has
@@ -62,15 +63,6 @@ impl Shared {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Asks the worker to run every QP once (after resume or restore).
-    pub(crate) fn kick_all(&self) {
-        self.kick_all
-            .store(true, std::sync::atomic::Ordering::Release);
-        if let Err(e) = self.env.hub.wake.write(1) {
-            log::error!("pvrdma: failed to wake the worker: {e}");
-        }
     }
 }
 

@@ -153,7 +153,7 @@ pub(crate) enum WatchOp {
 /// and the worker's watch list.
 pub(crate) struct Hub {
     ioevents: Arc<dyn IoEventRegistrar>,
-    pub(crate) poll: EventFd,
+    pub(crate) poll: Arc<EventFd>,
     watch: Mutex<Vec<WatchOp>>,
     /// Wakes the worker to apply `watch`.
     pub(crate) wake: EventFd,
@@ -167,7 +167,7 @@ impl Hub {
     ) -> io::Result<Self> {
         Ok(Self {
             ioevents,
-            poll: EventFd::new(EFD_NONBLOCK)?,
+            poll: Arc::new(EventFd::new(EFD_NONBLOCK)?),
             watch: Mutex::new(Vec::new()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             metrics,
@@ -278,14 +278,10 @@ impl Doorbells {
         self.page
     }
 
-    fn fd(&self, kind: Doorbell) -> Option<&EventFd> {
+    fn fd(&self, kind: Doorbell) -> Option<&Arc<EventFd>> {
         match kind.class() {
             None => self.hub.as_ref().map(|hub| &hub.poll),
-            Some(class) => self
-                .fds
-                .iter()
-                .find(|(c, _)| *c == class)
-                .map(|(_, fd)| &**fd),
+            Some(class) => self.fds.iter().find(|(c, _)| *c == class).map(|(_, fd)| fd),
         }
     }
 
@@ -312,7 +308,7 @@ impl Doorbells {
             let (Some((addr, value)), Some(fd)) = (self.address(base, kind), self.fd(kind)) else {
                 continue;
             };
-            match hub.ioevents.register(fd, addr, Some(value)) {
+            match hub.ioevents.register_shared(fd, addr, Some(value)) {
                 Ok(()) => self.registered.push(kind),
                 Err(e) => guest_warn!(
                     hub.metrics.ioevent_failed,

@@ -215,7 +215,9 @@ impl<M: GuestAddressSpace> Worker<M> {
         })
     }
 
-    fn apply_watch_ops(&mut self, ops: &mut EventOps) {
+    /// Applies the queued watch changes; returns how many it added.
+    fn apply_watch_ops(&mut self, ops: &mut EventOps) -> usize {
+        let mut added = 0usize;
         for op in self.shared.env.hub.take_watch_ops() {
             match op {
                 WatchOp::Add { data, fd, gen } => {
@@ -224,6 +226,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                         continue;
                     }
                     self.watched.insert(data, Watched { fd, gen });
+                    added = added.saturating_add(1);
                 }
                 WatchOp::Remove { data } => {
                     if let Some(w) = self.watched.remove(&data) {
@@ -234,6 +237,7 @@ impl<M: GuestAddressSpace> Worker<M> {
                 }
             }
         }
+        added
     }
 
     /// Runs QP `handle` for `input` at `now`, then takes what the run
@@ -468,8 +472,9 @@ impl<M: GuestAddressSpace> Worker<M> {
     }
 
     /// Runs every QP that has an engine (resume, restore), after the CQs
-    /// a restore arms again and the doorbells held while paused.
-    fn handle_kick_all(&mut self) {
+    /// a restore arms again and the doorbells held while paused; returns
+    /// how many QPs it ran.
+    fn handle_kick_all(&mut self) -> usize {
         use std::sync::atomic::Ordering;
         if self.shared.rearm_cqs.load(Ordering::Acquire)
             && self.with_session(false, |_, mem, env, events, objects| {
@@ -512,10 +517,12 @@ impl<M: GuestAddressSpace> Worker<M> {
                 })
                 .unwrap_or_default()
         };
+        let n = all.len();
         self.busy.extend(all);
         self.handle_timer_or_kick(true);
         self.handle_link();
         self.announce();
+        n
     }
 
     /// Offers a same-host ring to the peer of every connected QP that has
@@ -713,14 +720,20 @@ impl<M: GuestAddressSpace> MutEventSubscriber for Worker<M> {
         match data {
             KILL_EVENT => self.stopped = true,
             WATCH_EVENT => {
+                use std::sync::atomic::Ordering;
                 let _ = self.wake.read();
-                self.apply_watch_ops(ops);
-                if self
-                    .shared
-                    .kick_all
-                    .swap(false, std::sync::atomic::Ordering::AcqRel)
-                {
-                    self.handle_kick_all();
+                let t0 = Instant::now();
+                let watched = self.apply_watch_ops(ops);
+                if self.shared.kick_all.swap(false, Ordering::AcqRel) {
+                    let ran = self.handle_kick_all();
+                    // After a migration's start: the guest runs meanwhile.
+                    if !self.shared.paused.load(Ordering::Acquire) {
+                        log::info!(
+                            "pvrdma: worker resumed: {watched} doorbells watched, {ran} QPs run in \
+                             {} ms",
+                            t0.elapsed().as_millis()
+                        );
+                    }
                 }
             }
             LINK_EVENT => {
