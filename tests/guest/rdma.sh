@@ -2,11 +2,11 @@
 # shellcheck shell=sh
 # shellcheck disable=SC2153 # ROLE, MY_IP...: prepended by the scenario
 # Guest side of tests/scenarios/rdma.sh (issue 5): RDMA traffic through the PVRDMA device with
-# the unmodified tools (rdma-core's pingpongs, perftest, rping). Runs in each of three guests A, B
-# and C (busybox sh, `pvtest=run`) whose --pvrdma slots sit on one bridge of the test host (L1),
+# the unmodified tools (rdma-core's pingpongs, perftest, rping). Runs in each of four guests A, B,
+# C and D (busybox sh, `pvtest=run`) whose --pvrdma slots sit on one bridge of the test host (L1),
 # which also runs Linux Soft-RoCE (rxe0 on the bridge). The scenario prepends:
-#   ROLE            a | b | c
-#   MY_IP           eth0's address (/24); IP_A IP_B IP_C HOST_IP: the guests' and the bridge's
+#   ROLE            a | b | c | d
+#   MY_IP           eth0's address (/24); IP_A IP_B IP_C IP_D HOST_IP: the guests' and the bridge's
 #   SIG_PORT        TCP port of each party's signal server (below)
 #   LIMIT           seconds any one RDMA program may run (it is killed then: `timeout`)
 #   READY_WAIT      seconds a client waits for its server to listen
@@ -43,6 +43,7 @@ ip_of() {
     a) echo "$IP_A" ;;
     b) echo "$IP_B" ;;
     c) echo "$IP_C" ;;
+    d) echo "$IP_D" ;;
     l) echo "$HOST_IP" ;;
   esac
 }
@@ -105,6 +106,12 @@ PERF="-d $DEV -x $GIDX -F"
   step ucmatose-ba b a - cmep 18644 ucmatose -p 18644 -c 2 -C 10 -S 1024
   step udaddy-ab a b - cmep 7174 udaddy -c 2 -C 10 -S 512
   step udaddy-ba b a - cmep 7174 udaddy -c 2 -C 10 -S 512
+  # A and D, both share_memory=on: the one-copy path, payloads each way (WRITE and SEND from D,
+  # READ responses from A, the pingpong's both ways with its data checked).
+  step share-rc a d - tcp 18651 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 16384 -p 18651
+  step share-write-bw a d - tcp 18652 ib_write_bw $PERF -n "$PERF_ITERS" -s 65536 -p 18652
+  step share-read-bw a d - tcp 18653 ib_read_bw $PERF -n "$PERF_ITERS" -s 65536 -p 18653
+  step share-send-bw a d - tcp 18654 ib_send_bw $PERF -n "$PERF_ITERS" -s 65536 -p 18654
   # Against Linux Soft-RoCE (rxe0 in the test host): each side once as server, once as client.
   step rxe-rc-host-server l a - tcp 18701 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18701
   step rxe-rc-guest-server a l - tcp 18702 ibv_rc_pingpong $PP -c -n "$PP_ITERS" -s 4096 -p 18702

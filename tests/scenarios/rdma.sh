@@ -1,23 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Scenario of tests/tests/rdma.rs (issue 5): the RDMA data path. Three guests, A (10.12.0.1), B
-# (10.12.0.2) and C (10.12.0.3), each with a PVRDMA slot (--pvrdma: vmxnet3 + PVRDMA sharing a
+# Scenario of tests/tests/rdma.rs (issue 5): the RDMA data path. Four guests, A (10.12.0.1), B
+# (10.12.0.2), C (10.12.0.3) and D (10.12.0.4), each with a PVRDMA slot (--pvrdma: vmxnet3 + PVRDMA sharing a
 # TAP), on one bridge br0 (10.12.0.254) of this host, which also runs Linux Soft-RoCE (rxe0 on br0)
 # as the native endpoint. A and B have the VMM's default same-host channel (local=on: their RDMA
 # traffic is a memory copy between the two VMMs); C has local=off, so that its traffic crosses its
-# TAP, where netem can drop it. All run tests/guest/rdma.sh, whose step table says who serves and
+# TAP, where netem can drop it. A and D have share_memory=on (B has not, so A and B keep the
+# two-copy path): between A and D the one-copy path (described records, issue 15). All run tests/guest/rdma.sh, whose step table says who serves and
 # who connects:
 #   A <-> B    ibv_rc_pingpong -c and -e, ibv_ud_pingpong, ibv_srq_pingpong, ib_{write,read,send,
 #              atomic}_bw, ib_{write,read,send}_lat, rping (rdma_cm); the RoCE v2 frames (UDP
 #              4791) sent to A's and B's TAPs meanwhile are counted (the same-host channel
 #              should leave none)
+#   A <-> D    ibv_rc_pingpong -c, ib_{write,read,send}_bw: share_memory=on on both ends
 #   A <-> rxe0 ibv_rc_pingpong -c and ib_write_bw, each side once as server and once as client
 #              (this script runs rxe0's side)
 #   A <-> C    ibv_rc_pingpong -c and ib_write_bw with netem dropping LOSS of the RoCE v2 frames
 #              sent towards C on its TAP
 # Every program is bounded by `timeout`; a failed one is a result, not the end of the run.
 # Results: $OUT/rdma.env (set-up, this host's own runs as STEP.SIDE.KEY=..., netem and TAP
-# counters, VMM exits and panics), $OUT/rdma-{a,b,c}-{serial,vmm}.log (the guests' results: see
+# counters, VMM exits and panics), $OUT/rdma-{a,b,c,d}-{serial,vmm}.log (the guests' results: see
 # tests/guest/rdma.sh), $OUT/rdma-host-STEP-SIDE.log (output of this host's programs),
 # $OUT/rxe-devinfo.txt, $OUT/netem-*.txt, $OUT/l1-ps.log (the busiest threads of this host every 30 s).
 
@@ -38,9 +40,11 @@ LOSS=${LOSS:-3%}
 MAC_A=52:54:00:12:00:01
 MAC_B=52:54:00:12:00:02
 MAC_C=52:54:00:12:00:03
+MAC_D=52:54:00:12:00:04
 IP_A=10.12.0.1
 IP_B=10.12.0.2
 IP_C=10.12.0.3
+IP_D=10.12.0.4
 HOST_IP=10.12.0.254
 SIG_PORT=8000
 SIG=$WORK/sig
@@ -53,9 +57,10 @@ ip addr add "$HOST_IP/24" dev br0
 l1_tap tapa br0
 l1_tap tapb br0
 l1_tap tapc br0
+l1_tap tapd br0
 
 modprobe -a sch_prio sch_netem cls_u32 || true
-for dev in tapa tapb tapc; do
+for dev in tapa tapb tapc tapd; do
   frame_counter "$dev" || record rdma "counter_$dev=fail"
 done
 
@@ -77,19 +82,23 @@ else
   record rdma "rxe_setup=fail" "rxe_why=modprobe-or-link-add"
 fi
 
-header="IP_A=$IP_A IP_B=$IP_B IP_C=$IP_C HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT
+header="IP_A=$IP_A IP_B=$IP_B IP_C=$IP_C IP_D=$IP_D HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT LIMIT=$PROG_LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT
 GATE_WAIT=$GATE_WAIT PP_ITERS=$PP_ITERS LOSS_PP_ITERS=$LOSS_PP_ITERS PERF_ITERS=$PERF_ITERS PING_COUNT=$PING_COUNT"
 guest_script_disk "$WORK/rdma-a-run.img" "$header ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/rdma.sh"
 guest_script_disk "$WORK/rdma-b-run.img" "$header ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/rdma.sh"
 guest_script_disk "$WORK/rdma-c-run.img" "$header ROLE=c MY_IP=$IP_C" "$GUEST_SCRIPTS/rdma.sh"
+guest_script_disk "$WORK/rdma-d-run.img" "$header ROLE=d MY_IP=$IP_D" "$GUEST_SCRIPTS/rdma.sh"
 
 # One vCPU each: the guests share L1's single vCPU.
-run_guest rdma-a "$WORK/rdma-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A"
+run_guest rdma-a "$WORK/rdma-a-run.img" --pvrdma "tap=tapa,mac=$MAC_A,share_memory=on"
 pid_a=$VMM_PID
 run_guest rdma-b "$WORK/rdma-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B"
 pid_b=$VMM_PID
 run_guest rdma-c "$WORK/rdma-c-run.img" --pvrdma "tap=tapc,mac=$MAC_C,local=off"
 pid_c=$VMM_PID
+# D only runs its steps with A (256M: four guests in this host's memory).
+VMM_MEMORY=256M run_guest rdma-d "$WORK/rdma-d-run.img" --pvrdma "tap=tapd,mac=$MAC_D,share_memory=on"
+pid_d=$VMM_PID
 
 RXE_GIDX=''
 if ((rxe_ok)); then
@@ -115,6 +124,7 @@ guest_line() {
   local pid=$pid_a
   [[ $1 == b ]] && pid=$pid_b
   [[ $1 == c ]] && pid=$pid_c
+  [[ $1 == d ]] && pid=$pid_d
   wait_for_line "$OUT/rdma-$1-serial.log" "$2" "$(remaining)" "$pid"
 }
 
@@ -182,10 +192,11 @@ host_step() {
   host_result "$name" client "$rc" "$(since "$start")" "$attempts"
 }
 
-# A is done with B once it reaches the first Soft-RoCE step: the RoCE frames that crossed A's and
-# B's TAPs until then (B has no other peer).
+# A is done with B and D once it reaches the first Soft-RoCE step: the RoCE frames that crossed
+# A's, B's and D's TAPs until then (B and D have no other peer).
 if guest_line a "RDMA-AT step=rxe-rc-host-server([^a-z0-9-]|\$)"; then
-  record rdma "samehost.tapa.frames=$(frames_counted tapa)" "samehost.tapb.frames=$(frames_counted tapb)"
+  record rdma "samehost.tapa.frames=$(frames_counted tapa)" "samehost.tapb.frames=$(frames_counted tapb)" \
+    "samehost.tapd.frames=$(frames_counted tapd)"
 fi
 tc -s class show dev tapa > "$OUT/tapa-classes.txt" 2>&1 || true
 
@@ -232,7 +243,7 @@ loss_step_done loss-write-bw || true
 netem_counters loss-write-bw
 tc qdisc del dev tapc parent 1:3 handle 30: 2>/dev/null || true
 
-end_guests rdma rdma a b c
+end_guests rdma rdma a b c d
 record rdma "seconds=$(since "$t0")"
-record_panics rdma rdma a b c
+record_panics rdma rdma a b c d
 log "rdma: $(grep -vE '^rxe-|\.(secs|attempts|why)=' "$OUT/rdma.env" | tr '\n' ' ')"

@@ -6,12 +6,15 @@
 //! 2. Guest A streams RDMA WRITEs into B's memory (`pvrdma-write-check`) while B's CPU rewrites
 //!    memory of its own; every round is verified on B by checksum and pattern, before, during
 //!    and after the migration. A page that dirty tracking missed (device or CPU) fails a round.
+//!    A and B have `share_memory=on` (issue 15): the WRITEs' payloads are placed from A's memory
+//!    (a view of it that B2, then B3, must map from the ring A hands over to each).
 //!
 //! All tests share ONE run of `tests/scenarios/migration-peers.sh` in the test host.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use e2e::steps::device_counters;
 use e2e::suite::{self, Checks, RemoteSuite, SetupError};
 use e2e::testhost::Hosts;
 
@@ -120,6 +123,34 @@ fn memory_written_by_the_device_and_the_cpu_arrives_intact() {
         ));
     }
     e2e::announce(&format!("migration under an RDMA WRITE stream: {ok}"));
+}
+
+/// The stream took the one-copy path on both sides of the second migration: B2 placed WRITEs from
+/// A's view, and so did B3 once A handed it a new ring with its view (B2's went with B2).
+#[test]
+fn the_write_stream_is_placed_from_the_senders_memory_before_and_after_the_migration() {
+    let s = suite();
+    for g in ["b2", "b3"] {
+        let log = s.text(&format!("peers-{g}-vmm.log"));
+        let counters = device_counters(&log).unwrap_or_else(|| {
+            s.fail(&format!(
+                "the VMM of {g} logged no 'pvrdma: counters:' line"
+            ))
+        });
+        let placed = counters
+            .get("roce_local_rx_described")
+            .copied()
+            .unwrap_or(0);
+        if placed == 0 {
+            s.fail(&format!(
+                "{g} placed no described record (share_memory=on on A and B): A's WRITEs \
+                 reached it through the ring's copy"
+            ));
+        }
+        e2e::announce(&format!(
+            "migration-peers: {g} placed {placed} described records"
+        ));
+    }
 }
 
 #[test]

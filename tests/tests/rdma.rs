@@ -11,10 +11,13 @@
 //! and guest C, whose VMM has no same-host channel (`local=off`), run `ibv_rc_pingpong -c` and
 //! `ib_write_bw` while netem drops some of the RoCE v2 frames sent to C: they must still complete
 //! and verify (RC retransmission), and the netem counters must show that frames were dropped.
+//! A and guest D turn `share_memory=on` (issue 15; B has it off, so A and B keep the two-copy
+//! path): between them `ibv_rc_pingpong -c` and `ib_{write,read,send}_bw` take the one-copy path,
+//! which their VMMs' counters of described records must show.
 //!
 //! Every program must exit 0 on both sides and print what proves its data arrived. One test per
 //! program or property, so that a failure names what broke. All tests share ONE run of
-//! `tests/scenarios/rdma.sh` (one test-host boot with one vCPU, both guests at once, each running
+//! `tests/scenarios/rdma.sh` (one test-host boot with one vCPU, the guests at once, each running
 //! `tests/guest/rdma.sh`; see those files for the protocol); each program is bounded there by
 //! `timeout`, so a data path that hangs fails these tests instead of hanging them.
 
@@ -24,13 +27,14 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::steps::{self, Party as _, StepChecks, StepRun as Run};
+use e2e::steps::{self, device_counters, Party as _, StepChecks, StepRun as Run};
 use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
 const IP_A: &str = "10.12.0.1";
 const IP_B: &str = "10.12.0.2";
 const IP_C: &str = "10.12.0.3";
+const IP_D: &str = "10.12.0.4";
 const HOST_IP: &str = "10.12.0.254";
 
 /// Iterations of the pingpongs, of perftest's programs and of rping (passed to the scenario).
@@ -51,10 +55,16 @@ const LAT_SIZE: u64 = 64;
 const ATOMIC_SIZE: u64 = 8;
 /// QPs of the ibv_srq_pingpong run (its -q).
 const SRQ_QPS: usize = 4;
+/// Message sizes of the `share_memory=on` steps (A and D): more than one segment each (a
+/// described record per segment).
+const SHARE_RC_SIZE: u64 = 16384;
+const SHARE_BW_SIZE: u64 = 65536;
 /// rping's default message size (-S): the buffer holds size - 1 characters and a NUL.
 const RPING_SIZE: usize = 64;
 
-const GUESTS: [Party; 3] = [Party::A, Party::B, Party::C];
+const GUESTS: [Party; 4] = [Party::A, Party::B, Party::C, Party::D];
+/// The VMM log names of [`GUESTS`].
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
 
 /// Who ran one side of a step: a guest (results on its console) or the test host (Soft-RoCE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +72,7 @@ enum Party {
     A,
     B,
     C,
+    D,
     Host,
 }
 
@@ -71,6 +82,7 @@ impl steps::Party for Party {
             Self::A => IP_A,
             Self::B => IP_B,
             Self::C => IP_C,
+            Self::D => IP_D,
             Self::Host => HOST_IP,
         }
     }
@@ -82,6 +94,7 @@ impl fmt::Display for Party {
             Self::A => "guest A",
             Self::B => "guest B",
             Self::C => "guest C",
+            Self::D => "guest D",
             Self::Host => "the test host's Soft-RoCE",
         })
     }
@@ -93,6 +106,7 @@ struct Suite {
     a: SerialLog,
     b: SerialLog,
     c: SerialLog,
+    d: SerialLog,
 }
 
 fn suite() -> &'static Suite {
@@ -109,7 +123,7 @@ fn suite() -> &'static Suite {
             // Typically ~4 min; the guests have 1500 s (scenarios/rdma.sh), which only a data
             // path that hangs in every program needs.
             Duration::from_secs(1620),
-            // Three L2 guests in this L1: single-threaded TCG (see Hosts::One).
+            // Four L2 guests in this L1: single-threaded TCG (see Hosts::One).
             Hosts::One { l1_cpus: 1 },
         )?;
         Ok(Suite {
@@ -117,6 +131,7 @@ fn suite() -> &'static Suite {
             a: suite::serial_log(&outcome, "rdma-a-serial.log")?,
             b: suite::serial_log(&outcome, "rdma-b-serial.log")?,
             c: suite::serial_log(&outcome, "rdma-c-serial.log")?,
+            d: suite::serial_log(&outcome, "rdma-d-serial.log")?,
             outcome,
         })
     })
@@ -131,10 +146,7 @@ impl Checks for Suite {
                 msg += &format!("\n{g}'s script failed: {why}");
             }
         }
-        let logs: Vec<String> = ["a", "b", "c"]
-            .iter()
-            .map(|g| format!("rdma-{g}-vmm.log"))
-            .collect();
+        let logs: Vec<String> = NAMES.iter().map(|g| format!("rdma-{g}-vmm.log")).collect();
         panic!("{}", self.outcome.failure(&msg, &logs, 20))
     }
 
@@ -176,12 +188,25 @@ impl Suite {
         match g {
             Party::B => &self.b,
             Party::C => &self.c,
+            Party::D => &self.d,
             _ => &self.a,
         }
     }
 
     fn vmm_log(&self, g: &str) -> PathBuf {
         self.outcome.file(&format!("rdma-{g}-vmm.log"))
+    }
+
+    /// The described records (`share_memory=on`'s one-copy path) the PVRDMA device of guest `g`
+    /// sent, from the counters its VMM logged at exit (0 when the counter never moved).
+    fn described(&self, g: &str) -> u64 {
+        let log = std::fs::read_to_string(self.vmm_log(g)).unwrap_or_default();
+        let counters = device_counters(&log).unwrap_or_else(|| {
+            self.fail(&format!(
+                "the VMM of guest {g} logged no 'pvrdma: counters:' line (did it exit?)"
+            ))
+        });
+        counters.get("roce_local_described").copied().unwrap_or(0)
     }
 
     /// A perftest program between `server` and `client`: both exit 0 and exchanged the peer's
@@ -272,7 +297,7 @@ fn perftest_results(text: &str) -> Vec<Vec<u64>> {
 #[test]
 fn both_guests_complete_and_vmms_exit_cleanly() {
     let s = suite();
-    for (g, name) in GUESTS.into_iter().zip(["a", "b", "c"]) {
+    for (g, name) in GUESTS.into_iter().zip(NAMES) {
         let log = s.guest(g);
         s.expect(log.marker("GUEST-RUN-RC=") == Some("0"), || {
             format!(
@@ -308,7 +333,7 @@ fn both_guests_complete_and_vmms_exit_cleanly() {
 #[test]
 fn vmm_logs_have_no_panics() {
     let s = suite();
-    for g in ["a", "b", "c"] {
+    for g in NAMES {
         let log = SerialLog::read(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
         for marker in ["panicked at", "forbidden syscall"] {
             let found = log.markers(marker);
@@ -322,7 +347,7 @@ fn vmm_logs_have_no_panics() {
 #[test]
 fn vmm_logs_have_no_warnings_or_errors() {
     let s = suite();
-    for g in ["a", "b", "c"] {
+    for g in NAMES {
         let problems = vmm_log_problems(&s.vmm_log(g)).unwrap_or_else(|e| s.fail(&e.to_string()));
         s.expect(problems.is_empty(), || {
             format!(
@@ -496,12 +521,12 @@ fn ib_write_bw_guest_server_soft_roce_client() {
     );
 }
 
-/// Between two VMMs of one host (A and B, default `local=on`) RDMA goes through the same-host
-/// channel: no RoCE v2 frame went to A's or B's TAP while they ran their programs.
+/// Between two VMMs of one host (A, B and D, default `local=on`) RDMA goes through the same-host
+/// channel: no RoCE v2 frame went to A's, B's or D's TAP while they ran their programs.
 #[test]
 fn guest_to_guest_traffic_takes_the_same_host_channel() {
     let s = suite();
-    for tap in ["tapa", "tapb"] {
+    for tap in ["tapa", "tapb", "tapd"] {
         let key = format!("samehost.{tap}.frames");
         let frames = s.env(&key);
         s.expect(frames == "0", || {
@@ -511,6 +536,73 @@ fn guest_to_guest_traffic_takes_the_same_host_channel() {
             )
         });
     }
+}
+
+/// `share_memory=on` on both ends (A and D): the pingpong with its data checked.
+#[test]
+fn ibv_rc_pingpong_with_data_check_on_the_one_copy_path() {
+    suite().pingpong("share-rc", Party::A, Party::D, PP_ITERS, SHARE_RC_SIZE, 1);
+}
+
+#[test]
+fn ib_write_bw_on_the_one_copy_path() {
+    suite().perftest(
+        "share-write-bw",
+        Party::A,
+        Party::D,
+        SHARE_BW_SIZE,
+        PERF_ITERS,
+    );
+}
+
+#[test]
+fn ib_read_bw_on_the_one_copy_path() {
+    suite().perftest(
+        "share-read-bw",
+        Party::A,
+        Party::D,
+        SHARE_BW_SIZE,
+        PERF_ITERS,
+    );
+}
+
+#[test]
+fn ib_send_bw_on_the_one_copy_path() {
+    suite().perftest(
+        "share-send-bw",
+        Party::A,
+        Party::D,
+        SHARE_BW_SIZE,
+        PERF_ITERS,
+    );
+}
+
+/// A's and D's payloads went as described records (WRITE and SEND from D, READ responses from
+/// A, the pingpong both ways), and only theirs: B, whose VMM has the option off, sent none,
+/// although A offered its view to B too.
+#[test]
+fn share_memory_pair_sends_described_records_and_the_others_none() {
+    let s = suite();
+    for g in ["a", "d"] {
+        let n = s.described(g);
+        s.expect(n > 0, || {
+            format!(
+                "the VMM of guest {g} (share_memory=on, peer with it on) sent no described \
+                 record: its payloads took the two-copy path"
+            )
+        });
+    }
+    for g in ["b", "c"] {
+        let n = s.described(g);
+        s.expect(n == 0, || {
+            format!("the VMM of guest {g} (share_memory off) sent {n} described records")
+        });
+    }
+    e2e::announce(&format!(
+        "rdma: described records sent: A {}, D {}",
+        s.described("a"),
+        s.described("d")
+    ));
 }
 
 /// netem dropped RoCE v2 frames on their way to C during the run, and the pingpong still

@@ -161,6 +161,9 @@ metrics! {
     roce_local_dropped,
     /// Frames received over the same-host channel.
     roce_local_rx,
+    /// Of `roce_local_rx`: described records, placed from the sender's
+    /// view (a peer's view we took: `share_memory=on` on both ends).
+    roce_local_rx_described,
     /// Same-host peers woken (kicked) because they had announced a sleep
     /// in their ring: a busy-polling peer needs none.
     roce_local_kicks,

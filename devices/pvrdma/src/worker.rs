@@ -393,6 +393,8 @@ impl<M: GuestAddressSpace> Worker<M> {
         local.recv(RX_BATCH, wake, &mut batch);
         let n = batch.len() as u64;
         shared.env.metrics.roce_local_rx.add(n);
+        let described = batch.described_count() as u64;
+        shared.env.metrics.roce_local_rx_described.add(described);
         match shared.wire.inbox.admits() {
             Some(true) => {
                 self.with_session(true, |w, mem, env, events, objects| {

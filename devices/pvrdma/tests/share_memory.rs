@@ -142,6 +142,10 @@ fn writes_reads_and_sends_are_copied_from_the_senders_memory() {
     // A's WRITE and SEND (two segments each), B's READ responses.
     assert!(from_a >= 4, "A described {from_a}");
     assert!(from_b >= 2, "B described {from_b}");
+    // Each (the warm-up's too) was placed from its sender's view.
+    let sent = |s: &Side| s.sim.metric("roce_local_described");
+    let got = |s: &Side| s.sim.metric("roce_local_rx_described");
+    assert_eq!((got(&b), got(&a)), (sent(&a), sent(&b)));
     assert_eq!(a.sim.metric("roce_rx_bad") + b.sim.metric("roce_rx_bad"), 0);
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);
@@ -156,6 +160,8 @@ fn one_side_without_the_option_gets_payloads() {
         let (a, b) = pair(&dir, share_a, share_b);
         let (from_a, from_b) = write_read_send(&a, &b);
         assert_eq!((from_a, from_b), (0, 0), "A {share_a}, B {share_b}");
+        let got = a.sim.metric("roce_local_rx_described") + b.sim.metric("roce_local_rx_described");
+        assert_eq!(got, 0, "A {share_a}, B {share_b}");
         assert!(a.sim.metric("roce_local_tx") > 0, "the same-host path");
         drop((a, b));
         let _ = std::fs::remove_dir_all(&dir);

@@ -220,6 +220,15 @@ impl Batch {
         self.frames.len()
     }
 
+    /// Of [`Self::len`]: the described records (payloads in their
+    /// senders' views).
+    pub(crate) fn described_count(&self) -> usize {
+        self.frames
+            .iter()
+            .filter(|(_, k)| matches!(k, Kind::Described { .. }))
+            .count()
+    }
+
     /// Hands the records read back to their producers: the frames are
     /// done with.
     pub(crate) fn release(&mut self) {

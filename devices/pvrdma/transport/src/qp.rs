@@ -225,6 +225,10 @@ pub struct Qp {
     /// device flushes after every run of packets, under the lock a save
     /// takes.
     owed_ack: Option<Headers>,
+    /// The runs of the segment being described ([`send_frame`]), kept
+    /// between segments so that describing one allocates nothing; not
+    /// saved: empty between calls.
+    runs: Vec<Run>,
     /// Transport counters.
     pub metrics: Metrics,
 }
@@ -287,21 +291,22 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
 /// copied once, from its MR to the ring). Towards a peer that maps our
 /// memory ([`PacketSink::shares_memory`]) it sends the headers and the
 /// runs `locate` finds instead, where it finds them all: the peer copies
-/// the payload from our memory, its only copy.
+/// the payload from our memory, its only copy. `runs` is scratch space
+/// (the QP's), cleared before use.
 fn send_frame(
     net: &mut dyn PacketSink,
     addr: &Addr,
     hdrs: &Headers,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]) -> bool,
-    locate: impl FnOnce(&mut Vec<Run>) -> bool,
+    (runs, locate): (&mut Vec<Run>, impl FnOnce(&mut Vec<Run>) -> bool),
 ) -> Result<(), BuildError> {
     if payload_len > 0 && net.shares_memory() {
-        let mut runs = Vec::new();
-        if locate(&mut runs) {
+        runs.clear();
+        if locate(runs) {
             let len = frame_len(addr, hdrs, 0)?;
             let mut built = Ok(());
-            let sent = net.send_described(len, &runs, payload_len, &mut |frame| {
+            let sent = net.send_described(len, runs, payload_len, &mut |frame| {
                 built = write_unsealed(frame, addr, hdrs, 0, |_| true);
                 built.is_ok()
             });
@@ -334,7 +339,7 @@ fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
             dst.copy_from_slice(payload);
             true
         },
-        |_| false,
+        (&mut Vec::new(), |_| false),
     );
 }
 
@@ -360,6 +365,7 @@ impl Qp {
             error: false,
             segment: 0,
             owed_ack: None,
+            runs: Vec::new(),
             metrics: Metrics::default(),
         }
     }
@@ -410,6 +416,7 @@ impl Qp {
             error: state.error,
             segment: 0,
             owed_ack: None,
+            runs: Vec::new(),
             metrics: state.metrics,
         };
         if outstanding && !qp.error && !qp.attrs.ud {
@@ -711,7 +718,8 @@ impl Qp {
                         && runs.len() <= crate::packet::MAX_RUNS
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);
-                let _ = send_frame(io.net, addr, &r.hdrs, len, fill, find);
+                let runs = &mut self.runs;
+                let _ = send_frame(io.net, addr, &r.hdrs, len, fill, (runs, find));
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -806,7 +814,9 @@ impl Qp {
                     &hdrs,
                     len,
                     |dst| gather(mr, pd, sges, payload_off, dst).is_ok(),
-                    |runs| locate(mr, pd, sges, payload_off, len, runs).is_ok(),
+                    (&mut self.runs, |runs: &mut Vec<Run>| {
+                        locate(mr, pd, sges, payload_off, len, runs).is_ok()
+                    }),
                 ) {
                     Ok(()) => {}
                     Err(BuildError::Payload) => {
