@@ -338,6 +338,8 @@ const VMM: &[libc::c_long] = &[
     libc::SYS_geteuid,
     libc::SYS_uname,
     libc::SYS_sysinfo,
+    // A restore's step line: its own page faults, CPU time, preemptions.
+    libc::SYS_getrusage,
 ];
 
 /// The API server: one connection at a time on its unix socket.

@@ -9,8 +9,11 @@
 //! any state transfer costs); figures are medians. Wall times, and this
 //! thread's CPU time for the same stages (on a loaded machine the wall
 //! times swing several-fold with the other work; the CPU times do not).
+//! Under each row, every round's restore step line (the device's log:
+//! each step's minor page faults, the bytes the decode allocated).
 //! Run: `cargo bench -p pvrdma --bench snapshot [-- QPS...]`.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pvrdma::sim_driver::fleet::Fleet;
@@ -27,7 +30,29 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
+/// Keeps the device's restore step lines, to print under the row.
+struct StepLines(Mutex<Vec<String>>);
+
+impl log::Log for StepLines {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record) {
+        let line = r.args().to_string();
+        if let Some(steps) = line.strip_prefix("pvrdma: restore steps: ") {
+            self.0.lock().unwrap().push(steps.to_owned());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static STEPS: StepLines = StepLines(Mutex::new(Vec::new()));
+
 fn main() {
+    log::set_logger(&STEPS).unwrap();
+    log::set_max_level(log::LevelFilter::Info);
     let counts: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -44,6 +69,7 @@ fn main() {
         let mut fleet = Fleet::new(n);
         let sample: Vec<usize> = (0..n).step_by(n.div_ceil(64).max(1)).collect();
         fleet.exchange(&sample, 0);
+        STEPS.0.lock().unwrap().clear();
         let mut rounds = Vec::new();
         for round in 0..ROUNDS {
             let (f, times) = fleet.migrate_a_timed();
@@ -72,5 +98,8 @@ fn main() {
             ms(cpu_codec),
             cpu.as_secs_f64() / cpu_codec.as_secs_f64().max(1e-9),
         );
+        for (round, steps) in STEPS.0.lock().unwrap().drain(..).enumerate() {
+            println!("  restore {}: {steps}", round + 1);
+        }
     }
 }
