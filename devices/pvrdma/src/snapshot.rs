@@ -227,22 +227,48 @@ mod tests {
     use super::Usage;
 
     /// The step line's figures move with the work: pages touched for the
-    /// first time, bytes allocated and kept, CPU spent.
+    /// first time, bytes allocated and kept, CPU spent. The pages are a
+    /// fresh mapping of this test's own (a heap block may reuse pages
+    /// another test already touched), and the heap block is large enough
+    /// that other tests' frees meanwhile cannot hide it.
     #[test]
     fn usage_counts_faults_heap_and_cpu() {
+        const PAGES: usize = 64;
+        const HEAP: usize = 64 << 20;
         let before = Usage::now();
-        let pages = 64;
-        let mut kept = vec![0u8; pages * 4096];
-        for page in kept.chunks_mut(4096) {
-            page.fill(1);
+        // SAFETY: a new private anonymous mapping, checked, written only
+        // within its length and unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGES * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        for page in 0..PAGES {
+            // SAFETY: inside the mapping made above.
+            unsafe { map.cast::<u8>().add(page * 4096).write_volatile(1) };
         }
+        let kept = std::hint::black_box(vec![0u8; HEAP]);
         let mut x = 0u64;
         for i in 0..2_000_000u64 {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
         }
         let after = Usage::now();
-        assert!(after.faults - before.faults >= pages as u64, "faults");
-        assert!(after.heap - before.heap >= kept.len() as u64, "heap");
+        // SAFETY: the mapping made above, unmapped once.
+        unsafe { libc::munmap(map, PAGES * 4096) };
+        assert!(
+            after.faults.saturating_sub(before.faults) >= PAGES as u64,
+            "faults"
+        );
+        assert!(
+            after.heap.saturating_sub(before.heap) >= HEAP as u64,
+            "heap"
+        );
         assert!(after.cpu_us > before.cpu_us, "CPU");
         assert!(after.since(&before).contains(" faults, "));
         drop(std::hint::black_box((kept, x)));
