@@ -72,6 +72,28 @@ b_marker() {
 }
 
 # kv LINE NAME: the value of NAME=... in LINE.
+# b_frames PAIR SRC: RoCE frames B's PVRDMA has sent so far, on the wire and over the same-host
+# channel (its vm.counters), or nothing if its API does not answer.
+b_frames() {
+  timeout 10 "$PVRDMA_REMOTE_BIN" --api-socket "$WORK/$1-$2.api" counters 2> /dev/null |
+    grep -oE '"roce_(local_)?tx": *[0-9]+' | grep -oE '[0-9]+$' | awk '{ n += $1 } END { if (NR) print n }'
+}
+
+# frames_flow PAIR SRC QPS WAIT: whether B's PVRDMA sends at least QPS frames more within WAIT
+# seconds. All QPs in RTS does not say that ib_write_bw posts: with thousands of QPs it is still
+# setting up for a minute or more after that, and a migration then is not one under traffic.
+frames_flow() {
+  local first now end=$((SECONDS + $4))
+  first=$(b_frames "$1" "$2")
+  [[ -n $first ]] || return 1
+  while ((SECONDS < end)); do
+    now=$(b_frames "$1" "$2")
+    [[ -n $now ]] && ((now - first >= $3)) && return 0
+    sleep 1
+  done
+  return 1
+}
+
 kv() { sed -n "s/.*[[:space:]]$2=\([^[:space:]]*\).*/\1/p" <<< " $1"; }
 
 # bw_figure NAME CELL: ib_write_bw's BW average in the client's output of CELL (its result line
@@ -126,7 +148,7 @@ SIZE=${SIZE:?} TX_DEPTH=${TX_DEPTH:?} QP_TIMEOUT=${QP_TIMEOUT:?} PORT_BASE=$((18
     covered=idle client_rc=- server_rc=- bw=-
     if ((qps > 0)); then
       wait_for_line "$serial" "BENCH-MIG-(TRAFFIC|END) cell=$cell " "$TRAFFIC_WAIT" "$pid_src" || true
-      if ! grep -q "BENCH-MIG-TRAFFIC cell=$cell " "$serial"; then
+      if ! grep -q "BENCH-MIG-TRAFFIC cell=$cell " "$serial" || ! frames_flow "$p" "$src" "$qps" "$TRAFFIC_WAIT"; then
         # No figure without the traffic: this cell is not migrated.
         log "bench-migration: $mem MiB, cell $cell: the traffic of $qps QPs never started"
         signal "$p-stop-$cell"
