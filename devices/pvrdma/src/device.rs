@@ -294,8 +294,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     /// tens of milliseconds on a one-CPU test host, which the vCPUs no
     /// longer wait for; their doorbells meanwhile wait in their eventfds.
     fn released(&mut self) {
-        self.shared.kick_all.store(true, Ordering::Release);
-        self.shared.env.hub.wake_worker();
+        self.shared.kick_all();
     }
 }
 

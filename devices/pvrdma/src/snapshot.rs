@@ -202,8 +202,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     // its QPs, and its worker watches the new doorbells (an `epoll_ctl`
     // each), once resumed: no part of a blackout.
     if !shared.paused.load(Ordering::Acquire) {
-        shared.kick_all.store(true, Ordering::Release);
-        shared.env.hub.wake_worker();
+        shared.kick_all();
     }
     let ms = |d: Duration| d.as_millis();
     log::info!(

@@ -61,6 +61,13 @@ impl Shared {
         self.wire.send(&self.env.metrics, frames);
     }
 
+    /// Asks the worker to run every QP once (see the field `kick_all`).
+    pub(crate) fn kick_all(&self) {
+        self.kick_all
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.env.hub.wake_worker();
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
