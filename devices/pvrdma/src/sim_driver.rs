@@ -37,6 +37,7 @@ mod verbs;
 pub use verbs::{PageLayout, RcPath, RC_INIT_MASK, RC_RTR_MASK};
 mod work;
 use self::ib::Writer;
+use crate::snapshot::thread_cpu;
 use crate::{Pvrdma, PvrdmaConfig};
 pub use work::ud_send;
 
@@ -250,17 +251,6 @@ pub struct Checkpoint {
     pds: BTreeMap<u32, u32>,
     next_page: u64,
     seq: u64,
-}
-
-/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
-fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime only writes the struct we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// The simulated wire of a [`SimDriver`]: frames the device sends are

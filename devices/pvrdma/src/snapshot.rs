@@ -87,6 +87,22 @@ pub(crate) fn save(shared: &Shared) -> Result<Snapshot, MigratableError> {
     Ok(snapshot)
 }
 
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes the struct we pass.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// This thread's minor page faults, CPU time and involuntary context
 /// switches, and the process's heap in use, taken between a restore's
 /// steps: in a nested TCG guest a page's first touch costs far more than
@@ -111,17 +127,8 @@ impl Usage {
         if unsafe { libc::getrusage(1, &mut ru) } != 0 {
             return Self::default();
         }
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime only writes the struct we pass (getrusage's
-        // times count in scheduler ticks).
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        let cpu_us = u64::try_from(ts.tv_sec)
-            .unwrap_or(0)
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0) / 1000);
+        // Not getrusage's times: they count in scheduler ticks.
+        let cpu_us = u64::try_from(thread_cpu().as_micros()).unwrap_or(u64::MAX);
         // SAFETY: mallinfo2 only reads glibc's arenas (under their locks).
         let m = unsafe { libc::mallinfo2() };
         Self {
