@@ -47,18 +47,8 @@ pub type Mem = Arc<GuestMemoryMmap<AtomicBitmap>>;
 /// Guest memory in a memfd sealed against resizing, as the VMM makes it:
 /// what `share_memory=on` hands to same-host peers.
 fn memfd_memory(size: u64) -> GuestMemoryMmap<AtomicBitmap> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-    // SAFETY: memfd_create with a NUL-terminated name and flags only.
-    let fd = unsafe { libc::memfd_create(c"sim-guest-ram".as_ptr(), flags) };
-    assert!(fd >= 0, "memfd_create");
-    // SAFETY: just returned by memfd_create, owned by nobody else.
-    let file = unsafe { std::fs::File::from_raw_fd(fd) };
-    file.set_len(size).expect("guest memory size");
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    // SAFETY: F_ADD_SEALS on the descriptor `file` owns, flags only.
-    let sealed = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
-    assert_eq!(sealed, 0, "guest memory sealed");
+    let file = crate::datapath::shm_ring::memfd(size as usize, seals).expect("guest memory");
     let region =
         vm_memory::MmapRegion::from_file(vm_memory::FileOffset::new(file, 0), size as usize)
             .expect("guest memory mapping");

@@ -1961,16 +1961,8 @@ mod tests {
     /// A sealed memfd of guest memory holding `bytes` at its start (64
     /// KiB in all), and the read-only descriptor of it a channel shares.
     fn guest_ram(bytes: &[u8], seals: libc::c_int) -> (File, File) {
-        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-        // SAFETY: memfd_create with a NUL-terminated name and flags only.
-        let fd = unsafe { libc::memfd_create(c"ram".as_ptr(), flags) };
-        assert!(fd >= 0);
-        // SAFETY: just returned, owned by nobody else.
-        let mut file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(64 << 10).unwrap();
+        let mut file = shm_ring::memfd(64 << 10, seals).unwrap();
         file.write_all(bytes).unwrap();
-        // SAFETY: F_ADD_SEALS with flags only.
-        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
         let ro = view::read_only(&file).unwrap();
         (file, ro)
     }

@@ -17,7 +17,7 @@
 
 pub(crate) mod local;
 pub(crate) mod mem;
-mod shm_ring;
+pub(crate) mod shm_ring;
 pub(crate) mod view;
 pub(crate) mod wire;
 pub(crate) mod wqe;

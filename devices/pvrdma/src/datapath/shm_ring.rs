@@ -400,8 +400,10 @@ impl std::fmt::Display for ShmRing {
     }
 }
 
-/// A memfd of `size` bytes, sealed with `seals` (none: `0`).
-fn memfd(size: usize, seals: libc::c_int) -> std::io::Result<File> {
+/// A memfd of `size` bytes, sealed with `seals` (none: `0`): a ring's,
+/// and the simulated driver's guest memory (`share_memory=on` hands it to
+/// peers, who refuse it unsealed).
+pub(crate) fn memfd(size: usize, seals: libc::c_int) -> std::io::Result<File> {
     use std::os::fd::FromRawFd;
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: memfd_create with a NUL-terminated name and flags only.

@@ -231,16 +231,7 @@ mod tests {
     /// A memfd of `size` bytes with `seals`, and a descriptor of it as
     /// `read_only` makes it.
     fn memfd(size: u64, seals: libc::c_int) -> (File, File) {
-        use std::os::fd::FromRawFd;
-        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
-        // SAFETY: memfd_create with a NUL-terminated name and flags only.
-        let fd = unsafe { libc::memfd_create(c"view-test".as_ptr(), flags) };
-        assert!(fd >= 0);
-        // SAFETY: just returned, owned by nobody else.
-        let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(size).unwrap();
-        // SAFETY: F_ADD_SEALS with flags only.
-        assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, seals) }, 0);
+        let file = super::super::shm_ring::memfd(size as usize, seals).unwrap();
         let ro = read_only(&file).unwrap();
         (file, ro)
     }
