@@ -31,7 +31,7 @@ use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
-use crate::sgl::{gather, locate, scatter, sge_total};
+use crate::sgl::{gather, locate, push_run, scatter, sge_total};
 use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
@@ -710,12 +710,8 @@ impl Qp {
                 let mr = &*io.mr;
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
                 let find = |runs: &mut Vec<Run>| {
-                    let mut push = |at, len| {
-                        runs.push(Run { at, len });
-                        Ok(())
-                    };
+                    let mut push = |at, len| push_run(runs, at, len);
                     mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
-                        && runs.len() <= crate::packet::MAX_RUNS
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);
                 let runs = &mut self.runs;

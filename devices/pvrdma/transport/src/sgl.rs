@@ -115,20 +115,24 @@ pub fn locate(
     walk(sges, off, len, |sge, iova, r| {
         let n = r.len();
         check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
-        mr.locate(sge.lkey, iova, n, &mut |at, len| {
-            // A run follows the one before in the view: one run.
-            let full = runs.len() >= MAX_RUNS;
-            match runs.last_mut() {
-                Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
-                    last.len = last.len.checked_add(len).ok_or(MemError)?;
-                }
-                _ if full => return Err(MemError),
-                _ => runs.push(Run { at, len }),
-            }
-            Ok(())
-        })?;
+        mr.locate(sge.lkey, iova, n, &mut |at, len| push_run(runs, at, len))?;
         Ok(())
     })
+}
+
+/// Appends the run of `len` bytes at `at` to `runs`, as part of the last
+/// one where it follows it in the view; an error where that would make
+/// more than [`MAX_RUNS`].
+pub fn push_run(runs: &mut Vec<Run>, at: u64, len: u32) -> Result<(), MemError> {
+    let full = runs.len() >= MAX_RUNS;
+    match runs.last_mut() {
+        Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
+            last.len = last.len.checked_add(len).ok_or(MemError)?;
+        }
+        _ if full => return Err(MemError),
+        _ => runs.push(Run { at, len }),
+    }
+    Ok(())
 }
 
 /// Reads `out.len()` message bytes at offset `off` from the SGE list
