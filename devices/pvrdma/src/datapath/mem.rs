@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use rdma_transport::packet::Payload;
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
 use std::ops::Range;
 
@@ -42,6 +43,30 @@ const fn index(key: u32) -> u32 {
     key >> 8
 }
 
+/// The regions of guest memory, the last one found remembered: the
+/// pieces of one access nearly always lie in the region of the piece
+/// before, where a lookup is a search of the region list.
+struct Regions<'m, P: GuestMemoryBackend + ?Sized> {
+    phys: &'m P,
+    last: Option<&'m P::R>,
+}
+
+impl<'m, P: GuestMemoryBackend + ?Sized> Regions<'m, P> {
+    fn new(phys: &'m P) -> Self {
+        Self { phys, last: None }
+    }
+
+    /// The region holding `gpa`.
+    fn at(&mut self, gpa: GuestAddress) -> Option<&'m P::R> {
+        if let Some(r) = self.last.filter(|r| r.to_region_addr(gpa).is_some()) {
+            return Some(r);
+        }
+        let r = self.phys.find_region(gpa)?;
+        self.last = Some(r);
+        Some(r)
+    }
+}
+
 /// Calls `f(slice, range of buf)` for the guest memory of
 /// `[gpa, gpa + range.len())`, one slice per region it lies in (nearly
 /// always one): one region lookup per guest-contiguous piece, where
@@ -49,7 +74,7 @@ const fn index(key: u32) -> u32 {
 /// for each call, which cost more than the lookup (callgrind, see
 /// docs/benchmarks.md). Fails where the piece leaves guest memory.
 fn spans<P: GuestMemoryBackend + ?Sized>(
-    phys: &P,
+    regions: &mut Regions<'_, P>,
     gpa: GuestAddress,
     range: Range<usize>,
     mut f: impl FnMut(
@@ -60,7 +85,7 @@ fn spans<P: GuestMemoryBackend + ?Sized>(
     let mut at = gpa;
     let mut start = range.start;
     while start < range.end {
-        let region = phys.find_region(at).ok_or(MemError)?;
+        let region = regions.at(at).ok_or(MemError)?;
         let off = region.to_region_addr(at).ok_or(MemError)?;
         let room = region.len().checked_sub(off.raw_value()).ok_or(MemError)?;
         let left = range.end.checked_sub(start).ok_or(MemError)?;
@@ -76,39 +101,37 @@ fn spans<P: GuestMemoryBackend + ?Sized>(
     Ok(())
 }
 
+/// Calls `f(gpa, range of buf)` for each guest-contiguous piece of
+/// `[iova, iova + len)` of `mr`: one per run of pages that follow each
+/// other in guest-physical memory, not one per page.
+fn pieces(
+    mr: &Mr,
+    iova: u64,
+    len: usize,
+    mut f: impl FnMut(GuestAddress, Range<usize>) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let mut done = 0usize;
+    while done < len {
+        let at = iova
+            .checked_add(u64::try_from(done).map_err(|_| MemError)?)
+            .ok_or(MemError)?;
+        let left = len.checked_sub(done).ok_or(MemError)?;
+        let want = u64::try_from(left).map_err(|_| MemError)?;
+        let (gpa, room) = mr.translate(at, want).ok_or(MemError)?;
+        let n = usize::try_from(room).unwrap_or(usize::MAX).min(left);
+        if n == 0 {
+            return Err(MemError);
+        }
+        let end = done.checked_add(n).ok_or(MemError)?;
+        f(GuestAddress(gpa), done..end)?;
+        done = end;
+    }
+    Ok(())
+}
+
 impl<M: GuestMemory> GuestMrs<'_, M> {
     fn mr(&self, key: u32) -> Option<&Mr> {
         self.mrs.get(&index(key)).filter(|mr| mr.key == key)
-    }
-
-    /// Calls `f(gpa, range of buf)` for each guest-contiguous piece of
-    /// `[iova, iova + len)` of MR `key`: one per run of pages that follow
-    /// each other in guest-physical memory, not one per page.
-    fn pieces(
-        &self,
-        key: u32,
-        iova: u64,
-        len: usize,
-        mut f: impl FnMut(GuestAddress, Range<usize>) -> Result<(), MemError>,
-    ) -> Result<(), MemError> {
-        let mr = self.mr(key).ok_or(MemError)?;
-        let mut done = 0usize;
-        while done < len {
-            let at = iova
-                .checked_add(u64::try_from(done).map_err(|_| MemError)?)
-                .ok_or(MemError)?;
-            let left = len.checked_sub(done).ok_or(MemError)?;
-            let want = u64::try_from(left).map_err(|_| MemError)?;
-            let (gpa, room) = mr.translate(at, want).ok_or(MemError)?;
-            let n = usize::try_from(room).unwrap_or(usize::MAX).min(left);
-            if n == 0 {
-                return Err(MemError);
-            }
-            let end = done.checked_add(n).ok_or(MemError)?;
-            f(GuestAddress(gpa), done..end)?;
-            done = end;
-        }
-        Ok(())
     }
 }
 
@@ -118,10 +141,11 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
     }
 
     fn read(&self, key: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        let phys = self.mem.physical_memory().ok_or(MemError)?;
+        let mr = self.mr(key).ok_or(MemError)?;
+        let mut regions = Regions::new(self.mem.physical_memory().ok_or(MemError)?);
         let len = buf.len();
-        self.pieces(key, iova, len, |gpa, range| {
-            spans(phys, gpa, range, |slice, range| {
+        pieces(mr, iova, len, |gpa, range| {
+            spans(&mut regions, gpa, range, |slice, range| {
                 let dst = buf.get_mut(range).ok_or(MemError)?;
                 if slice.copy_to(dst) == dst.len() {
                     Ok(())
@@ -133,18 +157,33 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
     }
 
     fn write(&mut self, key: u32, iova: u64, data: &[u8]) -> Result<(), MemError> {
-        let phys = self.mem.physical_memory().ok_or(MemError)?;
-        self.pieces(key, iova, data.len(), |gpa, range| {
-            spans(phys, gpa, range, |slice, range| {
-                let src = data.get(range).ok_or(MemError)?;
-                if src.len() != slice.len() {
-                    return Err(MemError);
-                }
-                // Marks the slice's pages in the region's dirty bitmap.
-                slice.copy_from(src);
-                Ok(())
-            })
-        })
+        self.write_payload(key, iova, Payload::from(data))
+    }
+
+    /// One MR lookup for all of the payload's pieces (a described
+    /// record's runs, one per page of the sender's memory where its pages
+    /// are scattered), and one region lookup for as long as they stay in
+    /// a region.
+    fn write_payload(&mut self, key: u32, iova: u64, data: Payload<'_>) -> Result<(), MemError> {
+        let mr = self.mr(key).ok_or(MemError)?;
+        let mut regions = Regions::new(self.mem.physical_memory().ok_or(MemError)?);
+        let mut at = iova;
+        for piece in data.pieces() {
+            pieces(mr, at, piece.len(), |gpa, range| {
+                spans(&mut regions, gpa, range, |slice, range| {
+                    let src = piece.get(range).ok_or(MemError)?;
+                    if src.len() != slice.len() {
+                        return Err(MemError);
+                    }
+                    // Marks the slice's pages in the region's dirty bitmap.
+                    slice.copy_from(src);
+                    Ok(())
+                })
+            })?;
+            let n = u64::try_from(piece.len()).map_err(|_| MemError)?;
+            at = at.checked_add(n).ok_or(MemError)?;
+        }
+        Ok(())
     }
 
     /// Offsets into the memfd behind guest memory (the view peers map):
@@ -156,9 +195,10 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
         len: usize,
         f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
     ) -> Result<(), MemError> {
-        let phys = self.mem.physical_memory().ok_or(MemError)?;
-        self.pieces(key, iova, len, |gpa, range| {
-            let region = phys.find_region(gpa).ok_or(MemError)?;
+        let mr = self.mr(key).ok_or(MemError)?;
+        let mut regions = Regions::new(self.mem.physical_memory().ok_or(MemError)?);
+        pieces(mr, iova, len, |gpa, range| {
+            let region = regions.at(gpa).ok_or(MemError)?;
             let off = gpa.0.checked_sub(region.start_addr().0).ok_or(MemError)?;
             let n = u64::try_from(range.len()).map_err(|_| MemError)?;
             if off.checked_add(n).is_none_or(|end| end > region.len()) {
@@ -209,11 +249,16 @@ mod tests {
         let mem = two_regions();
         let data: Vec<u8> = (0..0x2000u32).map(|i| i as u8).collect();
         let mut seen = Vec::new();
-        spans(&mem, GuestAddress(0x1000), 0..0x2000, |slice, range| {
-            seen.push(range.clone());
-            slice.copy_from(&data[range]);
-            Ok(())
-        })
+        spans(
+            &mut Regions::new(&mem),
+            GuestAddress(0x1000),
+            0..0x2000,
+            |slice, range| {
+                seen.push(range.clone());
+                slice.copy_from(&data[range]);
+                Ok(())
+            },
+        )
         .unwrap();
         assert_eq!(seen, [0..0x1000, 0x1000..0x2000]);
         let mut back = vec![0u8; 0x2000];
@@ -221,8 +266,26 @@ mod tests {
         assert_eq!(back, data);
 
         // Past the end of guest memory, and wholly outside it.
-        assert!(spans(&mem, GuestAddress(0x3000), 0..0x2000, |_, _| Ok(())).is_err());
-        assert!(spans(&mem, GuestAddress(0x4000), 0..1, |_, _| Ok(())).is_err());
-        assert!(spans(&mem, GuestAddress(u64::MAX), 0..2, |_, _| Ok(())).is_err());
+        assert!(spans(
+            &mut Regions::new(&mem),
+            GuestAddress(0x3000),
+            0..0x2000,
+            |_, _| Ok(())
+        )
+        .is_err());
+        assert!(spans(
+            &mut Regions::new(&mem),
+            GuestAddress(0x4000),
+            0..1,
+            |_, _| Ok(())
+        )
+        .is_err());
+        assert!(spans(
+            &mut Regions::new(&mem),
+            GuestAddress(u64::MAX),
+            0..2,
+            |_, _| Ok(())
+        )
+        .is_err());
     }
 }
