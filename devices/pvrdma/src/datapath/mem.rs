@@ -3,10 +3,11 @@
 //! session's MRs and guest memory).
 //!
 //! Every byte the data path writes into guest memory (received payloads,
-//! READ responses, atomic results) goes through [`GuestMrs::write`], and
-//! so through a region's `VolatileSlice::copy_from`, which marks the pages
-//! in the dirty bitmap migration reads. CQEs and ring indices go through the
-//! rings, which write the same way.
+//! READ responses, atomic results) goes through `GuestMrs::write_payload`
+//! (`write` is a payload of one piece), and so through a region's
+//! `VolatileSlice::copy_from`, which marks the pages in the dirty bitmap
+//! migration reads. CQEs go through the rings, which write the same way,
+//! and ring indices through vm-memory's `store`, which marks them too.
 #![deny(
     clippy::unwrap_used,
     clippy::expect_used,
