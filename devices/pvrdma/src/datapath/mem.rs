@@ -20,6 +20,7 @@ use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::local::{LocalChannel, SETTLE_WAIT};
+use crate::namespace::mr_index;
 use crate::objects::mr::Mr;
 
 /// The MRs of one session over guest memory.
@@ -32,14 +33,9 @@ pub(crate) struct GuestMrs<'a, M> {
     pub(crate) local: Option<&'a LocalChannel>,
 }
 
-/// The MR index of a key (lkey = rkey = `index << 8 | key byte`).
-const fn index(key: u32) -> u32 {
-    key >> 8
-}
-
 impl<M: GuestMemory> GuestMrs<'_, M> {
     fn mr(&self, key: u32) -> Option<&Mr> {
-        self.mrs.get(&index(key)).filter(|mr| mr.key == key)
+        self.mrs.get(&mr_index(key)).filter(|mr| mr.key == key)
     }
 
     /// Calls `f(gpa, range of buf)` for each guest-contiguous piece of
@@ -120,20 +116,20 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
 
     fn invalidate(&mut self, key: u32, pd: u32) -> bool {
         if let Some(local) = self.local {
-            local.settle(SETTLE_WAIT);
+            local.settle(mr_index(key), SETTLE_WAIT);
         }
         self.mrs
-            .get_mut(&index(key))
+            .get_mut(&mr_index(key))
             .is_some_and(|mr| mr.invalidate(key, pd))
     }
 
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool {
         if let Some(local) = self.local {
-            local.settle(SETTLE_WAIT);
+            local.settle(mr_index(fr.key), SETTLE_WAIT);
         }
         let mem = self.mem;
         self.mrs
-            .get_mut(&index(fr.key))
+            .get_mut(&mr_index(fr.key))
             .is_some_and(|mr| mr.fast_reg(mem, fr, pd))
     }
 }
