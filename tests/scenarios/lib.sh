@@ -50,11 +50,19 @@ record() {
   printf '%s\n' "$@" >> "$file"
 }
 
-# wait_for_line FILE ERE SECONDS [PID]: until a line of FILE matches ERE. Fails after SECONDS, or
-# as soon as process PID (the VMM writing FILE) is gone without the line having appeared.
+# A guest console line saying its kernel died: what it waited for will never come.
+KERNEL_CRASH_RE='Oops: |Kernel panic|PANIC: |BUG: unable to handle|general protection fault'
+
+# wait_for_line FILE ERE SECONDS [PID]: until a line of FILE matches ERE. Fails after SECONDS, as
+# soon as process PID (the VMM writing FILE) is gone without the line having appeared, or, for a
+# guest console (*-serial.log), as soon as it shows the guest kernel crashed.
 wait_for_line() {
-  local file=$1 re=$2 deadline=$(($(now_us) + $3 * 1000000)) pid=${4:-}
+  local file=$1 re=$2 deadline=$(($(now_us) + $3 * 1000000)) pid=${4:-} crash
   until grep -qE -- "$re" "$file" 2>/dev/null; do
+    if [[ $file == *-serial.log ]] && crash=$(grep -m1 -E -- "$KERNEL_CRASH_RE" "$file" 2>/dev/null); then
+      log "wait_for_line: no /$re/ in $file: its guest kernel crashed: $crash"
+      return 1
+    fi
     if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
       grep -qE -- "$re" "$file" 2>/dev/null && return 0
       log "wait_for_line: process $pid exited before /$re/ appeared in $file"

@@ -301,8 +301,9 @@ fi
 record nvmeof "target_controllers=$(dmesg | grep -c "nvmet: creating nvm controller .* for NQN $HOSTNQN" || true)"
 
 # Guest to guest: guest T is the target (nvmet-rdma on its own PVRDMA device, tests/guest/nvmet.sh);
-# initiator I1 reaches it over the same-host channel (no RoCE frame on I1's TAP), then I2, whose
-# VMM has local=off, over the bridge (RoCE v2 on both TAPs). Each writes G2G_MIB of the pattern,
+# initiator I1 reaches it over the same-host channel (no RoCE frame on I1's TAP), T and I1 both
+# with share_memory=on (the one-copy path: described records, settled at every fast registration
+# and invalidation), then I2, whose VMM has local=off, over the bridge (RoCE v2 on both TAPs). Each writes G2G_MIB of the pattern,
 # T reports what arrived (then zeroes it), and the initiator reads back and verifies.
 g2g_initiator() { # NAME IP PVRDMA-OPTIONS
   local name=$1 pid_var=pid_$1
@@ -332,7 +333,7 @@ if ((G2G_MIB > 0)); then
   guest_script_disk "$WORK/nvmeof-t-run.img" "HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT MY_IP=$IP_T NQN=$G2G_NQN PORT=$PORT
 SIZE_MIB=$G2G_MIB WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB INITIATORS='i1 i2' LIMIT=$LIMIT CHECK_WAIT=$CHECK_WAIT" \
     "$GUEST_SCRIPTS/nvmet.sh"
-  run_guest nvmeof-t "$WORK/nvmeof-t-run.img" --pvrdma "tap=tapt,mac=$MAC_T"
+  run_guest nvmeof-t "$WORK/nvmeof-t-run.img" --pvrdma "tap=tapt,mac=$MAC_T,share_memory=on"
   pid_t=$VMM_PID
   if wait_for_line "$OUT/nvmeof-t-serial.log" 'NVMET-(READY|FAIL)' "$(remaining)" "$pid_t" &&
     grep -q 'NVMET-READY' "$OUT/nvmeof-t-serial.log"; then
@@ -340,7 +341,7 @@ SIZE_MIB=$G2G_MIB WRITE_MIB=$G2G_MIB CHUNK_MIB=$G2G_CHUNK_MIB INITIATORS='i1 i2'
   else
     : > "$SIG/g2g-failed"
   fi
-  g2g_initiator i1 "$IP_I1" "tap=tapi1,mac=$MAC_I1"
+  g2g_initiator i1 "$IP_I1" "tap=tapi1,mac=$MAC_I1,share_memory=on"
   g2g_initiator i2 "$IP_I2" "tap=tapi2,mac=$MAC_I2,local=off"
   : > "$SIG/g2g-done"
   end_guest t

@@ -150,12 +150,41 @@ impl SerialLog {
         Some(self.markers("GUEST-KERNEL-LOG"))
     }
 
+    /// The first line saying the guest kernel crashed (an oops, a panic, a fault in kernel
+    /// mode: the patterns scenarios/lib.sh's `wait_for_line` stops at) and the `count` lines
+    /// after it, or None. A crash's first lines name its cause; a console's tail shows only
+    /// the loop it ended in.
+    pub fn first_crash(&self, count: usize) -> Option<String> {
+        let lines: Vec<&str> = self.text.lines().collect();
+        let start = lines
+            .iter()
+            .position(|l| KERNEL_CRASH_LINES.iter().any(|p| l.contains(p)))?;
+        Some(
+            lines
+                .iter()
+                .skip(start)
+                .take(count + 1)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    }
+
     /// The last `count` lines, to quote in a failure message.
     pub fn tail(&self, count: usize) -> String {
         let lines: Vec<&str> = self.text.lines().collect();
         lines[lines.len().saturating_sub(count)..].join("\n")
     }
 }
+
+/// Guest console text that says the kernel crashed (scenarios/lib.sh's `KERNEL_CRASH_RE`).
+const KERNEL_CRASH_LINES: [&str; 5] = [
+    "Oops: ",
+    "Kernel panic",
+    "PANIC: ",
+    "BUG: unable to handle",
+    "general protection fault",
+];
 
 /// The value of `key` among the whitespace-separated `key=value` words of `text`.
 pub fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
@@ -268,6 +297,26 @@ mod tests {
             bad.kernel_log(),
             Some(vec!["[ 0.6] WARNING: CPU: 0 at x", "[ 0.6] Call Trace:"])
         );
+    }
+
+    #[test]
+    fn a_crash_is_quoted_from_its_first_line() {
+        let log = SerialLog {
+            text: "GUEST-RUN-START\n[ 30.0] BUG: unable to handle page fault for address: 1fb80\n\
+                   [ 30.0] #PF: supervisor read access in kernel mode\n[ 30.0] RIP: x\n"
+                .to_string(),
+        };
+        assert_eq!(
+            log.first_crash(1).as_deref(),
+            Some(
+                "[ 30.0] BUG: unable to handle page fault for address: 1fb80\n\
+                 [ 30.0] #PF: supervisor read access in kernel mode"
+            )
+        );
+        let clean = SerialLog {
+            text: "[ 0.6] WARNING: CPU: 0 at x\nGUEST-POWEROFF\n".to_string(),
+        };
+        assert_eq!(clean.first_crash(10), None, "a WARNING is not a crash");
     }
 
     #[test]

@@ -216,6 +216,19 @@ pub fn device_counters(vmm_log: &str) -> Option<BTreeMap<String, u64>> {
     )
 }
 
+/// The described records (the one-copy path, `share_memory=on`) the PVRDMA device of the VMM
+/// whose log is `vmm_log` sent, from its exit's counters line (0 if that counter never moved);
+/// `None` without the line (the VMM did not exit, or logged nothing).
+pub fn described_records(vmm_log: &std::path::Path) -> Option<u64> {
+    let log = std::fs::read_to_string(vmm_log).ok()?;
+    Some(
+        device_counters(&log)?
+            .get("roce_local_described")
+            .copied()
+            .unwrap_or(0),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

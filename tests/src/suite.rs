@@ -77,7 +77,8 @@ pub fn kernel_problems<'a>(log: &[&'a str]) -> Vec<&'a str> {
 
 /// Fails unless every guest console of `outcome` (but the files named in `except`, guests that
 /// are not ours) that reached guest/init's kernel check shows no unexpected kernel WARNING, BUG
-/// or Call Trace, and at least one did (a suite whose guests never got there proves nothing).
+/// or Call Trace, at least one did (a suite whose guests never got there proves nothing), and
+/// no console that did not shows a kernel crash (quoted from its first line).
 /// Every suite calls it from a test of its own.
 pub fn expect_clean_guest_kernels(outcome: &Outcome, except: &[&str]) {
     let mut checked = 0;
@@ -90,6 +91,12 @@ pub fn expect_clean_guest_kernels(outcome: &Outcome, except: &[&str]) {
     for path in outcome.serial_logs().into_iter().filter(|p| ours(p)) {
         let log = SerialLog::read(&path).unwrap_or_else(|e| panic!("{e}\n{}", outcome.context()));
         let Some(lines) = log.kernel_log() else {
+            if let Some(crash) = log.first_crash(40) {
+                problems += &format!(
+                    "---- {}: the guest kernel crashed before its check ----\n{crash}\n",
+                    path.display()
+                );
+            }
             continue;
         };
         checked += 1;
@@ -99,7 +106,7 @@ pub fn expect_clean_guest_kernels(outcome: &Outcome, except: &[&str]) {
     }
     assert!(
         checked > 0,
-        "no guest console reached the kernel check (GUEST-KERNEL-CHECK)\n{}",
+        "no guest console reached the kernel check (GUEST-KERNEL-CHECK)\n{problems}{}",
         outcome.context()
     );
     assert!(

@@ -60,6 +60,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
+use e2e::steps::described_records;
 use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
@@ -1111,6 +1112,41 @@ fn guest_to_guest_over_the_same_host_channel() {
     s.expect_initiator_kernel_clean("i1");
     e2e::announce(&format!(
         "nvmeof guest to guest, same-host channel: {G2G_MIB} MiB verified both sides, {figures}"
+    ));
+}
+
+/// Issue 15, the one-copy path under the kernel's ULPs: T and I1 run with `share_memory=on`, so
+/// nvmet-rdma's RDMA READs of I1's buffers and WRITEs into them go as described records (their
+/// payload read from the sender's guest RAM), while nvme-rdma and nvmet-rdma fast-register and
+/// invalidate MRs for every I/O (REG_MR, LOCAL_INV, SEND_WITH_INV each settle the described
+/// records first). Both VMMs sent described records, I2 (`local=off`) none, and neither of the
+/// two logged a warning: a settle that gave up on its peer logs one and drops the ring.
+#[test]
+fn guest_to_guest_shares_memory_over_the_same_host_channel() {
+    let s = suite();
+    let described = |g: &str| {
+        described_records(&s.vmm_log(g)).unwrap_or_else(|| {
+            s.fail(&format!(
+                "the VMM of {g} logged no 'pvrdma: counters:' line (did it exit?)"
+            ))
+        })
+    };
+    let (t, i1, i2) = (described("t"), described("i1"), described("i2"));
+    s.expect(t > 0 && i1 > 0, || {
+        format!(
+            "described records sent: T {t}, I1 {i1}: with share_memory=on on both, nvmet-rdma's \
+             READs and WRITEs took the two-copy path"
+        )
+    });
+    s.expect(i2 == 0, || {
+        format!("I2 (local=off) sent {i2} described records")
+    });
+    let problems = vmm_log_problems(&s.vmm_log("i1")).unwrap_or_else(|e| s.fail(&e.to_string()));
+    s.expect(problems.is_empty(), || {
+        format!("I1's VMM logged:\n{}", problems.join("\n"))
+    });
+    e2e::announce(&format!(
+        "nvmeof guest to guest, one copy: described records sent: T {t}, I1 {i1}"
     ));
 }
 

@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use e2e::results::{field, vmm_log_problems, KeyValues, SerialLog};
-use e2e::steps::{self, device_counters, Party as _, StepChecks, StepRun as Run};
+use e2e::steps::{self, Party as _, StepChecks, StepRun as Run};
 use e2e::suite::{self, Checks, SetupError};
 use e2e::testhost::{Hosts, Outcome};
 
@@ -200,13 +200,11 @@ impl Suite {
     /// The described records (`share_memory=on`'s one-copy path) the PVRDMA device of guest `g`
     /// sent, from the counters its VMM logged at exit (0 when the counter never moved).
     fn described(&self, g: &str) -> u64 {
-        let log = std::fs::read_to_string(self.vmm_log(g)).unwrap_or_default();
-        let counters = device_counters(&log).unwrap_or_else(|| {
+        steps::described_records(&self.vmm_log(g)).unwrap_or_else(|| {
             self.fail(&format!(
                 "the VMM of guest {g} logged no 'pvrdma: counters:' line (did it exit?)"
             ))
-        });
-        counters.get("roce_local_described").copied().unwrap_or(0)
+        })
     }
 
     /// A perftest program between `server` and `client`: both exit 0 and exchanged the peer's

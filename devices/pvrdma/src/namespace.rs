@@ -207,7 +207,8 @@ impl MrKeys {
         }
     }
 
-    /// A new MR: `(index, key)` with key = `index << 8 | key byte`.
+    /// A new MR: `(index, key)` with key = `index << 8 | key byte` (see
+    /// [`mr_index`]).
     pub(crate) fn alloc(&mut self) -> Option<(u32, u32)> {
         let index = self.ids.alloc()?;
         let slot = self.keys.get_mut(usize::try_from(index).ok()?)?;
@@ -218,6 +219,11 @@ impl MrKeys {
     pub(crate) fn free(&mut self, index: u32) -> bool {
         self.ids.free(index)
     }
+}
+
+/// The MR index (its handle) of an lkey or rkey.
+pub(crate) const fn mr_index(key: u32) -> u32 {
+    key >> 8
 }
 
 /// Saved state of the whole namespace. Untrusted on restore.

@@ -33,6 +33,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub mod endpoint;
 pub mod fleet;
 pub mod ib;
+pub mod sharing;
 mod verbs;
 pub use verbs::{PageLayout, RcPath, RC_INIT_MASK, RC_RTR_MASK};
 mod work;

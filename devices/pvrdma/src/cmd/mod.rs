@@ -21,7 +21,7 @@ mod qp_modify;
 
 use std::mem::size_of;
 
-use pvrdma_abi::cmd::{CmdCode, CmdHdr, RespHdr, REQ_SIZE, RESP_SIZE};
+use pvrdma_abi::cmd::{CmdCode, CmdHdr, DestroyMrReq, RespHdr, REQ_SIZE, RESP_SIZE};
 use vm_memory::{ByteValued, GuestMemory};
 
 use crate::datapath::wire::Wire;
@@ -157,14 +157,14 @@ fn dispatch<M: GuestMemory>(
         CmdCode::CreatePd => run(req, |r| ctx::handle_create_pd(cx, r)),
         CmdCode::DestroyPd => run_noop(req, |r| ctx::handle_destroy_pd(cx, r)),
         CmdCode::CreateMr => run(req, |r| mr::handle_create_mr(cx, r)),
-        CmdCode::DestroyMr => {
+        CmdCode::DestroyMr => run_noop(req, |r: &DestroyMrReq| {
             // Its pages are the guest's again once it is gone: peers that
-            // copy from our memory must be done with them first.
+            // copy from them must be done first.
             if let Some(local) = wire.local.as_ref() {
-                local.settle(crate::datapath::local::SETTLE_WAIT);
+                local.settle(r.mr_handle, crate::datapath::local::SETTLE_WAIT);
             }
-            run_noop(req, |r| mr::handle_destroy_mr(cx, r))
-        }
+            mr::handle_destroy_mr(cx, r)
+        }),
         CmdCode::CreateCq => run(req, |r| cq::handle_create_cq(cx, r)),
         CmdCode::ResizeCq => run(req, |r| cq::handle_resize_cq(cx, r)),
         CmdCode::DestroyCq => run_noop(req, |r| cq::handle_destroy_cq(cx, r)),

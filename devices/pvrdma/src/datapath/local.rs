@@ -268,6 +268,16 @@ const ROOM_WAIT: Duration = Duration::from_millis(100);
 pub(crate) const SETTLE_WAIT: Duration = Duration::from_millis(100);
 /// Peers (either direction) beyond which new ones are refused.
 const MAX_PEERS: usize = 256;
+/// The MR of a described record whose MRs are not known (one pushed from
+/// a backlog): it counts as reading from every MR.
+const ANY_MR: u32 = u32::MAX;
+
+/// Whether a consumer whose tail is at `tail` has read past ring position
+/// `end`. Positions only grow; the tail is the peer's say, never ahead
+/// of what we wrote unless it lies (then it only fools itself).
+fn read_past(tail: u64, end: u64) -> bool {
+    tail.wrapping_sub(end) as i64 >= 0
+}
 /// Control messages read per wake-up.
 const CONTROL_BATCH: usize = 64;
 /// Longest a control message (ring hand-over, probe) may wait for room
@@ -417,9 +427,11 @@ struct Peer {
     /// The consumer took the view of our memory: frames with payload go
     /// as described records.
     shares: bool,
-    /// Where the last described record pushed into the ring ends: until
-    /// the consumer's tail passes it, it may still copy from our memory.
-    described_end: Option<u64>,
+    /// Where each described record in the ring ends, oldest first, once
+    /// per MR (index) it reads from, [`ANY_MR`] for one whose MRs are not
+    /// known: until the consumer's tail passes that position, it may still
+    /// copy from the MR.
+    described: VecDeque<(u64, u32)>,
     /// Frames the full ring refused, oldest first.
     backlog: VecDeque<Vec<u8>>,
     /// Their bytes.
@@ -452,6 +464,35 @@ impl Peer {
             self.unanswered = Some((Instant::now(), self.ring.tail()));
         }
         true
+    }
+
+    /// Notes that the record just pushed reads from the MRs (indexes)
+    /// `mrs`, and forgets the records the consumer has read past.
+    fn note_described(&mut self, mrs: impl IntoIterator<Item = u32>) {
+        self.forget_read();
+        let end = self.ring.head();
+        self.described.extend(mrs.into_iter().map(|mr| (end, mr)));
+    }
+
+    /// Forgets the described records the consumer has read past.
+    fn forget_read(&mut self) {
+        let tail = self.ring.tail();
+        while self
+            .described
+            .front()
+            .is_some_and(|&(end, _)| read_past(tail, end))
+        {
+            self.described.pop_front();
+        }
+    }
+
+    /// Whether the consumer may still copy from MR `mr` (an index) for a
+    /// described record of ours.
+    fn reads_from(&self, mr: u32) -> bool {
+        let tail = self.ring.tail();
+        self.described
+            .iter()
+            .any(|&(end, m)| (m == mr || m == ANY_MR) && !read_past(tail, end))
     }
 
     /// Whether the backlog holds all it may.
@@ -491,7 +532,7 @@ impl Peer {
         while let Some(waiting) = self.backlog.front().and_then(|f| self.ring.push(f)) {
             self.owed |= waiting;
             if self.backlog.front().is_some_and(|f| view::is_described(f)) {
-                self.described_end = Some(self.ring.head());
+                self.note_described([ANY_MR]);
             }
             let len = self.backlog.pop_front().map_or(0, |f| f.len());
             self.backlog_bytes = self.backlog_bytes.saturating_sub(len);
@@ -739,7 +780,7 @@ impl LocalChannel {
             offered: Some(Instant::now()),
             instance,
             shares: false,
-            described_end: None,
+            described: VecDeque::new(),
             backlog: VecDeque::new(),
             backlog_bytes: 0,
             since: None,
@@ -894,13 +935,14 @@ impl LocalChannel {
         &self,
         dst_mac: [u8; 6],
         len: usize,
+        mrs: impl IntoIterator<Item = u32>,
         write: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Sent {
         match self.push_with(dst_mac, len, write) {
             InPlace::Pushed => {
                 let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(p) = peers.get_mut(&dst_mac) {
-                    p.described_end = Some(p.ring.head());
+                    p.note_described(mrs);
                 }
                 Sent::Local
             }
@@ -912,17 +954,20 @@ impl LocalChannel {
         }
     }
 
-    /// Waits, up to `wait`, until no peer may still copy from our memory
-    /// for a described record: each has read past the last one we pushed,
-    /// and those still in a backlog are dropped (RC sends them again, from
-    /// the MRs as they are then). Called before an MR goes or changes its
-    /// pages (DESTROY_MR, LOCAL_INV, SEND_WITH_INV, REG_MR), so that
-    /// pages the guest may reuse are not read for it afterwards; without
-    /// `share_memory` there is nothing to wait for. A peer that does not get there in time is forgotten and
-    /// told BYE: it drops the ring, with what is left in it, and its QPs'
-    /// frames from us take the wire until a new ring is offered. Returns
-    /// the peers forgotten.
-    pub(crate) fn settle(&self, wait: Duration) -> usize {
+    /// Waits, up to `wait`, until no peer may still copy from MR `mr` (an
+    /// index) for a described record: each has read past those of ours
+    /// that read from it, and described records still in a backlog (whose
+    /// MRs are not noted) are dropped (RC sends them again, from the MRs
+    /// as they are then). Called before an MR goes or changes its pages
+    /// (DESTROY_MR, LOCAL_INV, SEND_WITH_INV, REG_MR), so that pages the
+    /// guest may reuse are not read for it afterwards; without
+    /// `share_memory`, or with no record of that MR unread (the usual
+    /// case: a ULP changes an MR once the transfers from it completed),
+    /// there is nothing to wait for. A peer that does not get there in
+    /// time is forgotten and told BYE: it drops the ring, with what is
+    /// left in it, and its QPs' frames from us take the wire until a new
+    /// ring is offered. Returns the peers forgotten.
+    pub(crate) fn settle(&self, mr: u32, wait: Duration) -> usize {
         if self.view.is_none() {
             return 0;
         }
@@ -934,24 +979,21 @@ impl LocalChannel {
                 p.backlog_bytes = p.backlog.iter().map(Vec::len).sum();
             }
         }
+        if !peers.values().any(|p| p.reads_from(mr)) {
+            return 0;
+        }
         // Called inside the worker's run, before its kicks: a peer that went
         // to sleep would sleep through the wait and be dropped.
         for p in peers.values_mut() {
             p.notify();
         }
         let start = Instant::now();
-        let read = |p: &Peer| {
-            // Positions only grow; the tail is the peer's say, never ahead
-            // of what we wrote unless it lies (then it only fools itself).
-            p.described_end
-                .is_none_or(|end| p.ring.tail().wrapping_sub(end) as i64 >= 0)
-        };
-        while !peers.values().all(read) && start.elapsed() < wait {
+        while peers.values().any(|p| p.reads_from(mr)) && start.elapsed() < wait {
             std::thread::yield_now();
         }
         let stuck: Vec<[u8; 6]> = peers
             .iter()
-            .filter(|(_, p)| !read(p))
+            .filter(|(_, p)| p.reads_from(mr))
             .map(|(mac, _)| *mac)
             .collect();
         let bye = control(BYE, 0, self.mac, self.inode);
@@ -965,7 +1007,7 @@ impl LocalChannel {
             }
         }
         for p in peers.values_mut() {
-            p.described_end = None;
+            p.forget_read();
         }
         stuck.len()
     }
@@ -2128,11 +2170,12 @@ mod tests {
 
     const MAX_RUNS_PLUS: usize = rdma_transport::packet::MAX_RUNS + 1;
 
-    /// `settle` (before DESTROY_MR) waits until the peer has read past the
-    /// last described record; a peer that does not within the wait is
+    /// `settle` (before an MR goes or changes its pages) waits until the
+    /// peer has read past the described records that read from that MR,
+    /// not for those of other MRs; a peer that does not within the wait is
     /// dropped, and told BYE, so that it never copies from the record.
     #[test]
-    fn settling_waits_for_the_peer_to_read_described_records() {
+    fn settling_waits_for_the_peer_to_read_described_records_of_the_mr() {
         let dir = std::env::temp_dir().join(format!("pvrdma-local-st-{}", std::process::id()));
         let ro = || Some(guest_ram(b"", SEALED).1);
         let (a, b, shares) = sharing(&dir, 7, ro(), ro());
@@ -2147,16 +2190,27 @@ mod tests {
             out.copy_from_slice(&rec);
             true
         };
-        assert_eq!(a.settle(Duration::ZERO), 0, "nothing described yet");
-        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
-        // B reads it 30 ms later: A waits for that.
+        const MR: u32 = 5;
+        assert_eq!(a.settle(MR, Duration::ZERO), 0, "nothing described yet");
+        assert_eq!(
+            a.send_described(mb, rec.len(), [MR, 9], &mut write),
+            Sent::Local
+        );
+        // An MR the record does not read from: no wait, nobody dropped.
         let t0 = Instant::now();
+        assert_eq!(a.settle(6, Duration::from_secs(5)), 0);
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "waited for another MR's record"
+        );
+        assert!(a.has_ring(mb));
+        // B reads it 30 ms later: A waits for that, for either of its MRs.
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(30));
                 assert_eq!(recv(&b, 8, Wake::Ring).len(), 1);
             });
-            assert_eq!(a.settle(Duration::from_secs(5)), 0);
+            assert_eq!(a.settle(9, Duration::from_secs(5)), 0);
             assert!(t0.elapsed() >= Duration::from_millis(30), "did not wait");
         });
         // B went to sleep: the settle kicks it (it runs inside the worker's
@@ -2165,18 +2219,24 @@ mod tests {
         let (kicks, mut watched) = (Kicks::new(), 0);
         kicks.follow(&b, &mut watched);
         kicks.wait(0);
-        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
+        assert_eq!(
+            a.send_described(mb, rec.len(), [MR], &mut write),
+            Sent::Local
+        );
         std::thread::scope(|s| {
             s.spawn(|| {
                 assert_eq!(kicks.wait(2000), 1, "B slept through the settle");
                 assert_eq!(recv(&b, 8, Wake::Ring).len(), 1);
             });
-            assert_eq!(a.settle(Duration::from_secs(1)), 0);
+            assert_eq!(a.settle(MR, Duration::from_secs(1)), 0);
         });
         // B does not read: A gives up on it after the wait, and B, told
         // BYE, drops the ring with the record unread.
-        assert_eq!(a.send_described(mb, rec.len(), &mut write), Sent::Local);
-        assert_eq!(a.settle(Duration::from_millis(20)), 1);
+        assert_eq!(
+            a.send_described(mb, rec.len(), [MR], &mut write),
+            Sent::Local
+        );
+        assert_eq!(a.settle(MR, Duration::from_millis(20)), 1);
         assert!(!a.has_ring(mb));
         assert!(recv(&b, 8, Wake::Socket).is_empty(), "read after the BYE");
         drop((a, b));

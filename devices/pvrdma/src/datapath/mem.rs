@@ -16,17 +16,17 @@
 )]
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use rdma_transport::packet::Payload;
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
-use std::ops::Range;
-
 use vm_memory::bitmap::BS;
 use vm_memory::{
     Address, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion, VolatileSlice,
 };
 
 use super::local::{LocalChannel, SETTLE_WAIT};
+use crate::namespace::mr_index;
 use crate::objects::mr::Mr;
 
 /// The MRs of one session over guest memory.
@@ -37,11 +37,6 @@ pub(crate) struct GuestMrs<'a, M> {
     /// (`share_memory`): an MR is unmapped (LOCAL_INV, SEND_WITH_INV) or
     /// remapped (REG_MR) only once they are done, as at DESTROY_MR.
     pub(crate) local: Option<&'a LocalChannel>,
-}
-
-/// The MR index of a key (lkey = rkey = `index << 8 | key byte`).
-const fn index(key: u32) -> u32 {
-    key >> 8
 }
 
 /// The regions of guest memory, the last one found remembered: the
@@ -132,7 +127,7 @@ fn pieces(
 
 impl<M: GuestMemory> GuestMrs<'_, M> {
     fn mr(&self, key: u32) -> Option<&Mr> {
-        self.mrs.get(&index(key)).filter(|mr| mr.key == key)
+        self.mrs.get(&mr_index(key)).filter(|mr| mr.key == key)
     }
 }
 
@@ -213,20 +208,20 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
 
     fn invalidate(&mut self, key: u32, pd: u32) -> bool {
         if let Some(local) = self.local {
-            local.settle(SETTLE_WAIT);
+            local.settle(mr_index(key), SETTLE_WAIT);
         }
         self.mrs
-            .get_mut(&index(key))
+            .get_mut(&mr_index(key))
             .is_some_and(|mr| mr.invalidate(key, pd))
     }
 
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool {
         if let Some(local) = self.local {
-            local.settle(SETTLE_WAIT);
+            local.settle(mr_index(fr.key), SETTLE_WAIT);
         }
         let mem = self.mem;
         self.mrs
-            .get_mut(&index(fr.key))
+            .get_mut(&mr_index(fr.key))
             .is_some_and(|mr| mr.fast_reg(mem, fr, pd))
     }
 }

@@ -20,13 +20,15 @@ use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
     RoceVersion,
 };
-use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr, Run};
+use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr};
+use rdma_transport::sgl::Located;
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::local::{InPlace, LocalChannel, Sent};
 use super::view;
 use crate::metrics::Metrics;
+use crate::namespace::mr_index;
 use crate::objects::gid::{Gid, GidTable};
 
 /// Received frames waiting for the worker: beyond this, frames are
@@ -255,18 +257,20 @@ impl PacketSink for Frames<'_> {
     fn send_described(
         &mut self,
         len: usize,
-        runs: &[Run],
+        located: &Located,
         payload_len: usize,
         write: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> bool {
         let Some((local, mac, metrics)) = self.same_host.filter(|_| self.shares) else {
             return false;
         };
+        let runs = &located.runs;
         let Some(record_len) = view::described_len(len, runs.len()) else {
             return false;
         };
         let mut record = |out: &mut [u8]| view::write_described(out, runs, payload_len, write);
-        match local.send_described(mac, record_len, &mut record) {
+        let mrs = located.keys.iter().map(|&k| mr_index(k));
+        match local.send_described(mac, record_len, mrs, &mut record) {
             Sent::Local => {
                 metrics.roce_local_tx.inc();
                 metrics.roce_local_described.inc();

@@ -26,12 +26,12 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet, Payload, Run};
+use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet, Payload};
 use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
-use crate::sgl::{gather, locate, push_run, scatter, sge_total};
+use crate::sgl::{gather, locate, scatter, sge_total, Located};
 use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
@@ -225,10 +225,10 @@ pub struct Qp {
     /// device flushes after every run of packets, under the lock a save
     /// takes.
     owed_ack: Option<Headers>,
-    /// The runs of the segment being described ([`send_frame`]), kept
+    /// Where the segment being described lies ([`send_frame`]), kept
     /// between segments so that describing one allocates nothing; not
     /// saved: empty between calls.
-    runs: Vec<Run>,
+    located: Located,
     /// Transport counters.
     pub metrics: Metrics,
 }
@@ -291,7 +291,7 @@ fn head(sq: &VecDeque<Slot>) -> Option<(CompWqe, &Slot)> {
 /// copied once, from its MR to the ring). Towards a peer that maps our
 /// memory ([`PacketSink::shares_memory`]) it sends the headers and the
 /// runs `locate` finds instead, where it finds them all: the peer copies
-/// the payload from our memory, its only copy. `runs` is scratch space
+/// the payload from our memory, its only copy. `located` is scratch space
 /// (the QP's), cleared before use.
 fn send_frame(
     net: &mut dyn PacketSink,
@@ -299,14 +299,14 @@ fn send_frame(
     hdrs: &Headers,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]) -> bool,
-    (runs, locate): (&mut Vec<Run>, impl FnOnce(&mut Vec<Run>) -> bool),
+    (located, locate): (&mut Located, impl FnOnce(&mut Located) -> bool),
 ) -> Result<(), BuildError> {
     if payload_len > 0 && net.shares_memory() {
-        runs.clear();
-        if locate(runs) {
+        located.clear();
+        if locate(located) {
             let len = frame_len(addr, hdrs, 0)?;
             let mut built = Ok(());
-            let sent = net.send_described(len, runs, payload_len, &mut |frame| {
+            let sent = net.send_described(len, located, payload_len, &mut |frame| {
                 built = write_unsealed(frame, addr, hdrs, 0, |_| true);
                 built.is_ok()
             });
@@ -339,7 +339,7 @@ fn emit(net: &mut dyn PacketSink, addr: &Addr, h: &Headers, payload: &[u8]) {
             dst.copy_from_slice(payload);
             true
         },
-        (&mut Vec::new(), |_| false),
+        (&mut Located::default(), |_| false),
     );
 }
 
@@ -365,7 +365,7 @@ impl Qp {
             error: false,
             segment: 0,
             owed_ack: None,
-            runs: Vec::new(),
+            located: Located::default(),
             metrics: Metrics::default(),
         }
     }
@@ -416,7 +416,7 @@ impl Qp {
             error: state.error,
             segment: 0,
             owed_ack: None,
-            runs: Vec::new(),
+            located: Located::default(),
             metrics: state.metrics,
         };
         if outstanding && !qp.error && !qp.attrs.ud {
@@ -709,13 +709,13 @@ impl Qp {
                 // covers.
                 let mr = &*io.mr;
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
-                let find = |runs: &mut Vec<Run>| {
-                    let mut push = |at, len| push_run(runs, at, len);
+                let find = |out: &mut Located| {
+                    let mut push = |at, len| out.push(r.rkey, at, len);
                     mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);
-                let runs = &mut self.runs;
-                let _ = send_frame(io.net, addr, &r.hdrs, len, fill, (runs, find));
+                let located = &mut self.located;
+                let _ = send_frame(io.net, addr, &r.hdrs, len, fill, (located, find));
                 true
             } else {
                 self.comp.rnr_until.is_none() && self.send_one(now, io)
@@ -810,8 +810,8 @@ impl Qp {
                     &hdrs,
                     len,
                     |dst| gather(mr, pd, sges, payload_off, dst).is_ok(),
-                    (&mut self.runs, |runs: &mut Vec<Run>| {
-                        locate(mr, pd, sges, payload_off, len, runs).is_ok()
+                    (&mut self.located, |out: &mut Located| {
+                        locate(mr, pd, sges, payload_off, len, out).is_ok()
                     }),
                 ) {
                     Ok(()) => {}

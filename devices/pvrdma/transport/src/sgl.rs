@@ -100,9 +100,44 @@ pub fn scatter(
     Ok(())
 }
 
-/// Appends to `runs` where message bytes `[off, off + len)` of the SGE
+/// Where a payload lies in the memory the peer maps: its runs, and the
+/// keys of the MRs they are in (before one of those MRs changes, the
+/// device waits until no peer may still read the payload from it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Located {
+    pub runs: Vec<Run>,
+    /// Each key once, in the order first met.
+    pub keys: Vec<u32>,
+}
+
+impl Located {
+    pub fn clear(&mut self) {
+        self.runs.clear();
+        self.keys.clear();
+    }
+
+    /// Appends the run of `len` bytes at `at`, in MR `key`: as part of the
+    /// last run where it follows it in the view; an error where that would
+    /// make more than [`MAX_RUNS`].
+    pub fn push(&mut self, key: u32, at: u64, len: u32) -> Result<(), MemError> {
+        let full = self.runs.len() >= MAX_RUNS;
+        match self.runs.last_mut() {
+            Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
+                last.len = last.len.checked_add(len).ok_or(MemError)?;
+            }
+            _ if full => return Err(MemError),
+            _ => self.runs.push(Run { at, len }),
+        }
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+        }
+        Ok(())
+    }
+}
+
+/// Appends to `out` where message bytes `[off, off + len)` of the SGE
 /// list lie in the memory the peer maps ([`MrTable::locate`]), after the
-/// checks [`gather`] makes; an error, and `runs` to be ignored, where
+/// checks [`gather`] makes; an error, and `out` to be ignored, where
 /// they are refused or take more than [`MAX_RUNS`].
 pub fn locate(
     mr: &dyn MrTable,
@@ -110,29 +145,16 @@ pub fn locate(
     sges: &[Sge],
     off: u32,
     len: usize,
-    runs: &mut Vec<Run>,
+    out: &mut Located,
 ) -> Result<(), SglError> {
     walk(sges, off, len, |sge, iova, r| {
         let n = r.len();
         check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
-        mr.locate(sge.lkey, iova, n, &mut |at, len| push_run(runs, at, len))?;
+        mr.locate(sge.lkey, iova, n, &mut |at, len| {
+            out.push(sge.lkey, at, len)
+        })?;
         Ok(())
     })
-}
-
-/// Appends the run of `len` bytes at `at` to `runs`, as part of the last
-/// one where it follows it in the view; an error where that would make
-/// more than [`MAX_RUNS`].
-pub fn push_run(runs: &mut Vec<Run>, at: u64, len: u32) -> Result<(), MemError> {
-    let full = runs.len() >= MAX_RUNS;
-    match runs.last_mut() {
-        Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
-            last.len = last.len.checked_add(len).ok_or(MemError)?;
-        }
-        _ if full => return Err(MemError),
-        _ => runs.push(Run { at, len }),
-    }
-    Ok(())
 }
 
 /// Reads `out.len()` message bytes at offset `off` from the SGE list
@@ -211,22 +233,27 @@ mod tests {
         let m = Mem(view.clone());
         let sge = |addr, len| Sge { addr, len, lkey: 1 };
         let sges = [sge(10, 3), sge(13, 2), sge(30, 5)];
-        let mut runs = Vec::new();
-        locate(&m, 0, &sges, 1, 6, &mut runs).unwrap();
+        let mut found = Located::default();
+        locate(&m, 0, &sges, 1, 6, &mut found).unwrap();
         // 11..15 is one run (two SGEs that follow each other), then 30..32.
-        assert_eq!(runs, [Run { at: 11, len: 4 }, Run { at: 30, len: 2 }]);
-        let payload = Payload::runs(&view, &runs, 64).unwrap();
+        let runs = &found.runs;
+        assert_eq!(runs, &[Run { at: 11, len: 4 }, Run { at: 30, len: 2 }]);
+        assert_eq!(found.keys, [1], "each MR's key once");
+        let payload = Payload::runs(&view, runs, 64).unwrap();
         assert_eq!(payload.len(), 6);
         let mut dst = Mem(vec![0; 64]);
         scatter(&mut dst, 0, &[sge(40, 8)], 1, payload).unwrap();
         assert_eq!(&dst.0[40..48], &[0, 11, 12, 13, 14, 30, 31, 0]);
         // Gather's checks: bounds, and a key of another PD.
-        assert!(locate(&m, 0, &[sge(60, 8)], 0, 8, &mut Vec::new()).is_err());
-        assert!(locate(&m, 1, &sges, 0, 4, &mut Vec::new()).is_err());
+        assert!(locate(&m, 0, &[sge(60, 8)], 0, 8, &mut Located::default()).is_err());
+        assert!(locate(&m, 1, &sges, 0, 4, &mut Located::default()).is_err());
         // More than MAX_RUNS runs: refused, the caller copies instead.
         let scattered: Vec<Sge> = (0..MAX_SGE as u64).map(|i| sge(i * 2, 1)).collect();
-        assert!(locate(&m, 0, &scattered, 0, MAX_SGE, &mut Vec::new()).is_ok());
-        let mut many = vec![Run { at: 0, len: 1 }; MAX_RUNS];
+        assert!(locate(&m, 0, &scattered, 0, MAX_SGE, &mut Located::default()).is_ok());
+        let mut many = Located {
+            runs: vec![Run { at: 0, len: 1 }; MAX_RUNS],
+            keys: Vec::new(),
+        };
         assert!(locate(&m, 0, &[sge(2, 1)], 0, 1, &mut many).is_err());
     }
 

@@ -370,13 +370,14 @@ pub trait PacketSink {
     }
 
     /// Sends a frame of `len` bytes that `write` writes in place, built
-    /// for an empty payload, that stands for the `payload_len` bytes of
-    /// `runs` (from [`MrTable::locate`]); false, and nothing sent, when it
-    /// cannot (the caller then sends the payload itself).
+    /// for an empty payload, that stands for the `payload_len` bytes
+    /// `located` (runs from [`MrTable::locate`], in the MRs of its keys);
+    /// false, and nothing sent, when it cannot (the caller then sends the
+    /// payload itself).
     fn send_described(
         &mut self,
         _len: usize,
-        _runs: &[crate::packet::Run],
+        _located: &crate::sgl::Located,
         _payload_len: usize,
         _write: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> bool {
