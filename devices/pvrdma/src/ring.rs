@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use pvrdma_abi::ring::{RingGeometry, CONS_HEAD_OFFSET, PROD_TAIL_OFFSET};
 use pvrdma_abi::{PAGE_SHIFT, PAGE_SIZE};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryError};
+use vm_memory::bitmap::BS;
+use vm_memory::{
+    ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryError,
+    GuestMemoryRegion, VolatileSlice,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RingError {
@@ -153,13 +157,49 @@ impl Ring {
         let addr = self.entry(idx).ok_or(RingError::BadIndex(idx))?;
         let len = buf.len().min(self.stride as usize);
         let buf = buf.get_mut(..len).ok_or(RingError::BadIndex(idx))?;
-        mem.read_slice(buf, addr).map_err(RingError::Memory)
+        guest_slice(mem, addr, len)
+            .map_err(RingError::Memory)?
+            .copy_to(buf);
+        Ok(())
     }
 
     fn read_entry<M: GuestMemory, T: ByteValued>(&self, mem: &M, idx: u32) -> Result<T, RingError> {
         let addr = self.entry(idx).ok_or(RingError::BadIndex(idx))?;
-        mem.read_obj(addr).map_err(RingError::Memory)
+        let mut entry = T::zeroed();
+        let buf = entry.as_mut_slice();
+        guest_slice(mem, addr, buf.len())
+            .map_err(RingError::Memory)?
+            .copy_to(buf);
+        Ok(entry)
     }
+}
+
+/// A slice of guest memory `M` (with its region's dirty bitmap).
+type GuestSlice<'a, M> = VolatileSlice<
+    'a,
+    BS<'a, <<<M as GuestMemory>::PhysicalMemory as GuestMemoryBackend>::R as GuestMemoryRegion>::B>,
+>;
+
+/// The `len` bytes of guest memory at `addr`, which lie in one region (a
+/// ring entry lies within a page): one region lookup, where vm-memory's
+/// `read_slice` / `write_obj` build an iterator of slices for each call,
+/// which costs more than the lookup (docs/benchmarks.md, branch
+/// `regress`).
+fn guest_slice<M: GuestMemory>(
+    mem: &M,
+    addr: GuestAddress,
+    len: usize,
+) -> Result<GuestSlice<'_, M>, GuestMemoryError> {
+    let phys = mem
+        .physical_memory()
+        .ok_or(GuestMemoryError::HostAddressNotAvailable)?;
+    let region = phys
+        .find_region(addr)
+        .ok_or(GuestMemoryError::InvalidGuestAddress(addr))?;
+    let off = region
+        .to_region_addr(addr)
+        .ok_or(GuestMemoryError::InvalidGuestAddress(addr))?;
+    region.get_slice(off, len)
 }
 
 /// A ring the device fills and the guest drains.
@@ -203,7 +243,10 @@ impl ProducerRing {
             .ring
             .entry(self.prod)
             .ok_or(RingError::BadIndex(self.prod))?;
-        mem.write_obj(*entry, addr).map_err(RingError::Memory)?;
+        // Marks the entry's page in the dirty bitmap.
+        guest_slice(mem, addr, std::mem::size_of::<T>())
+            .map_err(RingError::Memory)?
+            .copy_from(entry.as_slice());
         self.prod = g.next(self.prod);
         self.ring.store(mem, Index::Prod, self.prod)
     }

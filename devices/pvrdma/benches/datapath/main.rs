@@ -17,7 +17,7 @@
 //! polled the way a guest polls its CQ. Every figure is the median of
 //! [`RUNS`] runs. Run: `cargo bench -p pvrdma --bench datapath`, and add
 //! `-- bandwidth`, `-- rate` or `-- latency` for one part; `-- profile`
-//! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send`,
+//! moves 512 RDMA WRITEs of 64 KiB on one QP once (`op=read|send`, `len=KIB`,
 //! `count=N` and `cq=sleep` for another stream), no baseline (for
 //! `valgrind --tool=callgrind --separate-threads=yes`), and prints the
 //! data path's events per WRITE (frames, kicks, doorbells) and each
@@ -626,7 +626,8 @@ fn main() {
         .collect();
     let run = |part: &str| chosen.is_empty() || chosen.iter().any(|c| c == part);
     if chosen.iter().any(|c| c == "profile") {
-        // `op=read|send` and `count=N` pick another stream to profile.
+        // `op=read|send`, `len=KIB` and `count=N` pick another stream to
+        // profile.
         let (name, op) = match args.iter().find_map(|a| a.strip_prefix("op=")) {
             Some("read") => ("READ", wr::RDMA_READ),
             Some("send") => ("SEND", wr::SEND),
@@ -636,6 +637,11 @@ fn main() {
             .iter()
             .find_map(|a| a.strip_prefix("count=")?.parse().ok())
             .unwrap_or(512);
+        let kib: u32 = args
+            .iter()
+            .find_map(|a| a.strip_prefix("len=")?.parse().ok())
+            .filter(|&k| (1..=1024).contains(&k))
+            .unwrap_or(64);
         // `cq=sleep`: the driver sleeps on its CQ's interrupt.
         let reap = match args.iter().find_map(|a| a.strip_prefix("cq=")) {
             Some("sleep") => Reap::Sleep,
@@ -644,11 +650,11 @@ fn main() {
         let before = pair.counters();
         let threads = threads();
         let sched0 = threads.map(|(_, tid)| Sched::of(tid));
-        let t = pair.transfer(op, 64 << 10, 1, count as usize, reap);
+        let t = pair.transfer(op, kib << 10, 1, count as usize, reap);
         let sched1 = threads.map(|(_, tid)| Sched::of(tid));
-        let rate = f64::from(count) * f64::from(1u32 << 16) / t.as_secs_f64();
+        let rate = f64::from(count) * f64::from(kib << 10) / t.as_secs_f64();
         println!(
-            "{name} 64 KiB, 1 QP, {count} once, CQ {}: {:.0} MiB/s",
+            "{name} {kib} KiB, 1 QP, {count} once, CQ {}: {:.0} MiB/s",
             reap.name(),
             mib(rate)
         );

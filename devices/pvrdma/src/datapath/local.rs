@@ -917,6 +917,10 @@ impl LocalChannel {
     /// Whether the peer owning `mac` took the view of our memory with our
     /// ring: frames with payload to it may go as described records.
     pub(crate) fn shares_with(&self, mac: [u8; 6]) -> bool {
+        // Without our view (the default) no peer has it: no lock per QP run.
+        if self.view.is_none() {
+            return false;
+        }
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         peers
             .get_mut(&mac)

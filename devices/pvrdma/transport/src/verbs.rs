@@ -19,6 +19,8 @@ use bitflags::bitflags;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::packet::Payload;
+
 /// Work completion status (`ib_wc_status`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +183,17 @@ pub trait MrTable {
     fn read(&self, key: u32, iova: u64, buf: &mut [u8]) -> Result<(), MemError>;
     /// Writes `data` at `iova` of the MR `key` (already checked).
     fn write(&mut self, key: u32, iova: u64, data: &[u8]) -> Result<(), MemError>;
+    /// Writes `data`'s pieces one after the other from `iova` of the MR
+    /// `key` (already checked for all of them), as [`MrTable::write`] of
+    /// each piece does.
+    fn write_payload(&mut self, key: u32, iova: u64, data: Payload<'_>) -> Result<(), MemError> {
+        let mut at = iova;
+        for piece in data.pieces() {
+            self.write(key, at, piece)?;
+            at = at.saturating_add(piece.len() as u64);
+        }
+        Ok(())
+    }
     /// Invalidates `key` (LOCAL_INV, SEND_WITH_INV); false if it is not
     /// an invalidatable key of this PD.
     fn invalidate(&mut self, key: u32, pd: u32) -> bool;

@@ -388,13 +388,9 @@ fn write_data(
     if n > 0 {
         check_mr(cx.mr, rkey, a.pd, va, u64::from(n), Access::REMOTE_WRITE)
             .map_err(|_| (NakCode::RemoteAccessError, WcStatus::RemAccessErr))?;
-        let mut at = va;
-        for piece in pkt.payload.pieces() {
-            cx.mr
-                .write(rkey, at, piece)
-                .map_err(|_| (NakCode::RemoteOperationalError, WcStatus::RemOpErr))?;
-            at = at.saturating_add(piece.len() as u64);
-        }
+        cx.mr
+            .write_payload(rkey, va, pkt.payload)
+            .map_err(|_| (NakCode::RemoteOperationalError, WcStatus::RemOpErr))?;
     }
     st.write = Some((va.saturating_add(u64::from(n)), rkey, left));
     st.offset = st.offset.saturating_add(n);
