@@ -710,7 +710,8 @@ impl Qp {
                 let mr = &*io.mr;
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
                 let find = |out: &mut Located| {
-                    let mut push = |at, len| out.push(r.rkey, at, len);
+                    out.key(r.rkey);
+                    let mut push = |at, len| out.push(at, len);
                     mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);

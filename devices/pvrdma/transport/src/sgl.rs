@@ -116,10 +116,18 @@ impl Located {
         self.keys.clear();
     }
 
-    /// Appends the run of `len` bytes at `at`, in MR `key`: as part of the
-    /// last run where it follows it in the view; an error where that would
-    /// make more than [`MAX_RUNS`].
-    pub fn push(&mut self, key: u32, at: u64, len: u32) -> Result<(), MemError> {
+    /// Notes that runs are in MR `key`: once per piece of an SGE list or
+    /// READ response, not per run (a page each).
+    pub fn key(&mut self, key: u32) {
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+        }
+    }
+
+    /// Appends the run of `len` bytes at `at`: as part of the last run
+    /// where it follows it in the view; an error where that would make
+    /// more than [`MAX_RUNS`].
+    pub fn push(&mut self, at: u64, len: u32) -> Result<(), MemError> {
         let full = self.runs.len() >= MAX_RUNS;
         match self.runs.last_mut() {
             Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
@@ -127,9 +135,6 @@ impl Located {
             }
             _ if full => return Err(MemError),
             _ => self.runs.push(Run { at, len }),
-        }
-        if !self.keys.contains(&key) {
-            self.keys.push(key);
         }
         Ok(())
     }
@@ -150,9 +155,8 @@ pub fn locate(
     walk(sges, off, len, |sge, iova, r| {
         let n = r.len();
         check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
-        mr.locate(sge.lkey, iova, n, &mut |at, len| {
-            out.push(sge.lkey, at, len)
-        })?;
+        out.key(sge.lkey);
+        mr.locate(sge.lkey, iova, n, &mut |at, len| out.push(at, len))?;
         Ok(())
     })
 }
