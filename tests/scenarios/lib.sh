@@ -50,8 +50,9 @@ record() {
   printf '%s\n' "$@" >> "$file"
 }
 
-# A guest console line saying its kernel died: what it waited for will never come.
-KERNEL_CRASH_RE='Oops: |Kernel panic|PANIC: |BUG: unable to handle|general protection fault'
+# A guest console line saying its kernel died: what it waited for will never come. (A user
+# program's "traps: ... general protection fault ip:..." is not one.)
+KERNEL_CRASH_RE='Oops: |Kernel panic|PANIC: |BUG: unable to handle|general protection fault[,:]'
 
 # wait_for_line FILE ERE SECONDS [PID]: until a line of FILE matches ERE. Fails after SECONDS, as
 # soon as process PID (the VMM writing FILE) is gone without the line having appeared, or, for a

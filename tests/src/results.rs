@@ -178,12 +178,13 @@ impl SerialLog {
 }
 
 /// Guest console text that says the kernel crashed (scenarios/lib.sh's `KERNEL_CRASH_RE`).
-const KERNEL_CRASH_LINES: [&str; 5] = [
+const KERNEL_CRASH_LINES: [&str; 6] = [
     "Oops: ",
     "Kernel panic",
     "PANIC: ",
     "BUG: unable to handle",
-    "general protection fault",
+    "general protection fault,",
+    "general protection fault:",
 ];
 
 /// The value of `key` among the whitespace-separated `key=value` words of `text`.
@@ -314,9 +315,21 @@ mod tests {
             )
         );
         let clean = SerialLog {
-            text: "[ 0.6] WARNING: CPU: 0 at x\nGUEST-POWEROFF\n".to_string(),
+            text: "[ 0.6] WARNING: CPU: 0 at x\n[ 9.1] traps: ib_send_bw[301] general protection \
+                   fault ip:7f2d sp:7ffe error:0 in libc.so.6\nGUEST-POWEROFF\n"
+                .to_string(),
         };
-        assert_eq!(clean.first_crash(10), None, "a WARNING is not a crash");
+        assert_eq!(
+            clean.first_crash(10),
+            None,
+            "a WARNING, or a user program's fault, is not a kernel crash"
+        );
+        let gp = SerialLog {
+            text: "[ 5.0] general protection fault, probably for non-canonical address 0xdead: \
+                   0000 [#1] PREEMPT SMP NOPTI\n"
+                .to_string(),
+        };
+        assert!(gp.first_crash(0).is_some());
     }
 
     #[test]
