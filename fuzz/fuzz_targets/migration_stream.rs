@@ -103,7 +103,9 @@ fn destination(mut stream: &[u8]) -> (Vec<u8>, Vec<Result<(), String>>) {
                 Some(mem) => receive_memory(&mut stream, mem, header.length),
                 None => Err("memory before the configuration".into()),
             },
-            Command::State | Command::Cpuid => payload(&mut stream).and_then(|p| state(&p)),
+            Command::State | Command::Cpuid | Command::Hints => {
+                payload(&mut stream).and_then(|p| state(&p))
+            }
             Command::Complete | Command::Abandon => break,
         };
         let failed = result.is_err();

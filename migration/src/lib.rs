@@ -186,6 +186,19 @@ pub trait Snapshottable {
     fn id(&self) -> String;
     fn snapshot(&mut self) -> Result<Snapshot, MigratableError>;
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError>;
+    /// What a destination could make ahead of the restore, taken while the
+    /// component runs (a migration's start): work that scales with the
+    /// state (descriptors per object) then leaves the blackout. `None`: no
+    /// such work.
+    fn restore_hint(&mut self) -> Option<Snapshot> {
+        None
+    }
+    /// Makes ahead what a source's [`Self::restore_hint`] names, before
+    /// its state arrives. Only a hint: the restore must not depend on it,
+    /// and what it makes is bounded by this component's own limits.
+    fn prepare_restore(&mut self, _hint: &Snapshot) -> Result<(), MigratableError> {
+        Ok(())
+    }
 }
 
 /// A component that can be stopped and restarted in place: vCPUs now,

@@ -12,7 +12,9 @@
 //! `Config` the VM configuration (JSON); `Cpuid` the CPUID of each vCPU
 //! (a snapshot's bytes), sent before any memory so that a destination
 //! whose CPU lacks a feature the guest uses refuses before the copy, with
-//! the VM still running on the source; `Memory` a [`MemoryRangeTable`]
+//! the VM still running on the source; `Hints` the devices' restore hints
+//! (a snapshot's bytes: what the destination can make before the state
+//! comes, such as descriptors per object), right after; `Memory` a [`MemoryRangeTable`]
 //! then the bytes of its ranges in order; `State` the VM's state (a
 //! snapshot's bytes); `Complete` hands the VM over: the source stopped it
 //! for good before sending it, and the destination runs it once it read
@@ -32,8 +34,9 @@ use std::io::{self, Read, Write};
 
 const MAGIC: [u8; 8] = *b"PVRDMAMG";
 /// Bumped on any change to the framing, a command's payload or meaning
-/// (2: `Complete` commits both sides, and needs `State` first; 3: `Cpuid`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// (2: `Complete` commits both sides, and needs `State` first; 3: `Cpuid`;
+/// 4: `Hints`).
+pub const PROTOCOL_VERSION: u32 = 4;
 const HEADER_LEN: usize = 24;
 
 /// Largest configuration a destination reads.
@@ -41,6 +44,8 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Largest CPUID of every vCPU a destination reads: 255 vCPUs of KVM's
 /// 256 entries of 40 bytes take 2.5 MiB.
 pub const MAX_CPUID_BYTES: u64 = 4 << 20;
+/// Largest restore hints a destination reads: a few words per device.
+pub const MAX_HINTS_BYTES: u64 = 64 << 10;
 /// Largest VM state (every device, every vCPU) a destination reads.
 pub const MAX_STATE_BYTES: u64 = 512 << 20;
 /// Largest error message read back from a peer.
@@ -99,6 +104,7 @@ pub enum Command {
     Complete = 5,
     Abandon = 6,
     Cpuid = 7,
+    Hints = 8,
 }
 
 impl Command {
@@ -111,6 +117,7 @@ impl Command {
             5 => Self::Complete,
             6 => Self::Abandon,
             7 => Self::Cpuid,
+            8 => Self::Hints,
             other => return Err(ProtocolError::UnknownCommand(other)),
         })
     }
@@ -123,6 +130,7 @@ impl Command {
             Self::Start => 4,
             Self::Config => MAX_CONFIG_BYTES,
             Self::Cpuid => MAX_CPUID_BYTES,
+            Self::Hints => MAX_HINTS_BYTES,
             Self::Memory => guest_bytes.saturating_add(16u64.saturating_mul(MAX_RANGES.into())),
             Self::State => MAX_STATE_BYTES,
             Self::Complete | Self::Abandon => 0,

@@ -69,6 +69,9 @@ pub enum PciBusError {
 /// The bus in a VM snapshot.
 const BUS_ID: &str = "pci";
 const BUS_VERSION: u32 = 1;
+/// The functions' restore hints ([`PciBus::restore_hints`]).
+const HINTS_ID: &str = "pci-hints";
+const HINTS_VERSION: u32 = 1;
 
 #[derive(Serialize, Deserialize)]
 struct SavedBus {
@@ -348,6 +351,39 @@ impl PciBus {
         Snapshot::new(BUS_ID, BUS_VERSION, &saved)
     }
 
+    /// Every function's [`Snapshottable::restore_hint`], taken while the
+    /// VM runs, for a destination to prepare with before the state comes.
+    pub fn restore_hints(&self) -> Result<Snapshot, MigratableError> {
+        let hints: Vec<(u8, Snapshot)> = self
+            .functions
+            .iter()
+            .filter_map(|(&devfn, func)| Some((devfn, lock(&func.dev).restore_hint()?)))
+            .collect();
+        Snapshot::new(HINTS_ID, HINTS_VERSION, &hints)
+    }
+
+    /// Gives each function a source's [`Self::restore_hints`] (hostile
+    /// input: a function this bus lacks, or repeated, is refused).
+    pub fn prepare_restore(&self, hints: &Snapshot) -> Result<(), MigratableError> {
+        let hints: Vec<(u8, Snapshot)> = hints.state(HINTS_ID, HINTS_VERSION)?;
+        let mut last = None;
+        for (devfn, hint) in &hints {
+            let func = self
+                .functions
+                .get(devfn)
+                .filter(|_| last < Some(*devfn))
+                .ok_or_else(|| {
+                    MigratableError::Restore(
+                        HINTS_ID.into(),
+                        format!("a hint for function {devfn:#x}, absent or repeated").into(),
+                    )
+                })?;
+            last = Some(*devfn);
+            lock(&func.dev).prepare_restore(hint)?;
+        }
+        Ok(())
+    }
+
     /// Puts a [`Self::snapshot`] back onto a bus built with the same
     /// functions: configuration space first (BARs decode where the guest
     /// left them), then each device, which re-derives its doorbells and
@@ -555,6 +591,8 @@ mod tests {
         moves: Vec<(usize, u64, u64)>,
         written: Vec<usize>,
         accesses: Vec<(usize, u64, Vec<u8>)>,
+        /// The restore hints it was given.
+        prepared: Vec<usize>,
     }
 
     impl Pausable for TestDevice {}
@@ -568,6 +606,14 @@ mod tests {
         }
         fn restore(&mut self, s: &Snapshot) -> Result<(), MigratableError> {
             self.moves = s.state("test", 1)?;
+            Ok(())
+        }
+        /// Its BAR moves so far; none for a device that never moved.
+        fn restore_hint(&mut self) -> Option<Snapshot> {
+            (!self.moves.is_empty()).then(|| Snapshot::new("test", 1, &self.moves.len()).unwrap())
+        }
+        fn prepare_restore(&mut self, hint: &Snapshot) -> Result<(), MigratableError> {
+            self.prepared.push(hint.state("test", 1)?);
             Ok(())
         }
     }
@@ -617,6 +663,7 @@ mod tests {
             moves: Vec::new(),
             written: Vec::new(),
             accesses: Vec::new(),
+            prepared: Vec::new(),
         }))
     }
 
@@ -963,6 +1010,42 @@ mod tests {
         other.add_device(2, 0, device(false, &bars)).unwrap();
         assert!(other.restore(&saved).is_err());
         assert_eq!(mmio_read32(&other, 0xd000_0004), None);
+    }
+
+    /// Each function's restore hint reaches the same function of another
+    /// bus; a function without one gets none; hints for a function the
+    /// bus lacks, or twice for one, are refused.
+    #[test]
+    fn restore_hints_reach_their_functions() {
+        let bars = [(0, 0x1000, BarKind::Mmio32)];
+        let mut bus = PciBus::new(MMIO32, MMIO64);
+        let (moved, still) = (device(false, &bars), device(false, &bars));
+        bus.add_device(1, 0, moved.clone()).unwrap();
+        bus.add_device(2, 0, still.clone()).unwrap();
+        cfg_write(&mut bus, 1, 0, 1, 0x2);
+        cfg_write(&mut bus, 1, 0, 4, 0xd000_0000);
+        let hints = bus.restore_hints().unwrap();
+
+        let mut fresh = PciBus::new(MMIO32, MMIO64);
+        let (a, b) = (device(false, &bars), device(false, &bars));
+        fresh.add_device(1, 0, a.clone()).unwrap();
+        fresh.add_device(2, 0, b.clone()).unwrap();
+        fresh.prepare_restore(&hints).unwrap();
+        assert_eq!(
+            a.lock().unwrap().prepared,
+            [moved.lock().unwrap().moves.len()]
+        );
+        assert!(b.lock().unwrap().prepared.is_empty());
+
+        let mut other = PciBus::new(MMIO32, MMIO64);
+        other.add_device(2, 0, device(false, &bars)).unwrap();
+        let e = other.prepare_restore(&hints).unwrap_err().to_string();
+        assert!(e.contains("pci-hints"), "{e}");
+        let hint = Snapshot::new("test", 1, &1usize).unwrap();
+        let twice =
+            Snapshot::new(HINTS_ID, HINTS_VERSION, &vec![(8u8, &hint), (8, &hint)]).unwrap();
+        assert!(fresh.prepare_restore(&twice).is_err());
+        assert_eq!(a.lock().unwrap().prepared.len(), 2, "the first of the two");
     }
 
     #[test]

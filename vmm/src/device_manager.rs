@@ -414,6 +414,17 @@ impl DeviceManager {
         })
     }
 
+    /// The PCI functions' restore hints, taken while the VM runs (see
+    /// [`vm_migration::Snapshottable::restore_hint`]).
+    pub fn restore_hints(&self) -> Result<Snapshot, MigratableError> {
+        self.bus.pci().restore_hints()
+    }
+
+    /// Gives the PCI functions a source's [`Self::restore_hints`].
+    pub fn prepare_restore(&self, hints: &Snapshot) -> Result<(), MigratableError> {
+        self.bus.pci().prepare_restore(hints)
+    }
+
     /// Puts a [`Self::snapshot`] back onto devices built from the same
     /// configuration.
     pub fn restore(&self, s: &DevicesSnapshot) -> Result<(), MigratableError> {

@@ -18,6 +18,7 @@
 //! drops the ioeventfds with the VM (a source with 4096 QPs spent longer
 //! than the test host's 30 s on them after its hand-over).
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -130,11 +131,14 @@ impl DeferredIoEvents {
         if !pending.deferring {
             return self.kvm.register(fd, addr, datamatch);
         }
-        if pending.by_key.contains_key(&(addr, datamatch)) {
-            return Err(io::Error::from_raw_os_error(libc::EEXIST));
+        // One search per registration: a restore records thousands.
+        match pending.by_key.entry((addr, datamatch)) {
+            Entry::Occupied(_) => Err(io::Error::from_raw_os_error(libc::EEXIST)),
+            Entry::Vacant(slot) => {
+                slot.insert(keep()?);
+                Ok(())
+            }
         }
-        pending.by_key.insert((addr, datamatch), keep()?);
-        Ok(())
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use kvm_bindings::kvm_cpuid_entry2;
 use kvm_ioctls::VcpuFd;
 use legacy_devices::ExitSignal;
+use vm_migration::Snapshot;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::arch::{self, acpi, boot, cpu, layout};
@@ -377,6 +378,21 @@ impl migration::Target for Machine {
     fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String> {
         let cpuids = VcpuCpuids::from_bytes(cpuids).map_err(|e| crate::error_chain(&e))?;
         check_cpuids(&self.vcpu_fds, &cpuids.0)
+    }
+
+    /// The devices make ahead what their hints name (see
+    /// [`vm_migration::Snapshottable::restore_hint`]).
+    fn prepare_restore(&mut self, hints: &[u8]) -> Result<(), String> {
+        let t0 = Instant::now();
+        let hints = Snapshot::from_bytes(hints).map_err(|e| crate::error_chain(&e))?;
+        self.devices
+            .prepare_restore(&hints)
+            .map_err(|e| crate::error_chain(&e))?;
+        log::info!(
+            "Prepared the devices' restore in {} ms",
+            t0.elapsed().as_millis()
+        );
+        Ok(())
     }
 
     /// Puts KVM's and the devices' state back. Devices are paused (since

@@ -295,6 +295,7 @@ impl<M: GuestAddressSpace> Pausable for Pvrdma<M> {
     /// longer wait for; their doorbells meanwhile wait in their eventfds.
     fn released(&mut self) {
         self.shared.kick_all();
+        self.shared.env.hub.drop_ahead();
     }
 }
 
@@ -314,6 +315,17 @@ impl<M: GuestAddressSpace> Snapshottable for Pvrdma<M> {
     fn restore(&mut self, s: &Snapshot) -> Result<(), MigratableError> {
         self.sync_uar();
         snapshot::restore(&self.shared, s)
+    }
+
+    /// How many doorbell eventfds the objects hold now.
+    fn restore_hint(&mut self) -> Option<Snapshot> {
+        snapshot::hint(&self.shared)
+    }
+
+    /// Makes the eventfds a source's hint names (see
+    /// [`snapshot::prepare`]); the restore takes them.
+    fn prepare_restore(&mut self, hint: &Snapshot) -> Result<(), MigratableError> {
+        snapshot::prepare(&self.shared, hint)
     }
 }
 
@@ -504,7 +516,7 @@ mod tests {
     use std::os::unix::net::UnixDatagram;
     use std::time::Duration;
 
-    use vm_migration::Pausable;
+    use vm_migration::{Pausable, Snapshot, Snapshottable};
 
     use crate::datapath::local::sock_name;
     use crate::sim_driver::endpoint::{Endpoint, GID_A, GID_B, MAC_A, MAC_B};
@@ -595,6 +607,62 @@ mod tests {
         ring_offered(&peer);
         drop(b);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A destination makes the eventfds its source's hint names before the
+    /// state comes: as many as the restore attaches, which then takes
+    /// them all (none made inside the blackout) and leaves the rest to
+    /// the resume.
+    #[test]
+    fn the_restore_takes_the_eventfds_made_ahead() {
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let (sim, _) = b.sim.migrate_paused_timed();
+        let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
+        assert_eq!(hub.ahead(), 0, "the migration's restore left some");
+        // Again on the restored device: the hint counts what a restore
+        // makes, which takes exactly that many.
+        let hint = sim.device().restore_hint().unwrap();
+        sim.device().prepare_restore(&hint).unwrap();
+        let shared = std::sync::Arc::clone(&sim.device().shared);
+        let eventfds = shared.lock().session.as_ref().unwrap().objects.eventfds();
+        assert!(eventfds >= 3, "a QP's and two CQs': {eventfds}");
+        assert_eq!(hub.ahead(), eventfds);
+        let snapshot = sim.device().snapshot().unwrap();
+        sim.device().restore(&snapshot).unwrap();
+        assert_eq!(hub.ahead(), 0, "the restore made eventfds of its own");
+        // One more than needed: closed once the vCPUs run.
+        hub.make_ahead(1);
+        sim.device().resume().unwrap();
+        assert_eq!(hub.ahead(), 0);
+    }
+
+    /// A source's hint is not trusted: a count beyond what the device's
+    /// limits allow its objects makes only that many, another version or
+    /// another layout is refused, and nothing panics.
+    #[test]
+    fn a_hostile_hint_is_bounded_or_refused() {
+        let config = PvrdmaConfig {
+            limits: crate::config::Limits {
+                max_qp: 16,
+                max_cq: 8,
+                max_srq: 2,
+                ..crate::config::Limits::default()
+            },
+            ..PvrdmaConfig::default()
+        };
+        let sim = SimDriver::with_config(&config);
+        let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
+        let huge = Snapshot::new("pvrdma-hint", 1, &(u64::MAX,)).unwrap();
+        sim.device().prepare_restore(&huge).unwrap();
+        assert_eq!(hub.ahead(), 16 + 2 * 8 + 2);
+        for bad in [
+            Snapshot::new("pvrdma-hint", 2, &(1u64,)).unwrap(),
+            Snapshot::new("pvrdma", 1, &(1u64,)).unwrap(),
+            Snapshot::new("pvrdma-hint", 1, &()).unwrap(),
+        ] {
+            assert!(sim.device().prepare_restore(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(hub.ahead(), 34);
     }
 
     /// A paused device's restore (a migration's destination) leaves its

@@ -218,7 +218,8 @@ pub struct MigrateTimes {
     pub save: Duration,
     pub encode: Duration,
     pub decode: Duration,
-    /// The new device on a new bus, its PCI state replayed.
+    /// The new device on a new bus, its PCI state replayed, and what the
+    /// source's restore hint names made ahead.
     pub plug: Duration,
     pub restore: Duration,
     /// This thread's CPU time in pause + save + encode + decode + restore,
@@ -379,6 +380,8 @@ impl SimDriver {
     /// from the start as a destination VMM's is, stays so.
     pub fn migrate_paused_timed(mut self) -> (Self, MigrateTimes) {
         use vm_migration::{Pausable, Snapshot, Snapshottable};
+        // Taken at the migration's start, while the device runs.
+        let hint = self.device().restore_hint();
         let c = thread_cpu();
         let t = Instant::now();
         self.device().pause().expect("pause");
@@ -411,6 +414,10 @@ impl SimDriver {
         self.cfg_write(1, 0x6);
         self.enable_msix();
         self.device().pause().expect("pause");
+        // Before the state comes: not part of the blackout.
+        if let Some(hint) = &hint {
+            self.device().prepare_restore(hint).expect("prepare");
+        }
         let plug = t.elapsed();
         let c = thread_cpu();
         let t = Instant::now();

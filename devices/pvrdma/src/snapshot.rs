@@ -36,6 +36,48 @@ pub(crate) const ID: &str = "pvrdma";
 /// 5: a CQ's `ever_armed`.
 pub(crate) const VERSION: u32 = 5;
 
+/// A restore's hint ([`hint`]): its name and layout.
+const HINT_ID: &str = "pvrdma-hint";
+const HINT_VERSION: u32 = 1;
+
+/// What a destination can make before the state comes.
+#[derive(Serialize, Deserialize)]
+struct Hint {
+    /// Eventfds the objects' doorbells hold.
+    eventfds: u64,
+}
+
+/// What a destination can make ahead of restoring this device's state (its
+/// doorbells' eventfds, a system call each inside the blackout otherwise),
+/// taken while the device runs; `None` without a session.
+pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
+    let eventfds = shared.lock().session.as_ref()?.objects.eventfds();
+    let hint = Hint {
+        eventfds: u64::try_from(eventfds).unwrap_or(u64::MAX),
+    };
+    Snapshot::new(HINT_ID, HINT_VERSION, &hint).ok()
+}
+
+/// Makes the eventfds a source's [`hint`] names, at most as many as this
+/// device's limits allow its objects (the source's word is not trusted).
+pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), MigratableError> {
+    let start = Instant::now();
+    let hint: Hint = hint.state(HINT_ID, HINT_VERSION)?;
+    let l = &shared.env.config.limits;
+    // A QP's send and receive share one, a CQ has two (arm, arm-solicited).
+    let most = u64::from(l.max_qp)
+        .saturating_add(u64::from(l.max_cq).saturating_mul(2))
+        .saturating_add(u64::from(l.max_srq));
+    let n = usize::try_from(hint.eventfds.min(most)).unwrap_or(0);
+    let made = shared.env.hub.make_ahead(n);
+    log::info!(
+        "pvrdma: {made} doorbell eventfds made ahead of the restore in {} ms (hint: {})",
+        start.elapsed().as_millis(),
+        hint.eventfds
+    );
+    Ok(())
+}
+
 /// What is saved; `D` and `O` are references when saving, owned when
 /// restoring.
 #[derive(Serialize, Deserialize)]
@@ -187,6 +229,8 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     let locked = start.elapsed();
     let base = state.uar_base;
     state.session = session;
+    let ahead = env.hub.ahead();
+    let eventfds = state.session.as_ref().map_or(0, |s| s.objects.eventfds());
     if let Some(s) = state.session.as_mut() {
         s.objects
             .attach_doorbells(&env.hub, base)
@@ -200,6 +244,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     shared.wire.inbox.set_open(saved.active);
     let attached = start.elapsed();
     let u_attached = Usage::now();
+    let taken = ahead.saturating_sub(env.hub.ahead());
     if let Some(s) = &state.session {
         s.objects.log_ids("restored");
     }
@@ -214,7 +259,8 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     let ms = |d: Duration| d.as_millis();
     log::info!(
         "pvrdma: restore steps: decoded in {} ms ({}, {} KiB allocated), namespace {} ms ({}), \
-         MSI-X {} ms, state lock {} ms, doorbells {} ms ({} from MSI-X on)",
+         MSI-X {} ms, state lock {} ms, doorbells {} ms ({eventfds} eventfds, {taken} made \
+         ahead; {} from MSI-X on)",
         ms(decoded),
         u_decoded.since(&u_start),
         u_decoded.heap.saturating_sub(u_start.heap) / 1024,

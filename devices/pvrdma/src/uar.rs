@@ -158,6 +158,9 @@ pub(crate) struct Hub {
     /// Wakes the worker to apply `watch`.
     pub(crate) wake: EventFd,
     metrics: Arc<Metrics>,
+    /// Eventfds made ahead of a restore ([`Hub::make_ahead`]), taken by
+    /// [`Doorbells::attach`] before it makes any.
+    ahead: Mutex<Vec<EventFd>>,
 }
 
 impl Hub {
@@ -171,7 +174,56 @@ impl Hub {
             watch: Mutex::new(Vec::new()),
             wake: EventFd::new(EFD_NONBLOCK)?,
             metrics,
+            ahead: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Makes up to `n` eventfds for the doorbells of objects a restore
+    /// will attach, so that the restore (inside a migration's blackout)
+    /// takes them instead of making one system call each. Returns how
+    /// many are made ahead; a failure (descriptors exhausted) ends it
+    /// early: the rest are made by the restore, as without.
+    pub(crate) fn make_ahead(&self, n: usize) -> usize {
+        let mut ahead = self.ahead.lock().unwrap_or_else(PoisonError::into_inner);
+        let more = n.saturating_sub(ahead.len());
+        ahead.reserve(more);
+        while ahead.len() < n {
+            match EventFd::new(EFD_NONBLOCK) {
+                Ok(fd) => ahead.push(fd),
+                Err(e) => {
+                    log::warn!("pvrdma: {} of {n} eventfds made ahead: {e}", ahead.len());
+                    break;
+                }
+            }
+        }
+        ahead.len()
+    }
+
+    /// Eventfds made ahead and not taken.
+    pub(crate) fn ahead(&self) -> usize {
+        self.ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Closes the eventfds made ahead that no restore took (once the VM
+    /// runs: closing is no work for the blackout either).
+    pub(crate) fn drop_ahead(&self) {
+        let left = std::mem::take(&mut *self.ahead.lock().unwrap_or_else(PoisonError::into_inner));
+        if !left.is_empty() {
+            log::info!("pvrdma: {} eventfds made ahead were not needed", left.len());
+        }
+    }
+
+    /// An eventfd made ahead, or a new one.
+    fn eventfd(&self) -> io::Result<EventFd> {
+        let ahead = self
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        ahead.map_or_else(|| EventFd::new(EFD_NONBLOCK), Ok)
     }
 
     /// Hands `ops` to the worker, which applies them when next woken.
@@ -257,10 +309,8 @@ impl Doorbells {
             return Ok(());
         }
         let mut fds: Vec<(Class, Arc<EventFd>)> = Vec::new();
-        for class in self.kinds.iter().filter_map(|k| k.class()) {
-            if fds.iter().all(|(c, _)| *c != class) {
-                fds.push((class, Arc::new(EventFd::new(EFD_NONBLOCK)?)));
-            }
+        for class in self.classes() {
+            fds.push((class, Arc::new(hub.eventfd()?)));
         }
         let handle = self.handle;
         hub.queue(fds.iter().map(|(class, fd)| WatchOp::Add {
@@ -276,6 +326,18 @@ impl Doorbells {
 
     pub(crate) fn page(&self) -> u32 {
         self.page
+    }
+
+    /// The watched eventfds' classes, each once: one eventfd each.
+    pub(crate) fn classes(&self) -> impl Iterator<Item = Class> + '_ {
+        self.kinds.iter().enumerate().filter_map(|(i, kind)| {
+            let class = kind.class()?;
+            let earlier = self.kinds.get(..i).unwrap_or_default();
+            earlier
+                .iter()
+                .all(|e| e.class() != Some(class))
+                .then_some(class)
+        })
     }
 
     fn fd(&self, kind: Doorbell) -> Option<&Arc<EventFd>> {

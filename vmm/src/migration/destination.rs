@@ -161,6 +161,15 @@ fn receive_from<T: Target>(
                     )),
                 }
             }
+            Command::Hints => {
+                let payload = header.payload(&mut *stream)?;
+                match target.as_mut() {
+                    Some((t, _)) => t.prepare_restore(&payload).map_err(MigrationError::Prepare),
+                    None => Err(MigrationError::Config(
+                        "restore hints before the configuration".into(),
+                    )),
+                }
+            }
             Command::Memory => match &target {
                 Some((t, _)) => receive_memory(&mut *stream, t.memory(), header.length).map(|n| {
                     update(progress, |i| {

@@ -118,6 +118,8 @@ pub enum MigrationError {
     Build(String),
     #[error("Failed to restore the VM's state: {0}")]
     Restore(String),
+    #[error("Failed to prepare the VM's restore: {0}")]
+    Prepare(String),
     /// The message names the vCPU and why.
     #[error("{0}")]
     Cpuid(String),
@@ -213,6 +215,9 @@ pub trait Target: Sized {
     /// Checks [`VcpuCpuids`] from their bytes against this host's CPUs,
     /// before the memory comes (the restore checks them again).
     fn check_cpuid(&self, cpuids: &[u8]) -> Result<(), String>;
+    /// Makes ahead what the devices' restore hints (a source's `Hints`)
+    /// name, before the state comes: work left out of the blackout.
+    fn prepare_restore(&mut self, hints: &[u8]) -> Result<(), String>;
     /// Restores a [`VmSnapshot`] from its bytes; the VM stays stopped.
     fn restore(&mut self, state: &[u8]) -> Result<(), String>;
     /// Readies a restored VM to run at once when handed over (its vCPU
@@ -270,6 +275,10 @@ pub(crate) mod test_target {
                 LACKING => Err("this host lacks AVX-512".into()),
                 _ => Ok(()),
             }
+        }
+        /// Any hints are taken (a VM of memory only has nothing to make).
+        fn prepare_restore(&mut self, _hints: &[u8]) -> Result<(), String> {
+            Ok(())
         }
         fn restore(&mut self, state: &[u8]) -> Result<(), String> {
             self.1 = state.to_vec();

@@ -161,6 +161,10 @@ pub struct Source {
     /// Each vCPU's CPUID ([`super::VcpuCpuids`]), for the destination to
     /// check before the memory.
     pub cpuid: Vec<u8>,
+    /// The devices' restore hints, taken at the start, for the
+    /// destination to make ahead what their restore would (see
+    /// [`vm_migration::Snapshottable::restore_hint`]).
+    pub hints: Vec<u8>,
     pub mem: Arc<GuestMemory>,
     pub vm: Arc<Vm>,
     pub progress: Progress,
@@ -242,6 +246,8 @@ impl Source {
             .map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
         protocol::send_request(stream, Command::Cpuid, &self.cpuid).map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        protocol::send_request(stream, Command::Hints, &self.hints).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
 
         let mem = &*self.mem;
@@ -373,6 +379,11 @@ impl Outgoing {
         let cpuid = VcpuCpuids(guest.cpuids.clone())
             .to_bytes()
             .map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
+        let hints = guest
+            .devices
+            .restore_hints()
+            .map_err(|e| ActionError::Failed(crate::error_chain(&e)))?
+            .to_bytes();
         let (requests_tx, requests) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let evt = eventfd().map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
@@ -393,6 +404,7 @@ impl Outgoing {
             timeout: Duration::from_secs(params.timeout_s),
             config,
             cpuid,
+            hints,
             mem: guest.mem.clone(),
             vm: guest.vm.clone(),
             progress: progress.clone(),
@@ -591,6 +603,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             config: config(MEMORY).to_json().unwrap(),
             cpuid: b"this host's".to_vec(),
+            hints: b"the devices' hints".to_vec(),
             mem,
             vm,
             progress: progress(),
@@ -629,7 +642,7 @@ mod tests {
     /// destination got it (runs) or not.
     #[test]
     fn a_cut_connection_never_runs_the_vm_twice() {
-        use Command::{Complete, Config, Cpuid, Memory as Mem, Start, State};
+        use Command::{Complete, Config, Cpuid, Hints, Memory as Mem, Start, State};
         let cases = [
             (Cut::Never, "HandedOver", true),
             (Cut::Answer(Start), "Failed", false),
@@ -637,6 +650,8 @@ mod tests {
             (Cut::Answer(Config), "Failed", false),
             (Cut::Request(Cpuid), "Failed", false),
             (Cut::Answer(Cpuid), "Failed", false),
+            (Cut::Request(Hints), "Failed", false),
+            (Cut::Answer(Hints), "Failed", false),
             (Cut::Request(Mem), "Failed", false),
             (Cut::Answer(Mem), "Failed", false),
             (Cut::Request(State), "Failed", false),

@@ -167,6 +167,17 @@ impl Objects {
         Ok(())
     }
 
+    /// The eventfds the objects' doorbells hold (what a restore makes).
+    pub(crate) fn eventfds(&self) -> usize {
+        let qps = self.qps.values().map(|o| &o.doorbells);
+        let cqs = self.cqs.values().map(|o| &o.doorbells);
+        let srqs = self.srqs.values().map(|o| &o.doorbells);
+        qps.chain(cqs)
+            .chain(srqs)
+            .map(|d| d.classes().count())
+            .fold(0, usize::saturating_add)
+    }
+
     /// Moves every doorbell to BAR2 `base` (BAR moved, decoding toggled).
     pub(crate) fn rebase_doorbells(&mut self, base: Option<u64>) {
         let qps = self.qps.values_mut().map(|o| &mut o.doorbells);
