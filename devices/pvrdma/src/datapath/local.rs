@@ -1403,6 +1403,7 @@ impl Drop for LocalChannel {
 )]
 mod tests {
     use super::*;
+    use crate::sim_driver::sharing::{guest_ram, SEALED};
 
     /// The frames of one [`LocalChannel::recv`].
     fn recv(ch: &LocalChannel, max: usize, wake: Wake) -> Vec<Vec<u8>> {
@@ -2003,17 +2004,6 @@ mod tests {
         let _ = std::fs::remove_file(&link);
         let _ = std::fs::remove_dir_all(&dir);
     }
-
-    /// A sealed memfd of guest memory holding `bytes` at its start (64
-    /// KiB in all), and the read-only descriptor of it a channel shares.
-    fn guest_ram(bytes: &[u8], seals: libc::c_int) -> (File, File) {
-        let mut file = shm_ring::memfd(64 << 10, seals).unwrap();
-        file.write_all(bytes).unwrap();
-        let ro = view::read_only(&file).unwrap();
-        (file, ro)
-    }
-
-    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
     /// A and B in `dir`, sharing `va` and `vb`, A's ring to B handed over
     /// and answered. Returns whether A may send B described records.

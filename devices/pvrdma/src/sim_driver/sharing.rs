@@ -18,6 +18,18 @@ use crate::datapath::{shm_ring, view};
 /// A's memory, as B may read it through the view.
 pub const RAM: usize = 64 << 10;
 
+/// The seals a VMM's guest RAM has (`share_memory=on` requires them).
+pub const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// Guest RAM as a memfd of [`RAM`] bytes with `seals`, holding `bytes` at
+/// its start, and the read-only descriptor of it a VMM shares with peers.
+pub fn guest_ram(bytes: &[u8], seals: libc::c_int) -> (File, File) {
+    let mut file = shm_ring::memfd(RAM, seals).expect("memfd");
+    file.write_all(bytes).expect("guest RAM");
+    let ro = view::read_only(&file).expect("read-only view");
+    (file, ro)
+}
+
 /// A sharing pair: A's records go to B.
 pub struct SharingPair {
     a: LocalChannel,
@@ -40,8 +52,8 @@ impl SharingPair {
         let ram: Vec<u8> = (0..=255u8).cycle().take(RAM).collect();
         let mut a = LocalChannel::bind(&dir, mac_a, false).expect("bind A");
         let mut b = LocalChannel::bind(&dir, mac_b, false).expect("bind B");
-        a.share(Self::view(&ram));
-        b.share(Self::view(&[]));
+        a.share(guest_ram(&ram, SEALED).1);
+        b.share(guest_ram(&[], SEALED).1);
         let mut pair = Self {
             a,
             b,
@@ -57,15 +69,6 @@ impl SharingPair {
         pair.batch.release();
         assert!(pair.a.shares_with(mac_b), "B took A's view");
         pair
-    }
-
-    /// A read-only descriptor of a sealed memfd of [`RAM`] bytes starting
-    /// with `bytes`, as a VMM shares its guest RAM.
-    fn view(bytes: &[u8]) -> File {
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        let mut file = shm_ring::memfd(RAM, seals).expect("memfd");
-        file.write_all(bytes).expect("guest RAM");
-        view::read_only(&file).expect("read-only view")
     }
 
     /// A's memory.
