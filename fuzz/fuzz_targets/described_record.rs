@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use pvrdma::sim_driver::sharing::{SharingPair, RAM};
+use pvrdma::sim_driver::sharing::{SharingPair, DESCRIBED_TAG, RAM};
 use pvrdma_vmm_fuzz::{encap, frame, ip_info, Input};
 use rdma_transport::req::MAX_SEGMENT;
 
@@ -92,7 +92,7 @@ fuzz_target!(|data: &[u8]| {
         } else if mode == 1 {
             // The tag, then anything.
             let raw = input.chunk(1024);
-            let mut r = b"\xffPV1CP".to_vec();
+            let mut r = DESCRIBED_TAG.to_vec();
             r.extend_from_slice(raw);
             records.push((r, None));
         } else if let Some((r, expect)) = described(&mut input, pair.ram()) {

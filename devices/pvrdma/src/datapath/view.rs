@@ -133,7 +133,7 @@ pub(crate) fn read_only(file: &File) -> std::io::Result<File> {
 /// to a peer's own unicast MAC). Then the number of runs (u16), the
 /// payload's length (u32), the runs (offset u64, length u32; little
 /// endian) and the frame, built for an empty payload.
-const DESCRIBED: [u8; 6] = [0xff, b'P', b'V', b'1', b'C', b'P'];
+pub(crate) const DESCRIBED: [u8; 6] = [0xff, b'P', b'V', b'1', b'C', b'P'];
 const PREFIX: usize = 6 + 2 + 4;
 const RUN_LEN: usize = 8 + 4;
 

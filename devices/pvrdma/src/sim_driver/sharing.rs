@@ -18,6 +18,9 @@ use crate::datapath::{shm_ring, view};
 /// A's memory, as B may read it through the view.
 pub const RAM: usize = 64 << 10;
 
+/// What a described record starts with (a fuzzer puts it before raw bytes).
+pub const DESCRIBED_TAG: [u8; 6] = view::DESCRIBED;
+
 /// The seals a VMM's guest RAM has (`share_memory=on` requires them).
 pub const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
