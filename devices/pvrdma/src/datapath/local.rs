@@ -271,13 +271,6 @@ const MAX_PEERS: usize = 256;
 /// The MR of a described record whose MRs are not known (one pushed from
 /// a backlog): it counts as reading from every MR.
 const ANY_MR: u32 = u32::MAX;
-
-/// Whether a consumer whose tail is at `tail` has read past ring position
-/// `end`. Positions only grow; the tail is the peer's say, never ahead
-/// of what we wrote unless it lies (then it only fools itself).
-fn read_past(tail: u64, end: u64) -> bool {
-    tail.wrapping_sub(end) as i64 >= 0
-}
 /// Control messages read per wake-up.
 const CONTROL_BATCH: usize = 64;
 /// Longest a control message (ring hand-over, probe) may wait for room
@@ -550,6 +543,13 @@ impl Peer {
         }
         0
     }
+}
+
+/// Whether a consumer whose tail is at `tail` has read past ring position
+/// `end`. Positions only grow; the tail is the peer's say, never ahead
+/// of what we wrote unless it lies (then it only fools itself).
+fn read_past(tail: u64, end: u64) -> bool {
+    tail.wrapping_sub(end) as i64 >= 0
 }
 
 /// A ring a peer sends us frames in.

@@ -262,26 +262,11 @@ mod tests {
         assert_eq!(back, data);
 
         // Past the end of guest memory, and wholly outside it.
-        assert!(spans(
-            &mut Regions::new(&mem),
-            GuestAddress(0x3000),
-            0..0x2000,
-            |_, _| Ok(())
-        )
-        .is_err());
-        assert!(spans(
-            &mut Regions::new(&mem),
-            GuestAddress(0x4000),
-            0..1,
-            |_, _| Ok(())
-        )
-        .is_err());
-        assert!(spans(
-            &mut Regions::new(&mem),
-            GuestAddress(u64::MAX),
-            0..2,
-            |_, _| Ok(())
-        )
-        .is_err());
+        for (gpa, range) in [(0x3000, 0..0x2000), (0x4000, 0..1), (u64::MAX, 0..2)] {
+            let got = spans(&mut Regions::new(&mem), GuestAddress(gpa), range, |_, _| {
+                Ok(())
+            });
+            assert!(got.is_err(), "{gpa:#x}");
+        }
     }
 }
