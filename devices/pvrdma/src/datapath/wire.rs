@@ -20,8 +20,8 @@ use rdma_transport::net::{
     dst_ip, gid_from_ip, ip_from_gid, parse_layers, udp_sport_for_qpn, Encap, IpInfo, Mac,
     RoceVersion,
 };
+use rdma_transport::packet::Located;
 use rdma_transport::packet::{build_in_buffer, recycle, seal, Addr};
-use rdma_transport::sgl::Located;
 use rdma_transport::verbs::PacketSink;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 

@@ -139,6 +139,46 @@ pub struct Run {
     pub len: u32,
 }
 
+/// Where a payload lies in the memory the peer maps: its runs, and the
+/// keys of the MRs they are in (before one of those MRs changes, the
+/// device waits until no peer may still read the payload from it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Located {
+    pub runs: Vec<Run>,
+    /// Each key once, in the order first met.
+    pub keys: Vec<u32>,
+}
+
+impl Located {
+    pub fn clear(&mut self) {
+        self.runs.clear();
+        self.keys.clear();
+    }
+
+    /// Notes that runs are in MR `key`: once per piece of an SGE list or
+    /// READ response, not per run (a page each).
+    pub fn key(&mut self, key: u32) {
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+        }
+    }
+
+    /// Appends the run of `len` bytes at `at`: as part of the last run
+    /// where it follows it in the view; `None` where that would make more
+    /// than [`MAX_RUNS`].
+    pub fn push(&mut self, at: u64, len: u32) -> Option<()> {
+        let full = self.runs.len() >= MAX_RUNS;
+        match self.runs.last_mut() {
+            Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
+                last.len = last.len.checked_add(len)?;
+            }
+            _ if full => return None,
+            _ => self.runs.push(Run { at, len }),
+        }
+        Some(())
+    }
+}
+
 /// A packet's payload: bytes of its frame, or runs of a view of the
 /// sender's memory that the receiver maps read-only, each checked against
 /// the view when the payload was made ([`Payload::runs`]): the receiver

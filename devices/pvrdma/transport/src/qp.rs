@@ -26,13 +26,16 @@ use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompW
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
 use crate::opcode::OpClass;
-use crate::packet::{frame_len, write_unsealed, Addr, BuildError, Headers, Packet, Payload};
+use crate::packet::{
+    frame_len, write_unsealed, Addr, BuildError, Headers, Located, Packet, Payload,
+};
 use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
-use crate::sgl::{gather, locate, scatter, sge_total, Located};
-use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge, WcOpcode, WcStatus};
+use crate::sgl::{gather, locate, scatter, sge_total};
+use crate::verbs::{Access, CompletionSink, FastReg, MemError, MrTable, PacketSink, Sge};
+use crate::verbs::{WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
 /// Most WQEs queued on the send queue or the QP's own receive queue:
@@ -711,7 +714,7 @@ impl Qp {
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
                 let find = |out: &mut Located| {
                     out.key(r.rkey);
-                    let mut push = |at, len| out.push(at, len);
+                    let mut push = |at, len| out.push(at, len).ok_or(MemError);
                     mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);

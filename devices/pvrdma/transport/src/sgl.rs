@@ -15,7 +15,7 @@
 
 use thiserror::Error;
 
-use crate::packet::{Payload, Run, MAX_RUNS};
+use crate::packet::{Located, Payload};
 use crate::verbs::{check_mr, Access, MemError, MrCheckError, MrTable, Sge};
 
 /// Most SGEs per WQE: bounds the walk of one scatter/gather (PVRDMA's
@@ -100,46 +100,6 @@ pub fn scatter(
     Ok(())
 }
 
-/// Where a payload lies in the memory the peer maps: its runs, and the
-/// keys of the MRs they are in (before one of those MRs changes, the
-/// device waits until no peer may still read the payload from it).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Located {
-    pub runs: Vec<Run>,
-    /// Each key once, in the order first met.
-    pub keys: Vec<u32>,
-}
-
-impl Located {
-    pub fn clear(&mut self) {
-        self.runs.clear();
-        self.keys.clear();
-    }
-
-    /// Notes that runs are in MR `key`: once per piece of an SGE list or
-    /// READ response, not per run (a page each).
-    pub fn key(&mut self, key: u32) {
-        if !self.keys.contains(&key) {
-            self.keys.push(key);
-        }
-    }
-
-    /// Appends the run of `len` bytes at `at`: as part of the last run
-    /// where it follows it in the view; an error where that would make
-    /// more than [`MAX_RUNS`].
-    pub fn push(&mut self, at: u64, len: u32) -> Result<(), MemError> {
-        let full = self.runs.len() >= MAX_RUNS;
-        match self.runs.last_mut() {
-            Some(last) if last.at.checked_add(u64::from(last.len)) == Some(at) => {
-                last.len = last.len.checked_add(len).ok_or(MemError)?;
-            }
-            _ if full => return Err(MemError),
-            _ => self.runs.push(Run { at, len }),
-        }
-        Ok(())
-    }
-}
-
 /// Appends to `out` where message bytes `[off, off + len)` of the SGE
 /// list lie in the memory the peer maps ([`MrTable::locate`]), after the
 /// checks [`gather`] makes; an error, and `out` to be ignored, where
@@ -156,7 +116,9 @@ pub fn locate(
         let n = r.len();
         check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
         out.key(sge.lkey);
-        mr.locate(sge.lkey, iova, n, &mut |at, len| out.push(at, len))?;
+        mr.locate(sge.lkey, iova, n, &mut |at, len| {
+            out.push(at, len).ok_or(MemError)
+        })?;
         Ok(())
     })
 }
@@ -188,6 +150,7 @@ pub fn gather(
 )]
 mod tests {
     use super::*;
+    use crate::packet::{Run, MAX_RUNS};
     use crate::verbs::TestMr as Mem;
 
     #[test]

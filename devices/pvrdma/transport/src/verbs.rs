@@ -377,7 +377,7 @@ pub trait PacketSink {
     fn send_described(
         &mut self,
         _len: usize,
-        _located: &crate::sgl::Located,
+        _located: &crate::packet::Located,
         _payload_len: usize,
         _write: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> bool {
