@@ -55,8 +55,12 @@ mod wire;
 
 /// Runs of each measurement; the median is reported.
 const RUNS: usize = 5;
-/// Signaled work requests in flight, spread over the QPs of a run.
+/// Work requests in flight, spread over the QPs of a run, unless
+/// `depth=N` says otherwise.
 const DEPTH: usize = 16;
+/// Most send work requests in flight on a QP (`depth=` up to this with
+/// one QP; perftest's default `--tx-depth`).
+const SQ_DEPTH: usize = 128;
 /// Most QPs of a run.
 const QPS: usize = 16;
 /// The MR of each side, large enough for the largest message.
@@ -114,8 +118,8 @@ impl Side {
         let pd = sim.create_pd(0).expect("pd");
         let cq = sim.create_cq(0, 2048).expect("cq");
         let spec = QpSpec {
-            max_send_wr: 64,
-            max_recv_wr: 64,
+            max_send_wr: SQ_DEPTH as u32,
+            max_recv_wr: 2 * SQ_DEPTH as u32,
             ..QpSpec::rc(pd, cq.handle)
         };
         let qps = (0..QPS).map(|_| sim.create_qp(spec).expect("qp")).collect();
@@ -163,10 +167,25 @@ impl Side {
     /// Posts a signaled `opcode` of `len` bytes on QP `i`, towards the
     /// peer's MR (`rkey`) for RDMA.
     fn post(&self, i: usize, wr_id: u64, opcode: u32, len: u32, rkey: u32, imm: u32) {
+        self.post_flagged(i, wr_id, opcode, len, rkey, imm, send_flags::SIGNALED);
+    }
+
+    /// [`Side::post`] with `flags` (0: unsignaled).
+    #[allow(clippy::too_many_arguments)]
+    fn post_flagged(
+        &self,
+        i: usize,
+        wr_id: u64,
+        opcode: u32,
+        len: u32,
+        rkey: u32,
+        imm: u32,
+        flags: u32,
+    ) {
         let mut hdr = SqWqeHdr {
             wr_id,
             opcode,
-            send_flags: send_flags::SIGNALED,
+            send_flags: flags,
             ex: imm,
             ..SqWqeHdr::default()
         };
@@ -202,6 +221,12 @@ struct Pair {
     recvs: std::cell::RefCell<Vec<usize>>,
     /// The driver rewrites the source buffer before each post.
     rewrite: bool,
+    /// Work requests in flight in all ([`DEPTH`]).
+    depth: usize,
+    /// Every how many work requests of a QP one is signaled (perftest's
+    /// `--cq-mod`); 1 signals them all. The last one posted before the
+    /// driver stops posting on a QP is always signaled.
+    cq_mod: usize,
 }
 
 impl Pair {
@@ -233,6 +258,8 @@ impl Pair {
             b,
             recvs: std::cell::RefCell::new(vec![0; QPS]),
             rewrite: false,
+            depth: DEPTH,
+            cq_mod: 1,
         }
     }
 
@@ -260,17 +287,23 @@ impl Pair {
     }
 
     /// Moves `count` messages of `len` bytes with `opcode` (posted by A)
-    /// over the first `qps` QPs, [`DEPTH`] in flight in all; SENDs land
-    /// in receives B keeps posted. Returns the elapsed time.
+    /// over the first `qps` QPs, `depth` in flight in all, one in `cq_mod`
+    /// signaled; SENDs land in receives B keeps posted. Returns the
+    /// elapsed time.
     fn transfer(&self, opcode: u32, len: u32, qps: usize, count: usize, reap: Reap) -> Duration {
         let (a, b) = (&self.a, &self.b);
         let send = opcode == wr::SEND;
         let mut recvs = self.recvs.borrow_mut();
         let mut inflight = vec![0usize; qps];
-        let depth = (DEPTH / qps).max(1);
+        let depth = (self.depth / qps).clamp(1, SQ_DEPTH);
+        // Per QP: how many work requests each signaled one in flight
+        // completes (itself and the unsignaled ones before it), and how
+        // many have been posted since the last signaled one.
+        let mut batches = vec![std::collections::VecDeque::new(); qps];
+        let mut unsignaled = vec![0usize; qps];
         if send {
             for (i, r) in recvs.iter_mut().enumerate().take(qps) {
-                while *r < 2 * DEPTH {
+                while *r < 2 * depth {
                     b.sim.post_recv_sges(&b.qps[i], 0, &[b.sge(MR_LEN as u32)]);
                     *r += 1;
                 }
@@ -289,17 +322,31 @@ impl Pair {
                         let source = if opcode == wr::RDMA_READ { b } else { a };
                         source.rewrite(len, posted as u8);
                     }
-                    a.post(i, posted as u64, opcode, len, b.key, 0);
+                    // Signaled: every `cq_mod`-th, and the last before
+                    // this loop stops posting on the QP.
+                    let signaled = unsignaled[i] + 1 >= self.cq_mod
+                        || posted + 1 == count
+                        || inflight[i] + 1 == depth
+                        || (send && recvs[i] == 1);
+                    let flags = if signaled { send_flags::SIGNALED } else { 0 };
+                    a.post_flagged(i, posted as u64, opcode, len, b.key, 0, flags);
                     inflight[i] += 1;
                     posted += 1;
+                    unsignaled[i] += 1;
+                    if signaled {
+                        batches[i].push_back(unsignaled[i]);
+                        unsignaled[i] = 0;
+                    }
                     if send {
                         recvs[i] -= 1;
                     }
                 }
             }
             for c in a.poll() {
-                inflight[a.qp_index(&c)] -= 1;
-                done += 1;
+                let i = a.qp_index(&c);
+                let n = batches[i].pop_front().expect("a signaled WR in flight");
+                inflight[i] -= n;
+                done += n;
             }
             if send {
                 for c in b.poll() {
@@ -589,6 +636,11 @@ fn main() {
     };
     let rewrite = args.iter().any(|a| a == "rewrite");
     println!("share_memory {shares:?}, source rewritten before each post: {rewrite}");
+    // `depth=N` and `cq_mod=N`: perftest's `--tx-depth` and `--cq-mod`.
+    let arg = |name: &str| args.iter().find_map(|a| a.strip_prefix(name)?.parse().ok());
+    let depth: usize = arg("depth=").filter(|&d| d > 0).unwrap_or(DEPTH);
+    let cq_mod: usize = arg("cq_mod=").filter(|&m| m > 0).unwrap_or(1);
+    println!("{depth} work requests in flight in all, one in {cq_mod} of a QP's signaled");
     // `pages=contiguous`: the MRs' pages follow each other (a guest's
     // huge page) instead of each having a gap after it.
     let layout = if args.iter().any(|a| a == "pages=contiguous") {
@@ -609,6 +661,8 @@ fn main() {
             };
             let mut pair = Pair::new(&config, layout);
             pair.rewrite = rewrite;
+            pair.depth = depth;
+            pair.cq_mod = cq_mod;
             // The first frames go before the peer took the ring (and the
             // view): not what is measured.
             pair.transfer(wr::RDMA_WRITE, 4096, QPS, 256, Reap::Poll);
@@ -699,9 +753,10 @@ fn mib(bps: f64) -> f64 {
 
 fn bandwidth(pairs: &[(&str, Pair)]) {
     println!(
-        "bandwidth, median of {RUNS} runs, {DEPTH} in flight in all; the driver polls its CQs \
-         (yielding between polls), and beside it sleeps on their interrupt (runs alternate, \
-         and so do the pairs' runs)"
+        "bandwidth, median of {RUNS} runs, {} in flight in all, one in {} signaled; the driver \
+         polls its CQs (yielding between polls), and beside it sleeps on their interrupt (runs \
+         alternate, and so do the pairs' runs)",
+        pairs[0].1.depth, pairs[0].1.cq_mod
     );
     for len in [4u32 << 10, 64 << 10, 1 << 20] {
         let count = (RUN_BYTES / u64::from(len)).max(64) as usize;
