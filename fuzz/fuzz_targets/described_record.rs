@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use libfuzzer_sys::fuzz_target;
 use pvrdma::sim_driver::sharing::{SharingPair, DESCRIBED_TAG, RAM};
 use pvrdma_vmm_fuzz::{encap, frame, ip_info, Input};
-use rdma_transport::req::MAX_SEGMENT;
+use rdma_transport::req::MAX_DESCRIBED_SEGMENT;
 
 /// Records per input: at most one ring batch, so an input is bounded.
 const MAX_RECORDS: usize = 16;
@@ -119,7 +119,7 @@ fuzz_target!(|data: &[u8]| {
                 .as_ref()
                 .expect("a record whose runs leave A's memory is dropped");
             assert_eq!(bytes, want, "a described record gives its runs' bytes");
-            assert!(bytes.len() <= MAX_SEGMENT as usize);
+            assert!(bytes.len() <= MAX_DESCRIBED_SEGMENT as usize);
         }
     }
     PAIR.set(Some(pair));

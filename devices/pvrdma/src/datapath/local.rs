@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdma_transport::packet::{build_in_buffer, parse_unsealed, Packet, ParseError, Payload, Run};
-use rdma_transport::req::MAX_SEGMENT;
+use rdma_transport::req::MAX_DESCRIBED_SEGMENT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
@@ -203,7 +203,7 @@ impl Batch {
             return Err(ParseError::Length);
         };
         let mut pkt = parse_unsealed(record.get(d.frame..).unwrap_or_default())?;
-        let payload = Payload::runs(view.bytes(), runs, MAX_SEGMENT as usize)
+        let payload = Payload::runs(view.bytes(), runs, MAX_DESCRIBED_SEGMENT as usize)
             .filter(|p| p.len() == d.payload && pkt.payload.is_empty());
         let with_payload = pkt.opcode.is(rdma_transport::opcode::OpClass::PAYLOAD);
         match payload {
@@ -289,13 +289,15 @@ const ANSWER_WAIT: Duration = Duration::from_millis(10);
 /// carries segments (several MTUs of a message in one frame), which a
 /// VMM of version 3 would refuse as malformed packets, failing the QP;
 /// version 5 adds the ring's skip records (`shm_ring::SKIP`), which a
-/// VMM of version 4 would take for a corrupt ring; so
+/// VMM of version 4 would take for a corrupt ring; version 6 described
+/// segments of up to `rdma_transport::req::MAX_DESCRIBED_SEGMENT` bytes,
+/// which a VMM of version 5 would drop as too long, failing the QP; so
 /// the consumer answers ACCEPT (with the ring sender's instance) once it
 /// maps a ring, or REFUSE for a SETUP of another version (logged on both
 /// sides), and the sender sends segments only into an accepted ring and
 /// takes the wire for a peer that refused its ring or never read it (an
 /// older VMM ignores both the SETUP and the answer).
-const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING5";
+const SETUP: &[u8; 16] = b"PVRDMA-SHM-RING6";
 /// What every version's SETUP tag starts with.
 const SETUP_ANY: &[u8; 15] = b"PVRDMA-SHM-RING";
 const ACCEPT: &[u8; 16] = b"PVRDMA-SHM-TAKEN";

@@ -119,14 +119,16 @@ pub struct Packet<'a> {
     pub payload: Payload<'a>,
     /// It came over the same-host channel (parsed by [`parse_unsealed`]):
     /// it may be a segment, a packet carrying several path MTUs of its
-    /// message (see [`crate::req::MAX_SEGMENT`]); a wire packet carries at
+    /// message (see [`crate::req::MAX_SEGMENT`] and
+    /// [`crate::req::MAX_DESCRIBED_SEGMENT`]); a wire packet carries at
     /// most one.
     pub same_host: bool,
 }
 
 /// Most runs a described frame ([`Payload::runs`]) may stand for: a
-/// segment of [`crate::req::MAX_SEGMENT`] bytes over 4 KiB pages that
-/// follow no order is 9, an SGE boundary adds one.
+/// segment of [`crate::req::MAX_DESCRIBED_SEGMENT`] bytes over 4 KiB pages
+/// that follow no order is 17, each of its SGEs after the first adds
+/// at most two ([`crate::req::DESCRIBED_SGES`]).
 pub const MAX_RUNS: usize = 64;
 
 /// A run of payload bytes in the sender's memory as the receiver maps it

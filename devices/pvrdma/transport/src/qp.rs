@@ -31,6 +31,7 @@ use crate::packet::{
 };
 use crate::psn::{psn_compare, Psn};
 use crate::req::{req_step, rewind, ReqAttrs, ReqState, ReqStep, SendWqe};
+use crate::req::{DESCRIBED_SGES, MAX_DESCRIBED_SEGMENT, MAX_SEGMENT};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
 use crate::sgl::{gather, locate, scatter, sge_total};
@@ -317,6 +318,12 @@ fn send_frame(
                 return built;
             }
         }
+        // A described segment larger than a copied one: its runs fit a
+        // record ([`Qp::segment_for`]), so only its MRs' checks refuse
+        // it, as they would refuse copying it.
+        if payload_len > MAX_SEGMENT as usize {
+            return Err(BuildError::Payload);
+        }
     }
     let len = frame_len(addr, hdrs, payload_len)?;
     let mut fill = Some(fill);
@@ -470,10 +477,26 @@ impl Qp {
     /// Sets the most payload bytes a packet we send may carry: 0 (or the
     /// path MTU) for MTU packets, the default and all a wire takes; up to
     /// [`crate::req::MAX_SEGMENT`] when the peer is on the same-host
-    /// channel, which takes segments. Only the packets built from now on
-    /// follow it, and the PSNs are the same either way.
+    /// channel, which takes segments (and up to
+    /// [`MAX_DESCRIBED_SEGMENT`] while it maps our memory, see
+    /// [`Qp::segment_for`]). Only the packets built from now on follow it,
+    /// and the PSNs are the same either way.
     pub fn set_segment(&mut self, bytes: u32) {
         self.segment = bytes;
+    }
+
+    /// The segment limit for a payload of `sges` pieces sent to `net`:
+    /// towards a same-host peer that maps our memory, payloads are
+    /// described, and a described segment of up to
+    /// [`MAX_DESCRIBED_SEGMENT`] from at most [`DESCRIBED_SGES`] pieces
+    /// always fits a record's runs; else the limit [`Qp::set_segment`]
+    /// set.
+    fn segment_for(&self, net: &dyn PacketSink, sges: usize) -> u32 {
+        if self.segment > 0 && sges <= DESCRIBED_SGES && net.shares_memory() {
+            MAX_DESCRIBED_SEGMENT
+        } else {
+            self.segment
+        }
     }
 
     /// Whether the QP is in the error state.
@@ -704,9 +727,11 @@ impl Qp {
         while work < budget {
             let did = if self.error {
                 self.flush_one(io)
-            } else if let Some(r) =
-                next_response(&mut self.resp, &self.attrs.resp(), io.mr, self.segment)
-            {
+            } else if let Some(r) = {
+                // A READ response is one piece, of one MR.
+                let segment = self.segment_for(io.net, 1);
+                next_response(&mut self.resp, &self.attrs.resp(), io.mr, segment)
+            } {
                 // READ data straight into the frame; a frame that cannot
                 // be built is a lost response, which the READ's retry
                 // covers.
@@ -766,8 +791,9 @@ impl Qp {
     }
 
     fn send_one(&mut self, now: u64, io: &mut Io<'_>) -> bool {
+        let sges = self.sq.get(self.next).map_or(0, |s| s.e.sges.len());
         let ra = ReqAttrs {
-            segment: self.segment,
+            segment: self.segment_for(io.net, sges),
             ..self.attrs.req()
         };
         let starting = self.req.offset == 0 && self.req.prev.is_none();

@@ -43,6 +43,20 @@ pub const SEGMENT_WINDOW: u32 = 1 << 20;
 /// so the PSN space, ACKs, retransmission and the switch to the wire are
 /// those of MTU packets; it saves their per-packet work, not their PSNs.
 pub const MAX_SEGMENT: u32 = 32 << 10;
+/// Most payload bytes of a described segment (the one-copy path: its
+/// record carries where the payload lies in the sender's memory, not the
+/// bytes, so no datagram bounds it): a 64 KiB message is one record, not
+/// two, and the requester's and responder's work per segment is paid
+/// half as often (128 KiB measured no better at 64 KiB and worse at
+/// 1 MiB: docs/benchmarks.md). Over 4 KiB pages, a segment of it from at
+/// most [`DESCRIBED_SGES`] SGEs lies in at most 16 + 2 x 16 runs, so its
+/// runs always fit [`crate::packet::MAX_RUNS`].
+pub const MAX_DESCRIBED_SEGMENT: u32 = 64 << 10;
+/// Most SGEs of a WQE that the requester sends in described segments of
+/// up to [`MAX_DESCRIBED_SEGMENT`]; a WQE with more sends segments of up
+/// to [`MAX_SEGMENT`], which the ring can carry copied when their runs
+/// are too many to describe.
+pub const DESCRIBED_SGES: usize = 16;
 
 /// Remote part of a send WQE (RC RDMA/atomic or UD destination).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,7 +102,8 @@ pub struct ReqAttrs {
     /// Path MTU in bytes (256..=4096).
     pub mtu: u32,
     /// Most payload bytes per packet: `mtu`, or up to [`MAX_SEGMENT`]
-    /// (rounded down to a multiple of `mtu`) towards a same-host peer.
+    /// (rounded down to a multiple of `mtu`) towards a same-host peer, up
+    /// to [`MAX_DESCRIBED_SEGMENT`] towards one that maps our memory.
     pub segment: u32,
     /// UD service.
     pub ud: bool,
@@ -202,9 +217,9 @@ pub fn read_psns(len: u32, mtu: u32) -> u32 {
 
 /// The payload bytes per packet for a `segment` limit at path MTU `mtu`
 /// (256..=4096): a multiple of `mtu`, at least `mtu`, at most
-/// [`MAX_SEGMENT`].
+/// [`MAX_DESCRIBED_SEGMENT`].
 pub fn segment_len(segment: u32, mtu: u32) -> u32 {
-    let seg = segment.clamp(mtu, MAX_SEGMENT.max(mtu));
+    let seg = segment.clamp(mtu, MAX_DESCRIBED_SEGMENT.max(mtu));
     seg.checked_div(mtu).unwrap_or(1).saturating_mul(mtu)
 }
 
@@ -539,7 +554,7 @@ mod tests {
         assert_eq!(st.psn.get(), 70);
         assert_eq!(segment_len(0, 1024), 1024);
         assert_eq!(segment_len(5000, 4096), 4096);
-        assert_eq!(segment_len(u32::MAX, 4096), MAX_SEGMENT);
+        assert_eq!(segment_len(u32::MAX, 4096), MAX_DESCRIBED_SEGMENT);
     }
 
     /// How far ahead of its ACKs a QP may run: 128 PSNs on a wire (two

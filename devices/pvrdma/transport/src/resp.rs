@@ -26,7 +26,7 @@ use crate::hdr::{Aeth, NakCode, Syndrome};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
-use crate::req::MAX_SEGMENT;
+use crate::req::MAX_DESCRIBED_SEGMENT;
 use crate::verbs::{check_mr, Access, MrInfo, MrTable};
 
 pub mod exec;
@@ -113,11 +113,17 @@ pub fn check_op_seq(prev: Option<Opcode>, op: Opcode) -> Result<(), Syndrome> {
 /// IBA 9.7.5.1.3 / rxe `check_length`: FIRST and MIDDLE payloads are
 /// exactly one MTU, others at most one. A segment of the same-host
 /// channel stands for several packets: FIRST and MIDDLE carry a whole
-/// number of MTUs, any payload at most [`MAX_SEGMENT`].
+/// number of MTUs, any payload at most [`MAX_DESCRIBED_SEGMENT`] (a
+/// copied segment is at most [`crate::req::MAX_SEGMENT`], which its ring
+/// record bounds; a described one may be larger).
 pub fn check_length(pkt: &Packet<'_>, mtu: u32) -> Result<(), Syndrome> {
     let len = u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX);
     let op = pkt.opcode;
-    let max = if pkt.same_host { MAX_SEGMENT } else { mtu };
+    let max = if pkt.same_host {
+        MAX_DESCRIBED_SEGMENT
+    } else {
+        mtu
+    };
     let ok = if op.is(OpClass::MIDDLE) || op.is(OpClass::FIRST) && !op.is(OpClass::LAST) {
         len > 0 && len <= max && len.checked_rem(mtu) == Some(0)
     } else {
@@ -273,7 +279,8 @@ mod tests {
     /// channel only, and only in whole MTUs but for the last.
     #[test]
     fn segments_only_from_the_same_host_channel() {
-        let big = vec![0u8; MAX_SEGMENT as usize + 256];
+        const MAX: usize = MAX_DESCRIBED_SEGMENT as usize;
+        let big = vec![0u8; MAX + 256];
         let seg = |op, len: usize, same_host| {
             let mut p = pkt(op, &big[..len]);
             p.same_host = same_host;
@@ -281,12 +288,12 @@ mod tests {
         };
         assert!(seg(RcRdmaWriteFirst, 4096, true).is_ok());
         assert!(seg(RcRdmaWriteFirst, 4096, false).is_err(), "from a wire");
-        assert!(seg(RcSendMiddle, MAX_SEGMENT as usize, true).is_ok());
+        assert!(seg(RcSendMiddle, MAX, true).is_ok());
         assert!(seg(RcSendMiddle, 4000, true).is_err(), "not whole MTUs");
         assert!(seg(RcSendMiddle, 0, true).is_err());
         assert!(seg(RcSendLast, 4000, true).is_ok());
-        assert!(seg(RcRdmaWriteOnly, MAX_SEGMENT as usize + 1, true).is_err());
-        assert!(seg(RcSendFirst, MAX_SEGMENT as usize + 256, true).is_err());
+        assert!(seg(RcRdmaWriteOnly, MAX + 1, true).is_err());
+        assert!(seg(RcSendFirst, MAX + 256, true).is_err());
     }
 
     struct Table;
