@@ -77,8 +77,9 @@ fn walk(
     Ok(())
 }
 
-/// Writes `data` into the SGE list at message offset `off`, piece by
-/// piece.
+/// Writes `data` into the SGE list at message offset `off`: where one
+/// SGE holds all of it (the usual case), with one MR check and one
+/// [`MrTable::write_payload`] of all its pieces; else piece by piece.
 pub fn scatter(
     mr: &mut dyn MrTable,
     pd: u32,
@@ -86,6 +87,18 @@ pub fn scatter(
     off: u32,
     data: Payload<'_>,
 ) -> Result<(), SglError> {
+    let len = data.len();
+    let mut whole = None;
+    walk(sges, off, len, |sge, iova, r| {
+        if r == (0..len) {
+            whole = Some((sge.lkey, iova));
+        }
+        Ok(())
+    })?;
+    if let Some((lkey, iova)) = whole {
+        check_mr(mr, lkey, pd, iova, len as u64, Access::LOCAL_WRITE)?;
+        return Ok(mr.write_payload(lkey, iova, data)?);
+    }
     let mut at = off;
     for piece in data.pieces() {
         walk(sges, at, piece.len(), |sge, iova, r| {
@@ -189,6 +202,34 @@ mod tests {
         ));
         assert_eq!(sge_total(&sges), Some(8));
         assert_eq!(sge_total(&[bad[0]; MAX_SGE + 1]), None);
+    }
+
+    /// Scatter makes gather's checks whether one SGE holds the payload
+    /// (one check for all of it) or several do: another PD's MR, a key
+    /// that is none and bytes past the MR's end are refused, and nothing
+    /// is written.
+    #[test]
+    fn scatter_checks_the_sges_whether_one_or_several_hold_the_payload() {
+        let sge = |addr, len, lkey| Sge { addr, len, lkey };
+        let payload = Payload::from(&[7u8; 8][..]);
+        for sges in [vec![sge(0, 8, 1)], vec![sge(0, 4, 1), sge(4, 4, 1)]] {
+            let mut m = Mem(vec![0; 64]);
+            let other_pd = scatter(&mut m, 5, &sges, 0, payload);
+            assert!(matches!(
+                other_pd,
+                Err(SglError::Mr(MrCheckError::WrongPd(1)))
+            ));
+            let mut bad = sges.clone();
+            bad[0].lkey = 2;
+            let no_key = scatter(&mut m, 0, &bad, 0, payload);
+            assert!(matches!(no_key, Err(SglError::Mr(MrCheckError::BadKey(2)))));
+            assert!(m.0.iter().all(|&b| b == 0), "nothing written");
+        }
+        let past = scatter(&mut Mem(vec![0; 64]), 0, &[sge(60, 8, 1)], 0, payload);
+        assert!(matches!(
+            past,
+            Err(SglError::Mr(MrCheckError::OutOfBounds(1)))
+        ));
     }
 
     /// The runs of a message are found with gather's checks, merged where
