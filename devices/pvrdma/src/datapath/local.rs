@@ -2119,8 +2119,14 @@ mod tests {
         let write = header(Opcode::RcRdmaWriteOnly, &[]);
         let run = |at, len| Run { at, len };
         let good = [run(4096, 100), run(10, 20)];
+        // A described segment's most: all of A's memory; one byte more is
+        // too long.
+        let most = MAX_DESCRIBED_SEGMENT;
+        assert_eq!(ram.len(), most as usize);
         let records = [
             described(&good, 120, &write),
+            described(&[run(0, most)], most as usize, &write),
+            described(&[run(0, most), run(0, 1)], most as usize + 1, &write),
             described(&[run(65_000, 1000)], 1000, &write),
             described(&[run(u64::MAX - 10, 20)], 20, &write),
             described(&[run(0, 0)], 0, &write),
@@ -2141,7 +2147,9 @@ mod tests {
         let pieces: Vec<u8> = pkt.payload.pieces().flatten().copied().collect();
         assert_eq!(pieces, [&ram[4096..4196], &ram[10..30]].concat());
         assert_eq!((pkt.payload.len(), pkt.hdrs.bth.dqpn), (120, 17));
-        for (i, p) in got.iter().enumerate().skip(1) {
+        let whole = got[1].as_ref().unwrap();
+        assert_eq!(whole.payload.pieces().flatten().count(), ram.len());
+        for (i, p) in got.iter().enumerate().skip(2) {
             assert!(p.is_err(), "record {i} taken");
         }
         batch.release();
