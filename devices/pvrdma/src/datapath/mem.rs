@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use rdma_transport::packet::Payload;
+use rdma_transport::packet::{Located, Payload};
 use rdma_transport::verbs::{FastReg, MemError, MrInfo, MrTable};
 use vm_memory::bitmap::BS;
 use vm_memory::{
@@ -184,13 +184,7 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
 
     /// Offsets into the memfd behind guest memory (the view peers map):
     /// each guest-contiguous piece must lie in one region with a file.
-    fn locate(
-        &self,
-        key: u32,
-        iova: u64,
-        len: usize,
-        f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
-    ) -> Result<(), MemError> {
+    fn locate(&self, key: u32, iova: u64, len: usize, out: &mut Located) -> Result<(), MemError> {
         let mr = self.mr(key).ok_or(MemError)?;
         let mut regions = Regions::new(self.mem.physical_memory().ok_or(MemError)?);
         pieces(mr, iova, len, |gpa, range| {
@@ -202,7 +196,8 @@ impl<M: GuestMemory> MrTable for GuestMrs<'_, M> {
             }
             let file = region.file_offset().ok_or(MemError)?;
             let at = file.start().checked_add(off).ok_or(MemError)?;
-            f(at, u32::try_from(n).map_err(|_| MemError)?)
+            out.push(at, u32::try_from(n).map_err(|_| MemError)?)
+                .ok_or(MemError)
         })
     }
 

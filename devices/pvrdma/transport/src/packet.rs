@@ -168,6 +168,7 @@ impl Located {
     /// Appends the run of `len` bytes at `at`: as part of the last run
     /// where it follows it in the view; `None` where that would make more
     /// than [`MAX_RUNS`].
+    #[inline]
     pub fn push(&mut self, at: u64, len: u32) -> Option<()> {
         let full = self.runs.len() >= MAX_RUNS;
         match self.runs.last_mut() {

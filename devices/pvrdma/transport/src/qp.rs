@@ -35,7 +35,7 @@ use crate::req::{DESCRIBED_SGES, MAX_DESCRIBED_SEGMENT, MAX_SEGMENT};
 use crate::resp::exec::{next_response, respond};
 use crate::resp::{RecvQueue, RecvWqe, RespAttrs, RespCtx, RespOut, RespState};
 use crate::sgl::{gather, locate, scatter, sge_total};
-use crate::verbs::{Access, CompletionSink, FastReg, MemError, MrTable, PacketSink, Sge};
+use crate::verbs::{Access, CompletionSink, FastReg, MrTable, PacketSink, Sge};
 use crate::verbs::{WcOpcode, WcStatus};
 use crate::verbs::{WorkCompletion, WrOpcode};
 
@@ -739,8 +739,7 @@ impl Qp {
                 let fill = |dst: &mut [u8]| dst.is_empty() || mr.read(r.rkey, r.va, dst).is_ok();
                 let find = |out: &mut Located| {
                     out.key(r.rkey);
-                    let mut push = |at, len| out.push(at, len).ok_or(MemError);
-                    mr.locate(r.rkey, r.va, r.len as usize, &mut push).is_ok()
+                    mr.locate(r.rkey, r.va, r.len as usize, out).is_ok()
                 };
                 let (addr, len) = (&self.attrs.addr, r.len as usize);
                 let located = &mut self.located;

@@ -129,10 +129,7 @@ pub fn locate(
         let n = r.len();
         check_mr(mr, sge.lkey, pd, iova, n as u64, Access::empty())?;
         out.key(sge.lkey);
-        mr.locate(sge.lkey, iova, n, &mut |at, len| {
-            out.push(at, len).ok_or(MemError)
-        })?;
-        Ok(())
+        Ok(mr.locate(sge.lkey, iova, n, out)?)
     })
 }
 

@@ -19,7 +19,7 @@ use bitflags::bitflags;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::packet::Payload;
+use crate::packet::{Located, Payload};
 
 /// Work completion status (`ib_wc_status`).
 #[repr(u32)]
@@ -200,16 +200,16 @@ pub trait MrTable {
     /// Executes a fast registration (REG_MR) of PD `pd`; false if the MR
     /// cannot take it (unknown, wrong PD, still valid, page list too long).
     fn fast_reg(&mut self, fr: &FastReg, pd: u32) -> bool;
-    /// Calls `f(offset, len)` for each run of `[iova, iova + len)` of the
-    /// MR `key` (already checked) in the memory a same-host peer maps
-    /// (see [`PacketSink::shares_memory`]), in order; an error where
-    /// there is none (the default) or `f` fails.
+    /// Appends to `out` the runs of `[iova, iova + len)` of the MR `key`
+    /// (already checked) in the memory a same-host peer maps (see
+    /// [`PacketSink::shares_memory`]), in order ([`Located::push`]); an
+    /// error where there is none (the default) or `out` is full.
     fn locate(
         &self,
         _key: u32,
         _iova: u64,
         _len: usize,
-        _f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
+        _out: &mut Located,
     ) -> Result<(), MemError> {
         Err(MemError)
     }
@@ -377,7 +377,7 @@ pub trait PacketSink {
     fn send_described(
         &mut self,
         _len: usize,
-        _located: &crate::packet::Located,
+        _located: &Located,
         _payload_len: usize,
         _write: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> bool {
@@ -412,14 +412,9 @@ impl MrTable for TestMr {
         Ok(())
     }
     /// The vector is its own view: one run at the IOVA.
-    fn locate(
-        &self,
-        _: u32,
-        iova: u64,
-        len: usize,
-        f: &mut dyn FnMut(u64, u32) -> Result<(), MemError>,
-    ) -> Result<(), MemError> {
-        f(iova, u32::try_from(len).map_err(|_| MemError)?)
+    fn locate(&self, _: u32, iova: u64, len: usize, out: &mut Located) -> Result<(), MemError> {
+        out.push(iova, u32::try_from(len).map_err(|_| MemError)?)
+            .ok_or(MemError)
     }
     fn invalidate(&mut self, _: u32, _: u32) -> bool {
         false
