@@ -50,7 +50,7 @@ mod engine_state {
         e: &Option<Box<Engine>>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        e.as_ref().map(|e| e.save()).serialize(s)
+        e.as_ref().map(|e| e.saved()).serialize(s)
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
