@@ -14,6 +14,7 @@
 //! for fixed-size values only (nothing it decodes allocates): sequences
 //! stay serde's, where the bounded decoder charges their elements.
 
+use std::cell::Cell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde::de::{self, SeqAccess, Visitor};
@@ -94,6 +95,13 @@ impl<'a> Reader<'a> {
         let (head, rest) = self.0.split_first_chunk::<N>()?;
         self.0 = rest;
         Some(*head)
+    }
+
+    /// The next `n` raw bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
     }
 
     /// Whether every byte was read.
@@ -222,15 +230,23 @@ macro_rules! packed_struct {
     )*};
 }
 
+thread_local! {
+    /// What [`serialize_with`] packs into, kept between calls: a save of
+    /// thousands of QPs allocates it once, not once a value.
+    static BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
 /// Serializes what `pack` writes as one byte string.
 pub fn serialize_with<S: Serializer>(
     s: S,
     pack: impl FnOnce(&mut Writer),
 ) -> Result<S::Ok, S::Error> {
-    // Room for a QP's engine without growing.
-    let mut w = Writer(Vec::with_capacity(256));
+    let mut w = Writer(BUF.take());
+    w.0.clear();
     pack(&mut w);
-    s.serialize_bytes(&w.0)
+    let done = s.serialize_bytes(&w.0);
+    BUF.set(w.0);
+    done
 }
 
 /// Deserializes a byte string that `unpack` reads exactly (or, from a
