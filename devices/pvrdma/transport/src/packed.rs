@@ -67,13 +67,18 @@ impl<'a> Reader<'a> {
     /// A LEB128 varint of at most 10 bytes that fits a `u64`.
     #[inline]
     pub fn varint(&mut self) -> Option<u64> {
-        // Most fields take one byte.
-        if let Some((&b, rest)) = self.0.split_first() {
-            if b < 0x80 {
+        // Most fields take one byte: inlined; the rest out of line.
+        match self.0.split_first() {
+            Some((&b, rest)) if b < 0x80 => {
                 self.0 = rest;
-                return Some(u64::from(b));
+                Some(u64::from(b))
             }
+            _ => self.long_varint(),
         }
+    }
+
+    #[inline(never)]
+    fn long_varint(&mut self) -> Option<u64> {
         let mut v = 0u64;
         for (i, &b) in self.0.iter().enumerate().take(10) {
             let low = u64::from(b & 0x7f);
