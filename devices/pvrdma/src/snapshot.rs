@@ -33,8 +33,9 @@ pub(crate) const ID: &str = "pvrdma";
 /// Layout of [`Saved`]; bump on any change (postcard is positional: a field
 /// added anywhere inside, even `#[serde(default)]`, shifts everything after
 /// it). 4: the completer's `retrying` and the responder's held ACK/NAK.
-/// 5: a CQ's `ever_armed`.
-pub(crate) const VERSION: u32 = 5;
+/// 5: a CQ's `ever_armed`. 6: a QP's and its engine's plain fields packed
+/// into a byte string each (`rdma_transport::packed`).
+pub(crate) const VERSION: u32 = 6;
 
 /// A restore's hint ([`hint`]): its name and layout.
 const HINT_ID: &str = "pvrdma-hint";

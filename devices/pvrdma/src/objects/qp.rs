@@ -39,31 +39,10 @@ use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;
 
-/// Serde for the engine: its [`rdma_transport::qp::QpState`].
-mod engine_state {
-    use rdma_transport::qp::QpState;
-    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+mod saved;
 
-    use super::Engine;
-
-    pub(crate) fn serialize<S: Serializer>(
-        e: &Option<Box<Engine>>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        e.as_ref().map(|e| e.save()).serialize(s)
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Box<Engine>>, D::Error> {
-        let state: Option<QpState> = Deserialize::deserialize(d)?;
-        state
-            .map(|s| Engine::restore(s).map(Box::new).map_err(D::Error::custom))
-            .transpose()
-    }
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+/// Saved by [`saved`]'s serde.
+#[derive(Debug)]
 pub(crate) struct Qp {
     pub(crate) gen: u64,
     /// The wire QPN (1 for the GSI QP).
@@ -88,7 +67,6 @@ pub(crate) struct Qp {
     pub(crate) doorbells: Doorbells,
     /// The transport engine, from RTR until RESET or destruction (saved
     /// as its `QpState`, checked on restore).
-    #[serde(with = "engine_state")]
     pub(crate) engine: Option<Box<Engine>>,
 }
 

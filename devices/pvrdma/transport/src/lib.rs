@@ -29,6 +29,7 @@ pub mod icrc;
 pub mod metrics;
 pub mod net;
 pub mod opcode;
+pub mod packed;
 pub mod packet;
 pub mod psn;
 pub mod qp;

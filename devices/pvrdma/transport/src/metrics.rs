@@ -15,6 +15,8 @@ macro_rules! metrics {
             $( $(#[$doc])* pub $name: u64, )*
         }
 
+        $crate::packed_struct!(Metrics { $($name),* });
+
         impl Metrics {
             /// Every counter by name, in declaration order.
             pub fn named(&self) -> Vec<(&'static str, u64)> {

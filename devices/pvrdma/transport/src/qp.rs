@@ -22,6 +22,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod saved;
+
 use crate::comp::{comp_packet, comp_timer, CompAttrs, CompState, CompStep, CompWqe};
 use crate::hdr::Syndrome;
 use crate::metrics::{inc, Metrics};
@@ -154,8 +156,9 @@ pub struct Slot {
 /// Everything a QP's engine holds, for migration and snapshots: the
 /// sequence numbers, the unacknowledged and unsent send WQEs, the
 /// responder's open message and READ/atomic replay cache. Untrusted on
-/// [`Qp::restore`] (it may come from another host).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// [`Qp::restore`] (it may come from another host). Its serde is
+/// [`saved`]'s: the plain fields packed, the queues beside.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QpState {
     /// Attributes.
     pub attrs: QpAttrs,
