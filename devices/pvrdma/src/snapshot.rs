@@ -59,8 +59,48 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     Snapshot::new(HINT_ID, HINT_VERSION, &hint).ok()
 }
 
+/// Heap the decode of the objects behind one doorbell eventfd takes, with
+/// room (about 1.2 KiB a QP in process: docs/benchmarks.md).
+const HEAP_PER_EVENTFD: usize = 1536;
+/// Most heap [`warm_heap`] touches for one restore.
+const MOST_WARM_HEAP: usize = 16 << 20;
+/// Blocks [`warm_heap`] allocates: below glibc's mmap threshold (128 KiB),
+/// so that they come from this thread's arena, where the decode's
+/// allocations will.
+const WARM_BLOCK: usize = 64 << 10;
+/// glibc's default trim threshold, put back once the restore is done.
+const TRIM_THRESHOLD: libc::c_int = 128 << 10;
+
+/// Touches `bytes` of this thread's heap and keeps them mapped until
+/// the restore ends ([`CoolHeap`]; glibc's trim threshold raised meanwhile), so that the
+/// decode inside a migration's blackout finds its pages already there: in
+/// a nested TCG test host each first touch of a page costs tens of
+/// microseconds, and a restore of 4096 QPs touched about 1700 of them
+/// (docs/benchmarks.md). Called on the thread that will restore.
+fn warm_heap(bytes: usize) {
+    let keep = libc::c_int::try_from(bytes.saturating_mul(2)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: mallopt only changes glibc's malloc parameters.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, keep.max(TRIM_THRESHOLD)) };
+    let blocks: Vec<Vec<u8>> = (0..bytes.div_ceil(WARM_BLOCK))
+        .map(|_| vec![1u8; WARM_BLOCK])
+        .collect();
+    drop(std::hint::black_box(blocks));
+}
+
+/// Lets glibc give the heap [`warm_heap`] kept back to the system again
+/// when dropped: at the end of a restore, whichever way it ends.
+struct CoolHeap;
+
+impl Drop for CoolHeap {
+    fn drop(&mut self) {
+        // SAFETY: as in `warm_heap`.
+        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) };
+    }
+}
+
 /// Makes the eventfds a source's [`hint`] names, at most as many as this
-/// device's limits allow its objects (the source's word is not trusted).
+/// device's limits allow its objects (the source's word is not trusted),
+/// and warms the heap their objects' decode will take.
 pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), MigratableError> {
     let start = Instant::now();
     let hint: Hint = hint.state(HINT_ID, HINT_VERSION)?;
@@ -71,8 +111,12 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
         .saturating_add(u64::from(l.max_srq));
     let n = usize::try_from(hint.eventfds.min(most)).unwrap_or(0);
     let made = shared.env.hub.make_ahead(n);
+    let heap = n.saturating_mul(HEAP_PER_EVENTFD).min(MOST_WARM_HEAP);
+    warm_heap(heap);
     log::info!(
-        "pvrdma: {made} doorbell eventfds made ahead of the restore in {} ms (hint: {})",
+        "pvrdma: {made} doorbell eventfds made and {} KiB of heap warmed ahead of the restore \
+         in {} ms (hint: {})",
+        heap / 1024,
         start.elapsed().as_millis(),
         hint.eventfds
     );
@@ -200,6 +244,7 @@ fn restore_error(e: impl std::error::Error + Send + Sync + 'static) -> Migratabl
 /// Replaces the device's state with `snapshot`'s (the device is fresh or
 /// quiesced). Nothing changes unless the whole state is valid.
 pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), MigratableError> {
+    let _cool = CoolHeap;
     // Each step's share (a restore sits in a migration's blackout).
     let u_start = Usage::now();
     let start = Instant::now();
@@ -277,7 +322,22 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
 
 #[cfg(test)]
 mod tests {
-    use super::Usage;
+    use super::{warm_heap, CoolHeap, Usage};
+
+    /// After `warm_heap`, as many small allocations as it warmed (a
+    /// decode's) touch no new pages; without it they fault every page in.
+    #[test]
+    fn a_warmed_heap_is_faulted_in_ahead() {
+        const BYTES: usize = 16 << 20;
+        let cool = CoolHeap;
+        warm_heap(BYTES);
+        let before = Usage::now();
+        let blocks: Vec<Vec<u8>> = (0..BYTES / 2048).map(|_| vec![1u8; 1500]).collect();
+        let faults = Usage::now().faults.saturating_sub(before.faults);
+        drop((std::hint::black_box(blocks), cool));
+        // 16 MiB of pages is 4096 faults; a few for the pages around.
+        assert!(faults < 200, "{faults} faults");
+    }
 
     /// The step line's figures move with the work: pages touched for the
     /// first time, bytes allocated and kept, CPU spent. The pages are a
