@@ -60,27 +60,34 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
 }
 
 /// Heap the decode of the objects behind one doorbell eventfd takes, with
-/// room (about 1.2 KiB a QP in process: docs/benchmarks.md).
-const HEAP_PER_EVENTFD: usize = 1536;
+/// room (about 1.2 KiB a QP in process: docs/benchmarks.md), and for the
+/// larger blocks (the objects' maps built at once) taken from it too.
+const HEAP_PER_EVENTFD: usize = 2560;
 /// Most heap [`warm_heap`] touches for one restore.
 const MOST_WARM_HEAP: usize = 16 << 20;
 /// Blocks [`warm_heap`] allocates: below glibc's mmap threshold (128 KiB),
 /// so that they come from this thread's arena, where the decode's
 /// allocations will.
 const WARM_BLOCK: usize = 64 << 10;
-/// glibc's default trim threshold, put back once the restore is done.
-const TRIM_THRESHOLD: libc::c_int = 128 << 10;
+/// glibc's default trim and mmap thresholds, put back once the restore is
+/// done.
+const THRESHOLD: libc::c_int = 128 << 10;
 
-/// Touches `bytes` of this thread's heap and keeps them mapped until
-/// the restore ends ([`CoolHeap`]; glibc's trim threshold raised meanwhile), so that the
-/// decode inside a migration's blackout finds its pages already there: in
-/// a nested TCG test host each first touch of a page costs tens of
-/// microseconds, and a restore of 4096 QPs touched about 1700 of them
-/// (docs/benchmarks.md). Called on the thread that will restore.
+/// Touches `bytes` of this thread's heap and keeps them mapped until the
+/// restore ends ([`CoolHeap`]), so that the decode inside a migration's
+/// blackout finds its pages already there: in a nested TCG test host each
+/// first touch of a page costs tens of microseconds, and a restore of 4096
+/// QPs touched about 1700 of them (docs/benchmarks.md). Called on the
+/// thread that will restore. Meanwhile glibc neither trims the heap nor
+/// serves the decode's larger blocks with fresh mappings of their own.
 fn warm_heap(bytes: usize) {
     let keep = libc::c_int::try_from(bytes.saturating_mul(2)).unwrap_or(libc::c_int::MAX);
+    let most = libc::c_int::try_from(MOST_WARM_HEAP).unwrap_or(libc::c_int::MAX);
     // SAFETY: mallopt only changes glibc's malloc parameters.
-    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, keep.max(TRIM_THRESHOLD)) };
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, keep.max(THRESHOLD));
+        libc::mallopt(libc::M_MMAP_THRESHOLD, most);
+    }
     let blocks: Vec<Vec<u8>> = (0..bytes.div_ceil(WARM_BLOCK))
         .map(|_| vec![1u8; WARM_BLOCK])
         .collect();
@@ -94,7 +101,10 @@ struct CoolHeap;
 impl Drop for CoolHeap {
     fn drop(&mut self) {
         // SAFETY: as in `warm_heap`.
-        unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) };
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, THRESHOLD);
+        }
     }
 }
 
