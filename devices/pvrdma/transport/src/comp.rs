@@ -23,7 +23,7 @@ use crate::hdr::{ack_timeout_ns, rnr_timer_ns, NakCode, Syndrome};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
-use crate::req::{read_psns, MAX_DESCRIBED_SEGMENT};
+use crate::req::{max_payload, read_psns};
 use crate::verbs::{WcStatus, WrOpcode};
 
 /// `rnr_retry` value meaning "retry forever" (IBA 9.7.5.2.8).
@@ -210,14 +210,9 @@ fn read_resp_ok(op: Opcode, first: bool, last: bool) -> bool {
 
 /// The payload length of READ response `pkt` when `rest` bytes of the
 /// READ are still due, if valid: all of them, or else a whole number of
-/// MTUs, one on the wire and up to a segment's
-/// ([`MAX_DESCRIBED_SEGMENT`]) from the same-host channel.
+/// MTUs, at most [`max_payload`].
 fn read_response_len(pkt: &Packet<'_>, rest: u32, mtu: u32) -> Option<u32> {
-    let max = if pkt.same_host {
-        MAX_DESCRIBED_SEGMENT
-    } else {
-        mtu
-    };
+    let max = max_payload(pkt.same_host, mtu);
     let n = u32::try_from(pkt.payload.len()).ok()?;
     let whole_mtus = n > 0 && n < rest && n.checked_rem(mtu) == Some(0);
     (n <= max && (n == rest || whole_mtus)).then_some(n)

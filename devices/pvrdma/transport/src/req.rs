@@ -215,6 +215,18 @@ pub fn read_psns(len: u32, mtu: u32) -> u32 {
         .saturating_add(1)
 }
 
+/// Most payload bytes a received packet may carry: one path MTU from a
+/// wire, a segment's ([`MAX_DESCRIBED_SEGMENT`]) from the same-host
+/// channel (a copied segment is at most [`MAX_SEGMENT`], which its ring
+/// record bounds; a described one may be larger).
+pub fn max_payload(same_host: bool, mtu: u32) -> u32 {
+    if same_host {
+        MAX_DESCRIBED_SEGMENT
+    } else {
+        mtu
+    }
+}
+
 /// The payload bytes per packet for a `segment` limit at path MTU `mtu`
 /// (256..=4096): a multiple of `mtu`, at least `mtu`, at most
 /// [`MAX_DESCRIBED_SEGMENT`].

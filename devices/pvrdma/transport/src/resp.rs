@@ -26,7 +26,7 @@ use crate::hdr::{Aeth, NakCode, Syndrome};
 use crate::opcode::{OpClass, Opcode};
 use crate::packet::Packet;
 use crate::psn::{psn_compare, Psn};
-use crate::req::MAX_DESCRIBED_SEGMENT;
+use crate::req::max_payload;
 use crate::verbs::{check_mr, Access, MrInfo, MrTable};
 
 pub mod exec;
@@ -113,17 +113,11 @@ pub fn check_op_seq(prev: Option<Opcode>, op: Opcode) -> Result<(), Syndrome> {
 /// IBA 9.7.5.1.3 / rxe `check_length`: FIRST and MIDDLE payloads are
 /// exactly one MTU, others at most one. A segment of the same-host
 /// channel stands for several packets: FIRST and MIDDLE carry a whole
-/// number of MTUs, any payload at most [`MAX_DESCRIBED_SEGMENT`] (a
-/// copied segment is at most [`crate::req::MAX_SEGMENT`], which its ring
-/// record bounds; a described one may be larger).
+/// number of MTUs, any payload at most [`max_payload`].
 pub fn check_length(pkt: &Packet<'_>, mtu: u32) -> Result<(), Syndrome> {
     let len = u32::try_from(pkt.payload.len()).unwrap_or(u32::MAX);
     let op = pkt.opcode;
-    let max = if pkt.same_host {
-        MAX_DESCRIBED_SEGMENT
-    } else {
-        mtu
-    };
+    let max = max_payload(pkt.same_host, mtu);
     let ok = if op.is(OpClass::MIDDLE) || op.is(OpClass::FIRST) && !op.is(OpClass::LAST) {
         len > 0 && len <= max && len.checked_rem(mtu) == Some(0)
     } else {
@@ -279,7 +273,7 @@ mod tests {
     /// channel only, and only in whole MTUs but for the last.
     #[test]
     fn segments_only_from_the_same_host_channel() {
-        const MAX: usize = MAX_DESCRIBED_SEGMENT as usize;
+        const MAX: usize = crate::req::MAX_DESCRIBED_SEGMENT as usize;
         let big = vec![0u8; MAX + 256];
         let seg = |op, len: usize, same_host| {
             let mut p = pkt(op, &big[..len]);
