@@ -590,17 +590,24 @@ fn many_reads_with_loss() {
     }
 }
 
-/// Both engines saved in the middle of a transfer, the frames in flight
-/// lost (the blackout), restored from their serialized state in fresh
-/// engines: the transfer completes intact, as if nothing happened.
-#[test]
-fn save_and_restore_mid_transfer() {
+/// Two engines with a SEND of 3000 bytes (into a receive of 3000), an
+/// RDMA WRITE of 2000 and an RDMA READ of 500 posted, not yet run.
+fn three_transfers() -> World {
     let mut w = World::new(0xff_fff0, false);
     w.fill(0);
     w.recv(1, 0, 3000);
     w.post(0, WrOpcode::Send, 3000, 0, Remote::default());
     w.post(0, WrOpcode::RdmaWrite, 2000, 3000, remote(4000));
     w.post(0, WrOpcode::RdmaRead, 500, 6000, remote(100));
+    w
+}
+
+/// Both engines saved in the middle of a transfer, the frames in flight
+/// lost (the blackout), restored from their serialized state in fresh
+/// engines: the transfer completes intact, as if nothing happened.
+#[test]
+fn save_and_restore_mid_transfer() {
+    let mut w = three_transfers();
     w.run(3);
     for n in &mut w.n {
         let saved = serde_json::to_string(&n.qp.save()).unwrap();
@@ -631,12 +638,7 @@ fn save_and_restore_mid_transfer() {
 /// it changed decodes to an error or to some state, never a panic.
 #[test]
 fn saved_state_round_trips_through_postcard() {
-    let mut w = World::new(0xff_fff0, false);
-    w.fill(0);
-    w.recv(1, 0, 3000);
-    w.post(0, WrOpcode::Send, 3000, 0, Remote::default());
-    w.post(0, WrOpcode::RdmaWrite, 2000, 3000, remote(4000));
-    w.post(0, WrOpcode::RdmaRead, 500, 6000, remote(100));
+    let mut w = three_transfers();
     w.run(1);
     for n in &w.n {
         let bytes = postcard::to_stdvec(&n.qp.saved()).unwrap();

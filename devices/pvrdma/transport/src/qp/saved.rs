@@ -202,24 +202,31 @@ impl<Q: Serialize, R: Serialize> Serialize for Saved<'_, Q, R> {
     }
 }
 
-impl Serialize for QpState {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+/// The [`Saved`] view of `$s`, a [`QpState`] or a [`Qp`] (whose fields
+/// have the same names), with its receive queue `$rq`.
+macro_rules! saved_view {
+    ($s:expr, $rq:expr) => {
         Saved {
             plain: Plain {
-                attrs: &self.attrs,
-                req: &self.req,
-                comp: &self.comp,
-                resp: &self.resp,
-                next: self.next,
-                error: self.error,
-                metrics: &self.metrics,
+                attrs: &$s.attrs,
+                req: &$s.req,
+                comp: &$s.comp,
+                resp: &$s.resp,
+                next: $s.next,
+                error: $s.error,
+                metrics: &$s.metrics,
             },
-            sq: &self.sq,
-            rq: &self.rq,
-            wqe: &self.resp.wqe,
-            res: &self.resp.res,
+            sq: &$s.sq,
+            rq: $rq,
+            wqe: &$s.resp.wqe,
+            res: &$s.resp.res,
         }
-        .serialize(s)
+    };
+}
+
+impl Serialize for QpState {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        saved_view!(self, &self.rq).serialize(s)
     }
 }
 
@@ -227,21 +234,7 @@ impl Qp {
     /// The engine's state as [`Qp::save`] would give it, serialized from
     /// the engine's own fields (no copy of its queues).
     pub fn saved(&self) -> impl Serialize + '_ {
-        Saved {
-            plain: Plain {
-                attrs: &self.attrs,
-                req: &self.req,
-                comp: &self.comp,
-                resp: &self.resp,
-                next: self.next,
-                error: self.error,
-                metrics: &self.metrics,
-            },
-            sq: &self.sq,
-            rq: &self.rq.0,
-            wqe: &self.resp.wqe,
-            res: &self.resp.res,
-        }
+        saved_view!(self, &self.rq.0)
     }
 }
 
