@@ -12,7 +12,8 @@
 #      written by the device or the CPU and not sent again shows as a failed round. A and B have
 #      share_memory=on (issue 15; B2 and B3 inherit it with B's configuration): the stream takes
 #      the one-copy path, B2 and B3 each map the view of A's memory that A hands over with a new
-#      ring (migration.sh keeps a same-host peer with the option off).
+#      ring (migration.sh keeps a same-host peer with the option off). B's PVRDMA worker is kept
+#      on host CPU 0 (worker_cpus=), which B2 and B3 inherit too.
 # Results: $OUT/migration-peers.env, the consoles $OUT/peers-{a,b,b2,b3}-serial.log, the VMM logs
 # $OUT/peers-*-vmm.log, pvrdma-remote's output $OUT/peers-*-remote.log, the Soft-RoCE side's
 # $OUT/peers-rxe-{pp,rping}.log.
@@ -44,7 +45,7 @@ guest_script_disk "$WORK/peers-b-run.img" "$header ROLE=b MY_IP=10.16.0.2 PEER_I
 
 run_guest peers-a "$WORK/peers-a-run.img" --pvrdma "tap=tapa,mac=52:54:00:16:00:01,share_memory=on"
 pid_a=$VMM_PID
-run_guest peers-b "$WORK/peers-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B,share_memory=on" --api-socket "$WORK/peers-b.api"
+run_guest peers-b "$WORK/peers-b-run.img" --pvrdma "tap=tapb,mac=$MAC_B,share_memory=on,worker_cpus=[0]" --api-socket "$WORK/peers-b.api"
 pid_b=$VMM_PID
 
 # Soft-RoCE's servers, once its port is active with the RoCE v2 GID of HOST_IP (the bridge has

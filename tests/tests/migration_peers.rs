@@ -153,6 +153,25 @@ fn the_write_stream_is_placed_from_the_senders_memory_before_and_after_the_migra
     }
 }
 
+/// B's `worker_cpus=[0]` travels with the VM: B2 and B3, which build the device inside their
+/// migration thread's seccomp filter, place the worker on CPU 0 too (a filter without
+/// `sched_setaffinity` ends them at once) and say so; A, without the option, does not.
+#[test]
+fn the_workers_host_cpus_travel_with_the_vm() {
+    let s = suite();
+    const PINNED: &str = "its worker runs on host CPUs [0]";
+    for g in ["b", "b2", "b3"] {
+        if !s.text(&format!("peers-{g}-vmm.log")).contains(PINNED) {
+            s.fail(&format!("the VMM of {g} did not log '{PINNED}'"));
+        }
+    }
+    if s.text("peers-a-vmm.log")
+        .contains("its worker runs on host CPUs")
+    {
+        s.fail("A's VMM placed its worker without worker_cpus=");
+    }
+}
+
 #[test]
 fn both_guests_finish_and_every_vmm_ends_cleanly() {
     let s = suite();

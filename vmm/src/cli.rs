@@ -63,7 +63,8 @@ pub struct Cli {
 
     /// The PVRDMA slot: vmxnet3 (function 0) on TAP NAME plus PVRDMA (function 1) sharing its
     /// port: tap=NAME,mac=MAC[,mtu=N][,gid=roce-v2|roce-v1][,local=on|off|DIR][,max_qp=N]
-    /// [,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US][,share_memory=on|off]. RDMA traffic is RoCE v2 on the TAP, except to
+    /// [,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US][,share_memory=on|off][,worker_cpus=CPUS].
+    /// RDMA traffic is RoCE v2 on the TAP, except to
     /// VMMs of this host, reached by memory copy through shared-memory rings set up over
     /// sockets in DIR (local=on: /run/pvrdma-vmm; local=off: always the TAP). The VM's budgets
     /// (defaults: 8192 QPs, at most 16384; 16384 CQs, 16384 MRs, 8G of guest memory mapped by
@@ -74,11 +75,13 @@ pub struct Cli {
     /// share_memory=on (default off) lets same-host VMMs that turned it on too map ALL of this
     /// guest's memory read-only and copy RDMA payloads straight from it (one copy instead of
     /// two): only for VMs that trust each other as one process (docs/security.md).
+    /// worker_cpus=N, N-M or [N,N-M,...] keeps the device's worker on those host CPUs (off
+    /// the vCPUs' and the same-host peers' workers': latency-sensitive setups).
     /// Repeatable, up to 4: each device has a slot, MAC, TAP, budgets and QPN and key spaces
     /// of its own; the guest names them vmw_pvrdma0, vmw_pvrdma1, ... in this order.
     #[arg(
         long,
-        value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=..][,local=..][,max_qp=N][,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US][,share_memory=on|off]"
+        value_name = "tap=NAME,mac=MAC[,mtu=N][,gid=..][,local=..][,max_qp=N][,max_cq=N][,max_mr=N][,mapped=SIZE][,poll=US][,share_memory=on|off][,worker_cpus=CPUS]"
     )]
     pub pvrdma: Vec<PvrdmaConfig>,
 

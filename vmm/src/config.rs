@@ -114,6 +114,20 @@ pub fn parse_cpus(s: &str) -> Result<u8, ConfigError> {
     u8::try_from(n).map_err(|_| err())
 }
 
+/// The `key=value` parts of an option: split at commas, except inside
+/// brackets, which hold a list (`worker_cpus=[0,2-3]`).
+fn split_options(s: &str) -> impl Iterator<Item = &str> {
+    let mut depth = 0u32;
+    s.split(move |c| {
+        match c {
+            '[' => depth = depth.saturating_add(1),
+            ']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        c == ',' && depth == 0
+    })
+}
+
 /// Splits `a=1,b=2` into pairs, rejecting keys outside `allowed`.
 fn parse_kv<'a>(
     s: &'a str,
@@ -121,7 +135,7 @@ fn parse_kv<'a>(
     allowed: &[&str],
     expected: &'static str,
 ) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
-    s.split(',')
+    split_options(s)
         .filter(|p| !p.is_empty())
         .map(|part| {
             let (k, v) = part.split_once('=').unwrap_or((part, ""));
@@ -287,11 +301,49 @@ pub struct PvrdmaConfig {
     /// themselves (`pvrdma::PvrdmaConfig::share_memory`). Off by default.
     #[serde(default)]
     pub share_memory: bool,
+    /// `worker_cpus=`: the host CPUs the device's worker may run on
+    /// (`pvrdma::PvrdmaConfig::worker_cpus`; empty: any). They travel with
+    /// a migration, as cloud-hypervisor's affinities do: a destination
+    /// without them refuses the VM and the source keeps it.
+    #[serde(default)]
+    pub worker_cpus: Vec<usize>,
 }
 
 /// The longest busy-poll `poll=` takes: beyond a millisecond a worker
 /// would not poll for the next message but burn a core between bursts.
 const MAX_POLL_US: u32 = 1000;
+
+/// CPUs a `cpu_set_t` holds: host CPUs are numbered below it.
+const CPU_SETSIZE: usize = 1024;
+
+/// A host CPU list, as taskset and cpusets write it: `3`, `2-3`, or
+/// several in brackets, `[0,2-3]`. Sorted, each CPU once.
+fn parse_cpu_list(v: &str) -> Result<Vec<usize>, ConfigError> {
+    let bad = || ConfigError::BadValue {
+        key: "worker_cpus",
+        value: v.to_string(),
+        expected: "host CPUs below 1024: N, N-M or [N,N-M,...]",
+    };
+    let inner = match v.strip_prefix('[') {
+        Some(rest) => rest.strip_suffix(']').ok_or_else(bad)?,
+        None => v,
+    };
+    let mut cpus = Vec::new();
+    for part in inner.split(',') {
+        let (first, last) = part.split_once('-').unwrap_or((part, part));
+        let (first, last): (usize, usize) = (
+            first.parse().map_err(|_| bad())?,
+            last.parse().map_err(|_| bad())?,
+        );
+        if first > last || last >= CPU_SETSIZE {
+            return Err(bad());
+        }
+        cpus.extend(first..=last);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
 
 /// The page size of the guest's RDMA mappings.
 const GUEST_PAGE: u64 = 4096;
@@ -394,8 +446,10 @@ impl FromStr for PvrdmaConfig {
                 "mapped",
                 "poll",
                 "share_memory",
+                "worker_cpus",
             ],
-            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=, poll=, share_memory=",
+            "tap=, mac=, mtu=, gid=, local=, max_qp=, max_cq=, max_mr=, mapped=, poll=, share_memory=, \
+             worker_cpus=",
         )?;
         let mut cfg = Self {
             net,
@@ -404,6 +458,7 @@ impl FromStr for PvrdmaConfig {
             budget: PvrdmaBudget::default(),
             poll_us: None,
             share_memory: false,
+            worker_cpus: Vec::new(),
         };
         let count = |key: &'static str, v: &str| {
             v.parse::<u32>().map_err(|_| ConfigError::BadValue {
@@ -429,6 +484,7 @@ impl FromStr for PvrdmaConfig {
                     }
                     cfg.poll_us = Some(us);
                 }
+                "worker_cpus" => cfg.worker_cpus = parse_cpu_list(v)?,
                 "share_memory" => {
                     cfg.share_memory = match v {
                         "on" => true,
@@ -682,6 +738,20 @@ mod tests {
         assert_eq!(share(",share_memory=on"), Ok(true));
         assert_eq!(share(",share_memory=off"), Ok(false));
         assert!(share(",share_memory=yes").is_err());
+        let cpus = |s: &str| {
+            format!("tap=t1,mac=02:00:00:00:00:01,worker_cpus={s},poll=10")
+                .parse::<PvrdmaConfig>()
+                .map(|p| (p.worker_cpus, p.poll_us))
+        };
+        assert_eq!(cpus("3"), Ok((vec![3], Some(10))));
+        assert_eq!(cpus("2-4"), Ok((vec![2, 3, 4], Some(10))));
+        assert_eq!(cpus("[5,0-1,1]"), Ok((vec![0, 1, 5], Some(10))));
+        assert_eq!(cpus("1023"), Ok((vec![1023], Some(10))));
+        for bad in [
+            "", "[]", "[1,2", "1,2", "3-2", "1024", "0-1024", "x", "-1", "[1,,2]",
+        ] {
+            assert!(cpus(bad).is_err(), "{bad}");
+        }
         for bad in [
             "mac=52:54:00:12:34:56",
             "tap=t0",
@@ -719,6 +789,7 @@ mod tests {
             budget: PvrdmaBudget::default(),
             poll_us: None,
             share_memory: false,
+            worker_cpus: Vec::new(),
         }
     }
 

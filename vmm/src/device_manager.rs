@@ -332,11 +332,18 @@ impl DeviceManager {
                 busy_poll: rdma.poll_us.map_or(pvrdma::DEFAULT_BUSY_POLL, |us| {
                     std::time::Duration::from_micros(us.into())
                 }),
+                worker_cpus: rdma.worker_cpus.clone(),
                 ..pvrdma::PvrdmaConfig::default()
             };
             let dev = Pvrdma::new(&cfg, port, tap, mem.clone(), hooks.clone())
                 .map_err(DeviceError::Pvrdma)?;
             log::info!("PVRDMA {id} ({:?}) at 00:{slot:02x}.1", rdma.gid);
+            if !rdma.worker_cpus.is_empty() {
+                log::info!(
+                    "PVRDMA {id}: its worker runs on host CPUs {:?}",
+                    rdma.worker_cpus
+                );
+            }
             counters.push(CounterSource {
                 kind: "pvrdma",
                 id,

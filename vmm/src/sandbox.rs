@@ -290,9 +290,10 @@ const DEVICE: &[libc::c_long] = &[
     libc::SYS_ppoll,
 ];
 
-/// Starting a thread (a vCPU activating a device starts its worker),
-/// which then drops its capabilities (capset can only take them away)
-/// and installs its own filter.
+/// Starting a thread (a vCPU activating a device starts its worker) and
+/// placing it on its host CPUs (`worker_cpus=`), which then drops its
+/// capabilities (capset can only take them away) and installs its own
+/// filter.
 const THREADS: &[libc::c_long] = &[
     libc::SYS_seccomp,
     libc::SYS_capget,
@@ -303,6 +304,7 @@ const THREADS: &[libc::c_long] = &[
     libc::SYS_rseq,
     libc::SYS_prctl,
     libc::SYS_sched_getaffinity,
+    libc::SYS_sched_setaffinity,
     libc::SYS_tgkill,
 ];
 

@@ -249,6 +249,12 @@ pub struct PvrdmaConfig {
     /// the peer's worker or a polling vCPU take a turn takes a few
     /// microseconds.
     pub busy_yield: std::time::Duration,
+    /// The host CPUs the worker may run on (any of the process's where
+    /// empty). A worker that busy-polls and a polling vCPU, or the two
+    /// workers of a same-host pair, that the scheduler puts on one CPU
+    /// take turns at each hand-off: an 8-byte WRITE then takes about
+    /// 1.6x as long (docs/benchmarks.md).
+    pub worker_cpus: Vec<usize>,
 }
 
 /// [`PvrdmaConfig::busy_poll`] unless configured: a few wake-ups' worth,
@@ -267,6 +273,7 @@ impl Default for PvrdmaConfig {
             share_memory: false,
             busy_poll: DEFAULT_BUSY_POLL,
             busy_yield: DEFAULT_BUSY_YIELD,
+            worker_cpus: Vec::new(),
         }
     }
 }

@@ -235,7 +235,8 @@ impl<M: GuestAddressSpace + Send + 'static> Pvrdma<M> {
             rearm_cqs: AtomicBool::new(false),
         });
         let worker = Worker::new(mem.clone(), Arc::clone(&shared), link)?;
-        let worker = WorkerHandle::spawn("pvrdma", worker).map_err(SpawnError::Start)?;
+        let worker = WorkerHandle::spawn_on("pvrdma", worker, &config.worker_cpus)
+            .map_err(SpawnError::Start)?;
         Ok(Self {
             config: pci,
             mem,

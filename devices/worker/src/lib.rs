@@ -22,6 +22,7 @@
 #[cfg(feature = "test-utils")]
 pub mod inline;
 
+use std::os::unix::thread::JoinHandleExt;
 use std::sync::OnceLock;
 use std::thread::{self, JoinHandle};
 
@@ -63,6 +64,8 @@ pub enum SpawnError {
     EventManager(#[source] event_manager::Error),
     #[error("Failed to start the worker thread")]
     Thread(#[source] std::io::Error),
+    #[error("Failed to place the worker thread on host CPUs {0:?}")]
+    Affinity(Vec<usize>, #[source] std::io::Error),
 }
 
 /// What every worker thread runs first, set once by the VMM: its
@@ -96,6 +99,18 @@ impl WorkerHandle {
     where
         W: Stoppable + Send + 'static,
     {
+        Self::spawn_on(name, worker, &[])
+    }
+
+    /// [`Self::spawn`], the thread allowed only on host CPUs `cpus` (all
+    /// of the process's where empty): an operator keeps a busy-polling
+    /// worker off the CPUs of the vCPUs and of other devices' workers. A
+    /// set the thread cannot have (no such CPU, none of them in the
+    /// process's cpuset) is an error, and the thread is stopped.
+    pub fn spawn_on<W>(name: &'static str, worker: W, cpus: &[usize]) -> Result<Self, SpawnError>
+    where
+        W: Stoppable + Send + 'static,
+    {
         let kill = worker.kill_evt().try_clone().map_err(SpawnError::EventFd)?;
         let mut manager = EventManager::new().map_err(SpawnError::EventManager)?;
         let id = manager.add_subscriber(worker);
@@ -112,13 +127,40 @@ impl WorkerHandle {
             .name(name.to_owned())
             .spawn(move || run(name, manager, id))
             .map_err(SpawnError::Thread)?;
-        Ok(Self {
+        let handle = Self {
             name,
             kill,
             thread: Some(thread),
             #[cfg(feature = "test-utils")]
             _inline: None,
-        })
+        };
+        if let Some(thread) = handle.thread.as_ref().filter(|_| !cpus.is_empty()) {
+            // Dropping the handle on error stops and joins the thread.
+            pin(thread, cpus).map_err(|e| SpawnError::Affinity(cpus.to_vec(), e))?;
+        }
+        Ok(handle)
+    }
+}
+
+/// Allows `thread` only on host CPUs `cpus`.
+fn pin(thread: &JoinHandle<()>, cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `cpu` is below CPU_SETSIZE, the set's size in bits.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: the thread is alive (joined only when the handle drops); the
+    // call reads the set passed, of the size passed.
+    let rc = unsafe {
+        libc::pthread_setaffinity_np(thread.as_pthread_t(), std::mem::size_of_val(&set), &set)
+    };
+    match rc {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
     }
 }
 
@@ -199,6 +241,8 @@ mod tests {
         kill: EventFd,
         work: EventFd,
         done: Arc<AtomicUsize>,
+        /// The CPU the last work ran on.
+        cpu: Arc<AtomicUsize>,
         stopped: bool,
     }
 
@@ -215,6 +259,9 @@ mod tests {
                 KILL => self.stopped = true,
                 _ => {
                     let _ = self.work.read();
+                    // SAFETY: sched_getcpu takes nothing and only reads.
+                    let cpu = unsafe { libc::sched_getcpu() };
+                    self.cpu.store(cpu as usize, Ordering::SeqCst);
                     self.done.fetch_add(1, Ordering::SeqCst);
                 }
             }
@@ -240,6 +287,7 @@ mod tests {
             kill: kill.try_clone().unwrap(),
             work: work.try_clone().unwrap(),
             done: done.clone(),
+            cpu: Arc::default(),
             stopped: false,
         };
         let handle = WorkerHandle::spawn("test-worker", worker).unwrap();
@@ -257,6 +305,55 @@ mod tests {
         assert_eq!(Arc::strong_count(&done), 1);
     }
 
+    /// The CPUs this process may run on.
+    fn allowed() -> Vec<usize> {
+        // SAFETY: an all-zero cpu_set_t is valid; the calls read and
+        // write only the set passed, of the size passed.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set),
+                0
+            );
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_worker_runs_only_on_the_cpus_it_is_given_and_a_cpu_it_cannot_have_fails() {
+        let work = EventFd::new(EFD_NONBLOCK).unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let cpu = Arc::new(AtomicUsize::new(usize::MAX));
+        let counter = || Counter {
+            kill: EventFd::new(EFD_NONBLOCK).unwrap(),
+            work: work.try_clone().unwrap(),
+            done: done.clone(),
+            cpu: cpu.clone(),
+            stopped: false,
+        };
+        let last = *allowed().last().unwrap();
+        let handle = WorkerHandle::spawn_on("test-worker", counter(), &[last]).unwrap();
+        for round in 1..=20 {
+            work.write(1).unwrap();
+            while done.load(Ordering::SeqCst) < round {
+                std::thread::yield_now();
+            }
+            assert_eq!(cpu.load(Ordering::SeqCst), last, "round {round}");
+        }
+        drop(handle);
+
+        // A CPU the process cannot have: an error, and the thread is gone.
+        let none = libc::CPU_SETSIZE as usize - 1;
+        assert!(!allowed().contains(&none));
+        let got = WorkerHandle::spawn_on("test-worker", counter(), &[none]);
+        assert!(matches!(got, Err(SpawnError::Affinity(ref c, _)) if c == &[none]));
+        let got = WorkerHandle::spawn_on("test-worker", counter(), &[usize::MAX]);
+        assert!(matches!(got, Err(SpawnError::Affinity(..))));
+        assert_eq!(Arc::strong_count(&done), 1, "no worker left running");
+    }
+
     #[cfg(feature = "test-utils")]
     #[test]
     fn inline_workers_run_when_their_spawner_asks() {
@@ -266,6 +363,7 @@ mod tests {
             kill: EventFd::new(EFD_NONBLOCK).unwrap(),
             work: work.try_clone().unwrap(),
             done: done.clone(),
+            cpu: Arc::default(),
             stopped: false,
         };
         inline::enable();
