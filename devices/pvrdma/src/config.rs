@@ -252,8 +252,8 @@ pub struct PvrdmaConfig {
     /// The host CPUs the worker may run on (any of the process's where
     /// empty). A worker that busy-polls and a polling vCPU, or the two
     /// workers of a same-host pair, that the scheduler puts on one CPU
-    /// take turns at each hand-off: an 8-byte WRITE then takes about
-    /// 1.6x as long (docs/benchmarks.md).
+    /// take turns at each hand-off: an 8-byte WRITE between two devices
+    /// then takes about 1.5x as long (docs/benchmarks.md).
     pub worker_cpus: Vec<usize>,
 }
 
