@@ -10,8 +10,9 @@
 //! The [`Fixed`] part never changes from the QP's creation to its
 //! destruction, and its `gen` names that life. A migration's source sends
 //! it ahead, in the restore hint ([`crate::snapshot::hint`]), while the
-//! guest runs; the QP's save inside the blackout then holds its `gen`
-//! only, and the destination takes the part it kept ([`with_presented`]).
+//! guest runs; the QP's save inside the blackout then leaves it out (its
+//! plain fields name it by `gen`), and the destination takes the part it
+//! kept ([`with_presented`]).
 //! A QP created after the hint (a new `gen`) is saved whole.
 
 use std::cell::RefCell;
