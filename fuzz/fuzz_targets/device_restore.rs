@@ -9,7 +9,9 @@
 //! framing): up to 16 changes, each a number at some position (any, small, a boundary, or
 //! near the old value), a bit flipped, a range of bytes removed, duplicated or copied from
 //! elsewhere; sometimes the bytes are cut short. The result goes through `Snapshot::from_bytes` and is restored onto a fresh device
-//! of the same kind over a copy of the source's guest memory.
+//! of the same kind over a copy of the source's guest memory. PVRDMA's state is a migration's:
+//! its QPs' rings went ahead in the restore hint taken before it, which the destination gets
+//! first (`prepare_restore`); the fuzzer mutates either the state or that hint.
 //! The devices' workers run on the fuzzer's thread (`pvrdma_vmm_fuzz::settle`).
 //! Invariants: no panic, no hang (`-timeout` catches a worker that never finishes its turn),
 //! no allocation over `-malloc_limit_mb`; a state that restores saves again,
@@ -21,15 +23,16 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use pci::test_utils::MemoryImage;
 use pci::PciBus;
-use pvrdma::sim_driver::endpoint::rc_pair;
+use pvrdma::sim_driver::endpoint::{connect, Endpoint, GID_A, GID_B, MAC_A};
 use pvrdma::sim_driver::ib::wr;
-use pvrdma::sim_driver::SimDriver;
+use pvrdma::sim_driver::{QpSpec, SimDriver};
+use pvrdma::{Limits, PvrdmaConfig};
 use pvrdma_vmm_fuzz::virtio_blk::{self as blk, VirtioBlk};
 use pvrdma_vmm_fuzz::{inline_workers, settle, Input};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vm_migration::test_utils::{mutate, read_varint, varint};
-use vm_migration::Snapshot;
+use vm_migration::{Snapshot, Snapshottable};
 use vmxnet3::harness::{Harness, Sop};
 use vmxnet3::test_utils::{frame, tcp4_frame};
 
@@ -47,7 +50,7 @@ impl Dest {
         let dest = match kind {
             0 => Dest::Nic(Harness::new()),
             1 => Dest::Blk(VirtioBlk::new(false)),
-            _ => Dest::Rdma(SimDriver::new()),
+            _ => Dest::Rdma(SimDriver::with_config(&rdma_config())),
         };
         memory.copy_to(match &dest {
             Dest::Nic(h) => &h.mem,
@@ -75,10 +78,17 @@ struct Reference {
     after: Vec<u8>,
     /// The pages the source wrote, which a destination copies.
     memory: MemoryImage,
+    /// The device's restore hint, taken before the state (what goes ahead of it).
+    hint: Option<Snapshot>,
 }
 
 impl Reference {
-    fn new(bus: &PciBus, id: &str, mem: &GuestMemoryMmap<AtomicBitmap>) -> Self {
+    fn new(
+        bus: &PciBus,
+        id: &str,
+        mem: &GuestMemoryMmap<AtomicBitmap>,
+        hint: Option<Snapshot>,
+    ) -> Self {
         let memory = MemoryImage::take(mem);
         bus.pause().expect("pause");
         let bus = bus.snapshot().expect("snapshot");
@@ -89,6 +99,7 @@ impl Reference {
             state,
             after,
             memory,
+            hint,
         }
     }
 
@@ -138,7 +149,7 @@ fn nic() -> Reference {
     h.wait_tx_completions(0, 1);
     h.backend.inject(frame(200, 1));
     h.wait_rx_completions(0, 1);
-    Reference::new(&h.bus, "vmxnet3", &h.mem)
+    Reference::new(&h.bus, "vmxnet3", &h.mem, None)
 }
 
 /// A virtio-blk with its queue active and a read and a write done.
@@ -171,18 +182,38 @@ fn disk() -> Reference {
     v.notify(0);
     v.settle();
     assert_eq!(v.used_idx(), 2, "both requests served");
-    Reference::new(&v.bus, "virtio-blk", &v.mem)
+    Reference::new(&v.bus, "virtio-blk", &v.mem, None)
+}
+
+/// PVRDMA's configuration on both sides. A hint makes ahead as many eventfds as it names
+/// within the device's limits: with the defaults' some 40 000, a mutated count would use up
+/// the fuzzer's open files.
+fn rdma_config() -> PvrdmaConfig {
+    PvrdmaConfig {
+        limits: Limits {
+            max_qp: 16,
+            max_cq: 16,
+            max_srq: 4,
+            ..Limits::default()
+        },
+        ..PvrdmaConfig::default()
+    }
 }
 
 /// A PVRDMA function with an RC QP mid-transfer: a receive posted on the peer, a send and
-/// an RDMA READ posted.
+/// an RDMA READ posted; its hint taken first, so that its QPs' rings went ahead.
 fn rdma() -> Reference {
-    let (a, b) = rc_pair();
+    let a = SimDriver::with_config_and_mac(&rdma_config(), MAC_A);
+    let a = Endpoint::on(a, GID_A, QpSpec::rc);
+    let b = Endpoint::new(GID_B, QpSpec::rc);
+    SimDriver::connect(&a.sim, &b.sim);
+    let (a, b) = connect(a, b);
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     let remote = (b.sge(0, 0).addr, b.key);
     a.send(2, wr::RDMA_READ, &[a.sge(0, 100)], remote, 0);
-    Reference::new(&a.sim.bus, "pvrdma", &a.sim.mem)
+    let hint = a.sim.device().restore_hint();
+    Reference::new(&a.sim.bus, "pvrdma", &a.sim.mem, hint)
 }
 
 fn references() -> &'static [Reference; 3] {
@@ -196,12 +227,17 @@ fuzz_target!(|data: &[u8]| {
     let kind = usize::from(input.u8() % 3);
     let reference = &references()[kind];
     let mut state = reference.state.clone();
+    let mut hint = reference.hint.clone();
+    let target = match hint.as_mut() {
+        Some(hint) if input.u8() & 1 == 1 => &mut hint.data,
+        _ => &mut state,
+    };
     for _ in 0..1 + input.u8() % MAX_MUTATIONS {
         if input.is_empty() {
             break;
         }
         let at = usize::from(input.u16());
-        mutate(&mut state, at, &mut input);
+        mutate(target, at, &mut input);
     }
     let mut bytes = reference.with_state(&state);
     if input.u8() == 0xff {
@@ -211,6 +247,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut dest = Dest::new(kind, &reference.memory);
+    if let (Dest::Rdma(sim), Some(hint)) = (&dest, &hint) {
+        if sim.device().prepare_restore(hint).is_err() {
+            return;
+        }
+    }
     if dest.bus().restore(&snapshot).is_ok() {
         // What a destination accepted, it can migrate again.
         dest.bus().pause().expect("pause the restored devices");

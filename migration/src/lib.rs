@@ -199,6 +199,10 @@ pub trait Snapshottable {
     fn prepare_restore(&mut self, _hint: &Snapshot) -> Result<(), MigratableError> {
         Ok(())
     }
+    /// The migration that took [`Self::restore_hint`] ended, either way: a
+    /// component whose saves left out what the hint sent ahead saves all
+    /// of it again (a snapshot to a file, a later migration).
+    fn forget_hint(&mut self) {}
 }
 
 /// A component that can be stopped and restarted in place: vCPUs now,

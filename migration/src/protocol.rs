@@ -35,8 +35,9 @@ use std::io::{self, Read, Write};
 const MAGIC: [u8; 8] = *b"PVRDMAMG";
 /// Bumped on any change to the framing, a command's payload or meaning
 /// (2: `Complete` commits both sides, and needs `State` first; 3: `Cpuid`;
-/// 4: `Hints`).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 4: `Hints`; 5: `Hints` up to [`MAX_HINTS_BYTES`], with PVRDMA's QPs'
+/// fixed parts).
+pub const PROTOCOL_VERSION: u32 = 5;
 const HEADER_LEN: usize = 24;
 
 /// Largest configuration a destination reads.
@@ -44,8 +45,10 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Largest CPUID of every vCPU a destination reads: 255 vCPUs of KVM's
 /// 256 entries of 40 bytes take 2.5 MiB.
 pub const MAX_CPUID_BYTES: u64 = 4 << 20;
-/// Largest restore hints a destination reads: a few words per device.
-pub const MAX_HINTS_BYTES: u64 = 64 << 10;
+/// Largest restore hints a destination reads: a few words per device, and
+/// what PVRDMA sends ahead of its QPs (their rings' page lists, at most a
+/// million pages).
+pub const MAX_HINTS_BYTES: u64 = 16 << 20;
 /// Largest VM state (every device, every vCPU) a destination reads.
 pub const MAX_STATE_BYTES: u64 = 512 << 20;
 /// Largest error message read back from a peer.

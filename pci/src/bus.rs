@@ -362,6 +362,13 @@ impl PciBus {
         Snapshot::new(HINTS_ID, HINTS_VERSION, &hints)
     }
 
+    /// Every function's [`Snapshottable::forget_hint`].
+    pub fn forget_hints(&self) {
+        for func in self.functions.values() {
+            lock(&func.dev).forget_hint();
+        }
+    }
+
     /// Gives each function a source's [`Self::restore_hints`] (hostile
     /// input: a function this bus lacks, or repeated, is refused).
     pub fn prepare_restore(&self, hints: &Snapshot) -> Result<(), MigratableError> {

@@ -427,6 +427,11 @@ impl DeviceManager {
         self.bus.pci().restore_hints()
     }
 
+    /// The migration that took [`Self::restore_hints`] ended.
+    pub fn forget_hints(&self) {
+        self.bus.pci().forget_hints();
+    }
+
     /// Gives the PCI functions a source's [`Self::restore_hints`].
     pub fn prepare_restore(&self, hints: &Snapshot) -> Result<(), MigratableError> {
         self.bus.pci().prepare_restore(hints)

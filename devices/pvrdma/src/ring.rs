@@ -116,6 +116,11 @@ impl Ring {
         self.geometry
     }
 
+    /// Data pages it maps.
+    pub(crate) fn pages(&self) -> usize {
+        self.data.len()
+    }
+
     /// Guest address of the entry at ring index `idx`.
     fn entry(&self, idx: u32) -> Option<GuestAddress> {
         let offset = u64::from(self.geometry.slot(idx)).checked_mul(u64::from(self.stride))?;
@@ -277,8 +282,18 @@ impl ConsumerRing {
         Self { ring, cons: 0 }
     }
 
+    /// A ring whose device had consumed up to `cons` (a restore).
+    pub(crate) fn resume(ring: Ring, cons: u32) -> Self {
+        Self { ring, cons }
+    }
+
     pub(crate) fn ring(&self) -> &Ring {
         &self.ring
+    }
+
+    /// The device's consumer index.
+    pub(crate) fn cons(&self) -> u32 {
+        self.cons
     }
 
     /// Entries the guest has posted and the device not yet consumed; the

@@ -386,10 +386,17 @@ impl SimDriver {
 
     /// [`Self::migrate_timed`] up to the restore: the new device, paused
     /// from the start as a destination VMM's is, stays so.
-    pub fn migrate_paused_timed(mut self) -> (Self, MigrateTimes) {
+    pub fn migrate_paused_timed(self) -> (Self, MigrateTimes) {
+        self.migrate_paused_after(|_| ())
+    }
+
+    /// [`Self::migrate_paused_timed`], the guest doing `between` after
+    /// the restore hint was taken (while the memory is copied).
+    pub fn migrate_paused_after(mut self, between: impl FnOnce(&mut Self)) -> (Self, MigrateTimes) {
         use vm_migration::{Pausable, Snapshot, Snapshottable};
         // Taken at the migration's start, while the device runs.
         let hint = self.device().restore_hint();
+        between(&mut self);
         let c = thread_cpu();
         let t = Instant::now();
         self.device().pause().expect("pause");

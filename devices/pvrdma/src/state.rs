@@ -18,6 +18,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::datapath::wire::Wire;
 use crate::env::Env;
 use crate::objects::gid::GidTable;
+use crate::objects::qp::saved::Presented;
 use crate::objects::session::Session;
 
 /// ERR before the first successful CTL (QEMU's value): "not ready".
@@ -86,6 +87,9 @@ pub(crate) struct State {
     /// on, else nowhere.
     pub(crate) uar_base: Option<u64>,
     pub(crate) session: Option<Session>,
+    /// A migration's destination: the QPs' parts its source sent ahead
+    /// (`snapshot::prepare`), which the restore takes.
+    pub(crate) presented: Vec<Presented>,
 }
 
 impl State {
@@ -96,6 +100,7 @@ impl State {
             active: false,
             uar_base: None,
             session: None,
+            presented: Vec::new(),
         }
     }
 }

@@ -465,6 +465,7 @@ impl Outgoing {
                     if let Some(t) = self.thread.take() {
                         let _ = t.join();
                     }
+                    guest.devices.forget_hints();
                     if matches!(ended, Ended::Failed(_)) && self.paused_vm {
                         if let Err(e) = guest.resume_vm() {
                             log::error!("Failed to resume the VM after the failed migration: {e}");

@@ -39,7 +39,7 @@ use crate::uar::{Doorbell, Doorbells};
 
 type Engine = rdma_transport::qp::Qp;
 
-mod saved;
+pub(crate) mod saved;
 
 /// Saved by [`saved`]'s serde.
 #[derive(Debug)]
@@ -68,6 +68,9 @@ pub(crate) struct Qp {
     /// The transport engine, from RTR until RESET or destruction (saved
     /// as its `QpState`, checked on restore).
     pub(crate) engine: Option<Box<Engine>>,
+    /// Its [`saved::Fixed`] part went ahead in a migration's restore hint,
+    /// so its save leaves that part out (never saved itself).
+    pub(crate) presented: bool,
 }
 
 /// Checks a work queue's size and SGE count; returns its stride.
@@ -298,6 +301,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             pages: mapped,
             doorbells,
             engine: None,
+            presented: false,
         },
     );
     cx.s.objects.qpns.insert(qpn, handle);
