@@ -334,6 +334,7 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     let session = match saved.session {
         Some(s) => {
             let ns = Namespace::restore(&env.config.limits, &s.ns).map_err(restore_error)?;
+            s.objects.check_doorbells().map_err(restore_error)?;
             Some(Session {
                 dsr: s.dsr,
                 ns,
@@ -515,6 +516,44 @@ mod tests {
         let whole = b.sim.device().snapshot().unwrap();
         assert!(whole.to_bytes().len() > short.to_bytes().len());
         SimDriver::new().device().restore(&whole).unwrap();
+    }
+
+    /// Two QPs whose parts sent ahead were swapped (each then has the
+    /// other's rings and the doorbells of the other's handle) are refused
+    /// at the restore, the device left as it was; the parts as sent
+    /// restore.
+    #[test]
+    fn qps_sent_ahead_with_each_others_doorbells_are_refused() {
+        let _heap = heap();
+        let mut b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        b.sim.create_qp(QpSpec::rc(b.pd, b.cq.handle)).unwrap();
+        let hint = b.sim.device().restore_hint().unwrap();
+        b.sim.device().pause().unwrap();
+        let short = b.sim.device().snapshot().unwrap();
+        let parts = || -> Vec<Presented> {
+            hint.state::<Hint<Presented>>(HINT_ID, HINT_VERSION)
+                .unwrap()
+                .qps
+        };
+        let (mut first, mut second) = (parts(), parts());
+        assert_eq!(first.len(), 2);
+        std::mem::swap(&mut first[0].1, &mut second[1].1);
+        let swapped = [first.swap_remove(0), second.swap_remove(1)];
+        let swapped = Snapshot::new(
+            HINT_ID,
+            HINT_VERSION,
+            &Hint {
+                eventfds: 0,
+                qps: swapped.iter().collect(),
+            },
+        )
+        .unwrap();
+        let fresh = SimDriver::new();
+        fresh.device().prepare_restore(&swapped).unwrap();
+        assert!(fresh.device().restore(&short).is_err());
+        assert!(fresh.device().shared().lock().session.is_none());
+        fresh.device().prepare_restore(&hint).unwrap();
+        fresh.device().restore(&short).unwrap();
     }
 
     /// A hint's QPs are the source's word: more QPs or ring pages than

@@ -301,6 +301,14 @@ impl Doorbells {
         Ok(doorbells)
     }
 
+    /// Whether these are the doorbells `kinds` of object `handle` on UAR
+    /// page `page`, as its creation made them: a restored state's are the
+    /// source's word, and one that named another object's handle or page
+    /// would let the guest's ring of one drive the other.
+    pub(crate) fn are(&self, page: u32, handle: u32, kinds: &[Doorbell]) -> bool {
+        self.page == page && self.handle == handle && self.kinds == kinds
+    }
+
     /// Makes the eventfds, queues their watch for the worker (the caller
     /// wakes it) and registers them at `base` (a no-op if attached
     /// already).

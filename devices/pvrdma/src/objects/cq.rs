@@ -39,6 +39,9 @@ pub(crate) enum Arm {
     Any,
 }
 
+/// A CQ's doorbells.
+pub(crate) const DOORBELLS: [Doorbell; 3] = [Doorbell::CqArm, Doorbell::CqArmSol, Doorbell::CqPoll];
+
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Cq {
     pub(crate) gen: u64,
@@ -85,8 +88,7 @@ pub(crate) fn handle_create_cq<M: GuestMemory>(
 
     let handle = cx.s.ns.cq.alloc().ok_or(CmdError::Exhausted("CQs"))?;
     let gen = cx.s.objects.next_gen();
-    let kinds = [Doorbell::CqArm, Doorbell::CqArmSol, Doorbell::CqPoll];
-    let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, &kinds, cx.uar_base) {
+    let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, &DOORBELLS, cx.uar_base) {
         Ok(d) => d,
         Err(e) => {
             cx.s.ns.cq.free(handle);

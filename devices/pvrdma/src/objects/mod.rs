@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Limits;
-use crate::error::CmdError;
+use crate::error::{check, CmdError};
 use crate::uar::{Doorbells, Owner};
 
 /// The kernel's context: always there, owns UAR page 0.
@@ -136,6 +136,35 @@ impl Objects {
             .get(&handle)
             .and_then(|qp| ctx::pd_ctx(self, qp.pd).ok());
         ctx::Numbering::of_ctx(ctx)
+    }
+
+    /// Checks restored objects' doorbells against the objects: each names
+    /// its own handle, its context's UAR page and its kind's doorbells
+    /// ([`Doorbells::are`]).
+    pub(crate) fn check_doorbells(&self) -> Result<(), CmdError> {
+        for (&handle, q) in &self.qps {
+            let ctx = get(&self.pds, "PD", q.pd)?.ctx;
+            let kinds = qp::doorbells(q.rq.is_some());
+            check(
+                q.doorbells.are(self.uar_page(ctx)?, handle, kinds),
+                "a QP's doorbells",
+            )?;
+        }
+        for (&handle, c) in &self.cqs {
+            let page = self.uar_page(c.ctx)?;
+            check(
+                c.doorbells.are(page, handle, &cq::DOORBELLS),
+                "a CQ's doorbells",
+            )?;
+        }
+        for (&handle, s) in &self.srqs {
+            let page = self.uar_page(s.ctx)?;
+            check(
+                s.doorbells.are(page, handle, &srq::DOORBELLS),
+                "an SRQ's doorbells",
+            )?;
+        }
+        Ok(())
     }
 
     /// The doorbells of object `handle` of kind `owner`.

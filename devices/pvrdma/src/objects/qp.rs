@@ -41,6 +41,16 @@ type Engine = rdma_transport::qp::Qp;
 
 pub(crate) mod saved;
 
+/// A QP's doorbells: a receive doorbell only with a receive queue of
+/// its own.
+pub(crate) fn doorbells(has_rq: bool) -> &'static [Doorbell] {
+    if has_rq {
+        &[Doorbell::QpSend, Doorbell::QpRecv]
+    } else {
+        &[Doorbell::QpSend]
+    }
+}
+
 /// Saved by [`saved`]'s serde.
 #[derive(Debug)]
 pub(crate) struct Qp {
@@ -249,11 +259,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
     let v2 = cx.s.dsr.driver_version >= version::QP_HANDLE;
     let (handle, qpn) = alloc_ids(&mut cx.s.ns, gsi, v2)?;
     let gen = cx.s.objects.next_gen();
-    let kinds: &[Doorbell] = if rq.is_some() {
-        &[Doorbell::QpSend, Doorbell::QpRecv]
-    } else {
-        &[Doorbell::QpSend]
-    };
+    let kinds = doorbells(rq.is_some());
     let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, kinds, cx.uar_base) {
         Ok(d) => d,
         Err(e) => {

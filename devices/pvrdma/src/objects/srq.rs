@@ -27,6 +27,9 @@ use crate::pdir::PageDir;
 use crate::ring::{ConsumerRing, Ring};
 use crate::uar::{Doorbell, Doorbells};
 
+/// An SRQ's doorbells.
+pub(crate) const DOORBELLS: [Doorbell; 1] = [Doorbell::SrqRecv];
+
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Srq {
     pub(crate) gen: u64,
@@ -81,8 +84,7 @@ pub(crate) fn handle_create_srq<M: GuestMemory>(
 
     let handle = cx.s.ns.srq.alloc().ok_or(CmdError::Exhausted("SRQs"))?;
     let gen = cx.s.objects.next_gen();
-    let kinds = [Doorbell::SrqRecv];
-    let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, &kinds, cx.uar_base) {
+    let doorbells = match Doorbells::new(&cx.env.hub, page, handle, gen, &DOORBELLS, cx.uar_base) {
         Ok(d) => d,
         Err(e) => {
             cx.s.ns.srq.free(handle);
