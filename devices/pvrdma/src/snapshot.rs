@@ -40,9 +40,9 @@ pub(crate) const ID: &str = "pvrdma";
 pub(crate) const VERSION: u32 = 7;
 
 /// A restore's hint ([`hint`]): its name and layout. 2: the QPs' fixed
-/// parts.
+/// parts. 3: where BAR2 is, for their doorbells.
 const HINT_ID: &str = "pvrdma-hint";
-const HINT_VERSION: u32 = 2;
+const HINT_VERSION: u32 = 3;
 
 /// Most ring pages a hint sends ahead: the QPs past it are saved whole.
 /// A page is at most 9 bytes encoded, so the hint stays within the
@@ -55,6 +55,9 @@ const MOST_PRESENT_PAGES: usize = 1 << 20;
 struct Hint<Q> {
     /// Eventfds the objects' doorbells hold.
     eventfds: u64,
+    /// Where BAR2 is (the doorbells' ioeventfds), as the restore will
+    /// most likely find it.
+    uar_base: Option<u64>,
     /// QPs' parts that do not change while they live, by `gen`, in their
     /// handles' order: their save inside the blackout leaves them out.
     qps: Vec<Q>,
@@ -67,6 +70,7 @@ struct Hint<Q> {
 /// leaves those parts out, until [`forget_hint`].
 pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     let mut state = shared.lock();
+    let uar_base = state.uar_base;
     let objects = &mut state.session.as_mut()?.objects;
     let mut pages = 0usize;
     for qp in objects.qps.values_mut() {
@@ -78,6 +82,7 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     }
     let hint = Hint {
         eventfds: u64::try_from(objects.eventfds()).unwrap_or(u64::MAX),
+        uar_base,
         qps: objects
             .qps
             .values()
@@ -189,10 +194,19 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
     let made = shared.env.hub.make_ahead(n);
     let heap = n.saturating_mul(HEAP_PER_EVENTFD).min(MOST_WARM_HEAP);
     warm_heap(heap);
-    shared.lock().presented = hint.qps;
+    // The kept QPs' doorbells, registered where the source had BAR2: KVM
+    // calls, two a QP, that the restore would otherwise make inside the
+    // blackout. The guest cannot ring them before it runs here.
+    let mut qps = hint.qps;
+    for (gen, fixed) in &mut qps {
+        fixed
+            .attach(&shared.env.hub, *gen, hint.uar_base)
+            .map_err(|e| MigratableError::Restore(HINT_ID.into(), Box::new(e)))?;
+    }
+    shared.lock().presented = qps;
     log::info!(
-        "pvrdma: {made} doorbell eventfds made, {presented} QPs' fixed parts kept and {} KiB of \
-         heap warmed ahead of the restore in {} ms (hint: {})",
+        "pvrdma: {made} doorbell eventfds made, {presented} QPs' fixed parts kept with their \
+         doorbells and {} KiB of heap warmed ahead of the restore in {} ms (hint: {})",
         heap / 1024,
         start.elapsed().as_millis(),
         hint.eventfds
@@ -502,7 +516,8 @@ mod tests {
         assert!(fresh.device().shared().lock().session.is_none());
         // Another device's QPs (none) sent ahead.
         let other = SimDriver::new().device().restore_hint();
-        let empty = Snapshot::new(HINT_ID, HINT_VERSION, &(0u64, Vec::<()>::new())).unwrap();
+        let empty = (0u64, None::<u64>, Vec::<()>::new());
+        let empty = Snapshot::new(HINT_ID, HINT_VERSION, &empty).unwrap();
         fresh
             .device()
             .prepare_restore(other.as_ref().unwrap_or(&empty))
@@ -544,6 +559,7 @@ mod tests {
             HINT_VERSION,
             &Hint {
                 eventfds: 0,
+                uar_base: None,
                 qps: swapped.iter().collect(),
             },
         )
@@ -554,6 +570,50 @@ mod tests {
         assert!(fresh.device().shared().lock().session.is_none());
         fresh.device().prepare_restore(&hint).unwrap();
         fresh.device().restore(&short).unwrap();
+    }
+
+    /// The doorbells of the QPs sent ahead are registered when the hint
+    /// comes, where the source had BAR2: the restore, inside the
+    /// blackout, registers only the other objects' (the CQs'), and the
+    /// QP's send doorbell then reaches the restored QP's eventfd.
+    #[test]
+    fn the_doorbells_of_qps_sent_ahead_are_registered_before_the_state_comes() {
+        let _heap = heap();
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let hint = b.sim.device().restore_hint().unwrap();
+        b.sim.device().pause().unwrap();
+        let short = b.sim.device().snapshot().unwrap();
+        let source = b.sim.ioevents.registrations();
+        let fresh = SimDriver::new();
+        let before = fresh.ioevents.registrations();
+        fresh.device().prepare_restore(&hint).unwrap();
+        let ahead: Vec<_> = fresh
+            .ioevents
+            .registrations()
+            .into_iter()
+            .filter(|r| !before.contains(r))
+            .collect();
+        assert_eq!(
+            ahead.len(),
+            2,
+            "the QP's send and receive doorbells: {ahead:?}"
+        );
+        assert!(
+            ahead.iter().all(|r| source.contains(r)),
+            "where the source had them"
+        );
+        fresh.device().restore(&short).unwrap();
+        let after = fresh.ioevents.registrations();
+        assert!(
+            ahead.iter().all(|r| after.contains(r)),
+            "kept by the restore"
+        );
+        assert!(
+            after.len() > before.len() + ahead.len(),
+            "the CQs' made by the restore"
+        );
+        let (addr, value) = ahead[0];
+        assert!(fresh.ioevents.lookup(addr, value.unwrap()).is_some());
     }
 
     /// A hint's QPs are the source's word: more QPs or ring pages than
@@ -570,7 +630,16 @@ mod tests {
         assert_eq!(hint.qps.len(), 2);
         let copies = |n: usize| {
             let qps: Vec<&Presented> = hint.qps.iter().cycle().take(n).collect();
-            Snapshot::new(HINT_ID, HINT_VERSION, &Hint { eventfds: 0, qps }).unwrap()
+            Snapshot::new(
+                HINT_ID,
+                HINT_VERSION,
+                &Hint {
+                    eventfds: 0,
+                    uar_base: None,
+                    qps,
+                },
+            )
+            .unwrap()
         };
         let limited = |limits: Limits| {
             SimDriver::with_config(&PvrdmaConfig {

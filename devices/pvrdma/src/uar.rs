@@ -310,10 +310,11 @@ impl Doorbells {
     }
 
     /// Makes the eventfds, queues their watch for the worker (the caller
-    /// wakes it) and registers them at `base` (a no-op if attached
-    /// already).
+    /// wakes it) and registers them at `base`; if attached already (made
+    /// ahead of a restore), only moves them to `base`.
     pub(crate) fn attach(&mut self, hub: &Arc<Hub>, gen: u64, base: Option<u64>) -> io::Result<()> {
         if self.hub.is_some() {
+            self.rebase(base);
             return Ok(());
         }
         let mut fds: Vec<(Class, Arc<EventFd>)> = Vec::new();

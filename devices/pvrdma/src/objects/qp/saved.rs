@@ -54,6 +54,19 @@ impl Qp {
 }
 
 impl Fixed<Ring, Doorbells> {
+    /// Makes the doorbells of the QP of `gen` (eventfds, the worker's
+    /// watch, ioeventfds at BAR2 `base`) while the guest still runs on
+    /// the source: the restore then finds them made, and only moves them
+    /// if BAR2 came back elsewhere.
+    pub(crate) fn attach(
+        &mut self,
+        hub: &std::sync::Arc<crate::uar::Hub>,
+        gen: u64,
+        base: Option<u64>,
+    ) -> std::io::Result<()> {
+        self.doorbells.attach(hub, gen, base)
+    }
+
     /// Guest pages its rings map (what a destination bounds).
     pub(crate) fn pages(&self) -> usize {
         let rq = self.rq.as_ref().map_or(0, Ring::pages);
