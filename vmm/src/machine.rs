@@ -385,6 +385,10 @@ impl migration::Target for Machine {
     fn prepare_restore(&mut self, hints: &[u8]) -> Result<(), String> {
         let t0 = Instant::now();
         let hints = Snapshot::from_bytes(hints).map_err(|e| crate::error_chain(&e))?;
+        // Doorbells made ahead (PVRDMA's QPs sent ahead) are recorded and
+        // registered once the VM runs, as the restore's are: thousands of
+        // KVM_IOEVENTFDs here would hold the migration up for seconds.
+        self.vm.defer_ioevents();
         self.devices
             .prepare_restore(&hints)
             .map_err(|e| crate::error_chain(&e))?;
