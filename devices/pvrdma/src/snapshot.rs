@@ -194,9 +194,11 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
     let made = shared.env.hub.make_ahead(n);
     let heap = n.saturating_mul(HEAP_PER_EVENTFD).min(MOST_WARM_HEAP);
     warm_heap(heap);
-    // The kept QPs' doorbells, registered where the source had BAR2: KVM
-    // calls, two a QP, that the restore would otherwise make inside the
-    // blackout. The guest cannot ring them before it runs here.
+    // The kept QPs' doorbells, made here and registered where the source
+    // had BAR2 (the VMM defers the KVM calls until the VM runs, as it does
+    // the restore's): eventfds, watches and registrations the restore
+    // would otherwise make inside the blackout. The guest cannot ring them
+    // before it runs here.
     let mut qps = hint.qps;
     for (gen, fixed) in &mut qps {
         fixed
@@ -467,6 +469,14 @@ mod tests {
         state.session.as_ref().unwrap().objects.qps[&handle].presented
     }
 
+    /// `sim`'s restore hint, then its state once paused: short, its QPs'
+    /// fixed parts having gone ahead in the hint.
+    fn sent_ahead(sim: &SimDriver) -> (Snapshot, Snapshot) {
+        let hint = sim.device().restore_hint().unwrap();
+        sim.device().pause().unwrap();
+        (hint, sim.device().snapshot().unwrap())
+    }
+
     /// QPs destroyed, created (in the same handle) and modified between
     /// the restore hint and the switch-over come back as the source had
     /// them at the switch-over: those sent ahead take their kept part,
@@ -508,9 +518,7 @@ mod tests {
     fn a_state_without_its_parts_sent_ahead_is_refused() {
         let _heap = heap();
         let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
-        let hint = b.sim.device().restore_hint().unwrap();
-        b.sim.device().pause().unwrap();
-        let short = b.sim.device().snapshot().unwrap();
+        let (hint, short) = sent_ahead(&b.sim);
         let fresh = SimDriver::new();
         assert!(fresh.device().restore(&short).is_err());
         assert!(fresh.device().shared().lock().session.is_none());
@@ -542,9 +550,7 @@ mod tests {
         let _heap = heap();
         let mut b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
         b.sim.create_qp(QpSpec::rc(b.pd, b.cq.handle)).unwrap();
-        let hint = b.sim.device().restore_hint().unwrap();
-        b.sim.device().pause().unwrap();
-        let short = b.sim.device().snapshot().unwrap();
+        let (hint, short) = sent_ahead(&b.sim);
         let parts = || -> Vec<Presented> {
             hint.state::<Hint<Presented>>(HINT_ID, HINT_VERSION)
                 .unwrap()
@@ -580,9 +586,7 @@ mod tests {
     fn the_doorbells_of_qps_sent_ahead_are_registered_before_the_state_comes() {
         let _heap = heap();
         let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
-        let hint = b.sim.device().restore_hint().unwrap();
-        b.sim.device().pause().unwrap();
-        let short = b.sim.device().snapshot().unwrap();
+        let (hint, short) = sent_ahead(&b.sim);
         let source = b.sim.ioevents.registrations();
         let fresh = SimDriver::new();
         let before = fresh.ioevents.registrations();

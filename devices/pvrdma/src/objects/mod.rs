@@ -154,19 +154,16 @@ impl Objects {
             let kinds = qp::doorbells(q.rq.is_some());
             check(q.doorbells.are(page, handle, kinds), "a QP's doorbells")?;
         }
-        for (&handle, c) in &self.cqs {
-            let page = self.uar_page(c.ctx)?;
-            check(
-                c.doorbells.are(page, handle, &cq::DOORBELLS),
-                "a CQ's doorbells",
-            )?;
-        }
-        for (&handle, s) in &self.srqs {
-            let page = self.uar_page(s.ctx)?;
-            check(
-                s.doorbells.are(page, handle, &srq::DOORBELLS),
-                "an SRQ's doorbells",
-            )?;
+        let cqs = self.cqs.iter().map(|(&handle, c)| {
+            let kinds: &[_] = &cq::DOORBELLS;
+            (handle, c.ctx, &c.doorbells, kinds, "a CQ's doorbells")
+        });
+        let srqs = self.srqs.iter().map(|(&handle, s)| {
+            let kinds: &[_] = &srq::DOORBELLS;
+            (handle, s.ctx, &s.doorbells, kinds, "an SRQ's doorbells")
+        });
+        for (handle, ctx, doorbells, kinds, what) in cqs.chain(srqs) {
+            check(doorbells.are(self.uar_page(ctx)?, handle, kinds), what)?;
         }
         Ok(())
     }
