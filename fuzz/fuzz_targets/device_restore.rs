@@ -10,8 +10,9 @@
 //! near the old value), a bit flipped, a range of bytes removed, duplicated or copied from
 //! elsewhere; sometimes the bytes are cut short. The result goes through `Snapshot::from_bytes` and is restored onto a fresh device
 //! of the same kind over a copy of the source's guest memory. PVRDMA's state is a migration's:
-//! its QPs' rings went ahead in the restore hint taken before it, which the destination gets
-//! first (`prepare_restore`); the fuzzer mutates either the state or that hint.
+//! its QPs' rings went ahead in the restore hint taken before it, and their short parts in a
+//! later hint (one QP is the same at the save, saved as its `gen` alone), which the
+//! destination gets first (`prepare_restore`); the fuzzer mutates the state or one hint.
 //! The devices' workers run on the fuzzer's thread (`pvrdma_vmm_fuzz::settle`).
 //! Invariants: no panic, no hang (`-timeout` catches a worker that never finishes its turn),
 //! no allocation over `-malloc_limit_mb`; a state that restores saves again,
@@ -78,8 +79,8 @@ struct Reference {
     after: Vec<u8>,
     /// The pages the source wrote, which a destination copies.
     memory: MemoryImage,
-    /// The device's restore hint, taken before the state (what goes ahead of it).
-    hint: Option<Snapshot>,
+    /// The device's restore hints, taken before the state (what goes ahead of it).
+    hints: Vec<Snapshot>,
 }
 
 impl Reference {
@@ -87,7 +88,7 @@ impl Reference {
         bus: &PciBus,
         id: &str,
         mem: &GuestMemoryMmap<AtomicBitmap>,
-        hint: Option<Snapshot>,
+        hints: Vec<Snapshot>,
     ) -> Self {
         let memory = MemoryImage::take(mem);
         bus.pause().expect("pause");
@@ -99,7 +100,7 @@ impl Reference {
             state,
             after,
             memory,
-            hint,
+            hints,
         }
     }
 
@@ -149,7 +150,7 @@ fn nic() -> Reference {
     h.wait_tx_completions(0, 1);
     h.backend.inject(frame(200, 1));
     h.wait_rx_completions(0, 1);
-    Reference::new(&h.bus, "vmxnet3", &h.mem, None)
+    Reference::new(&h.bus, "vmxnet3", &h.mem, Vec::new())
 }
 
 /// A virtio-blk with its queue active and a read and a write done.
@@ -182,7 +183,7 @@ fn disk() -> Reference {
     v.notify(0);
     v.settle();
     assert_eq!(v.used_idx(), 2, "both requests served");
-    Reference::new(&v.bus, "virtio-blk", &v.mem, None)
+    Reference::new(&v.bus, "virtio-blk", &v.mem, Vec::new())
 }
 
 /// PVRDMA's configuration on both sides. A hint makes ahead as many eventfds as it names
@@ -201,19 +202,24 @@ fn rdma_config() -> PvrdmaConfig {
 }
 
 /// A PVRDMA function with an RC QP mid-transfer: a receive posted on the peer, a send and
-/// an RDMA READ posted; its hint taken first, so that its QPs' rings went ahead.
+/// an RDMA READ posted, and a second QP idle; its hints taken first (the first before the
+/// READ, the later one after it), so that its QPs' rings and short parts went ahead.
 fn rdma() -> Reference {
     let a = SimDriver::with_config_and_mac(&rdma_config(), MAC_A);
     let a = Endpoint::on(a, GID_A, QpSpec::rc);
     let b = Endpoint::new(GID_B, QpSpec::rc);
     SimDriver::connect(&a.sim, &b.sim);
     let (a, b) = connect(a, b);
+    let mut a = a;
+    a.sim.create_qp(QpSpec::rc(a.pd, a.cq.handle)).expect("an idle QP");
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
+    let first = a.sim.device().restore_hint();
     let remote = (b.sge(0, 0).addr, b.key);
     a.send(2, wr::RDMA_READ, &[a.sge(0, 100)], remote, 0);
-    let hint = a.sim.device().restore_hint();
-    Reference::new(&a.sim.bus, "pvrdma", &a.sim.mem, hint)
+    let late = a.sim.device().restore_hint();
+    let hints = first.into_iter().chain(late).collect();
+    Reference::new(&a.sim.bus, "pvrdma", &a.sim.mem, hints)
 }
 
 fn references() -> &'static [Reference; 3] {
@@ -227,10 +233,11 @@ fuzz_target!(|data: &[u8]| {
     let kind = usize::from(input.u8() % 3);
     let reference = &references()[kind];
     let mut state = reference.state.clone();
-    let mut hint = reference.hint.clone();
-    let target = match hint.as_mut() {
-        Some(hint) if input.u8() & 1 == 1 => &mut hint.data,
-        _ => &mut state,
+    let mut hints = reference.hints.clone();
+    let which = usize::from(input.u8()) % (1 + hints.len());
+    let target = match hints.get_mut(which) {
+        Some(hint) => &mut hint.data,
+        None => &mut state,
     };
     for _ in 0..1 + input.u8() % MAX_MUTATIONS {
         if input.is_empty() {
@@ -247,9 +254,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut dest = Dest::new(kind, &reference.memory);
-    if let (Dest::Rdma(sim), Some(hint)) = (&dest, &hint) {
-        if sim.device().prepare_restore(hint).is_err() {
-            return;
+    if let Dest::Rdma(sim) = &dest {
+        for hint in &hints {
+            if sim.device().prepare_restore(hint).is_err() {
+                return;
+            }
         }
     }
     if dest.bus().restore(&snapshot).is_ok() {

@@ -43,15 +43,32 @@ pub enum DecodeError {
 /// `T` from all of `bytes`, spending at most `budget` bytes of memory on
 /// the elements of its sequences, maps and strings.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8], budget: usize) -> Result<T, DecodeError> {
+    let mut left = budget;
+    decode_within(bytes, &mut left)
+}
+
+/// [`decode`], taking what the elements spend from `left`: values nested
+/// as byte strings in a state (decoded one by one, each on its own) share
+/// one budget this way.
+pub fn decode_within<T: DeserializeOwned>(
+    bytes: &[u8],
+    left: &mut usize,
+) -> Result<T, DecodeError> {
     let budget = Budget {
-        left: Cell::new(budget),
-        limit: budget,
+        left: Cell::new(*left),
+        limit: *left,
         refused: Cell::new(None),
     };
+    let value = decode_budgeted(bytes, &budget);
+    *left = budget.left.get();
+    value
+}
+
+fn decode_budgeted<T: DeserializeOwned>(bytes: &[u8], budget: &Budget) -> Result<T, DecodeError> {
     let mut de = postcard::Deserializer::from_bytes(bytes);
     let value = T::deserialize(Bounded {
         de: &mut de,
-        budget: &budget,
+        budget,
     });
     match (value, budget.refused.take()) {
         (_, Some(refusal)) => Err(refusal),

@@ -103,6 +103,27 @@ pub mod bytes {
     }
 }
 
+/// A value nested in a component's state as a byte string, encoded and
+/// decoded on its own: a component can compare a part of its state with
+/// what it sent before, or decode a part sent ahead of the rest, without
+/// knowing the encoding.
+pub mod nested {
+    use serde::{de::DeserializeOwned, Serialize};
+
+    /// Appends `value`'s encoding to `out`.
+    pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), String> {
+        let taken = std::mem::take(out);
+        *out = postcard::to_extend(value, taken).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// `T` from all of `bytes`, spending at most `left` of memory and
+    /// taking what it spent from it (see [`crate::bounded`]).
+    pub fn decode<T: DeserializeOwned>(bytes: &[u8], left: &mut usize) -> Result<T, String> {
+        crate::bounded::decode_within(bytes, left).map_err(|e| e.to_string())
+    }
+}
+
 /// Memory a decoded snapshot or state may take: as much as the largest
 /// state the migration protocol carries ([`protocol::MAX_STATE_BYTES`]),
 /// however its length prefixes multiply that (see [`bounded`]).

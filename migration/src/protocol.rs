@@ -14,7 +14,9 @@
 //! whose CPU lacks a feature the guest uses refuses before the copy, with
 //! the VM still running on the source; `Hints` the devices' restore hints
 //! (a snapshot's bytes: what the destination can make before the state
-//! comes, such as descriptors per object), right after; `Memory` a [`MemoryRangeTable`]
+//! comes, such as descriptors per object), right after, and again after
+//! the last pre-copy pass (state that may stay the same until the pause,
+//! decoded ahead); `Memory` a [`MemoryRangeTable`]
 //! then the bytes of its ranges in order; `State` the VM's state (a
 //! snapshot's bytes); `Complete` hands the VM over: the source stopped it
 //! for good before sending it, and the destination runs it once it read
@@ -36,8 +38,9 @@ const MAGIC: [u8; 8] = *b"PVRDMAMG";
 /// Bumped on any change to the framing, a command's payload or meaning
 /// (2: `Complete` commits both sides, and needs `State` first; 3: `Cpuid`;
 /// 4: `Hints`; 5: `Hints` up to [`MAX_HINTS_BYTES`], with PVRDMA's QPs'
-/// fixed parts).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// fixed parts; 6: `Hints` again just before the switch-over, with
+/// PVRDMA's QPs' short parts).
+pub const PROTOCOL_VERSION: u32 = 6;
 const HEADER_LEN: usize = 24;
 
 /// Largest configuration a destination reads.

@@ -11,7 +11,11 @@
 //! times swing several-fold with the other work; the CPU times do not).
 //! Under each row, every round's restore step line (the device's log:
 //! each step's minor page faults, the bytes the decode allocated).
-//! Run: `cargo bench -p pvrdma --bench snapshot [-- QPS...]`.
+//! A's QPs stay the same from the later restore hint (taken just before
+//! the pause, as a VMM takes it) to the save, so the restore takes them as
+//! decoded ahead; with `busy`, every one of them changes in between
+//! (`Fleet::migrate_a_timed_busy`), and all come in the state.
+//! Run: `cargo bench -p pvrdma --bench snapshot [-- [busy] QPS...]`.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -53,6 +57,7 @@ static STEPS: StepLines = StepLines(Mutex::new(Vec::new()));
 fn main() {
     log::set_logger(&STEPS).unwrap();
     log::set_max_level(log::LevelFilter::Info);
+    let busy = std::env::args().any(|a| a == "busy");
     let counts: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -62,6 +67,12 @@ fn main() {
     } else {
         counts
     };
+    let qps = if busy {
+        "A's QPs changed after the later hint"
+    } else {
+        "A's QPs the same since the later hint"
+    };
+    println!("{qps}");
     println!(
         "QPs    state bytes  pause+save   encode   decode     plug  restore  | migrate  encode+decode alone  ratio  | CPU: migrate  encode+decode  ratio"
     );
@@ -72,7 +83,11 @@ fn main() {
         STEPS.0.lock().unwrap().clear();
         let mut rounds = Vec::new();
         for round in 0..ROUNDS {
-            let (f, times) = fleet.migrate_a_timed();
+            let (f, times) = if busy {
+                fleet.migrate_a_timed_busy(round as u8)
+            } else {
+                fleet.migrate_a_timed()
+            };
             fleet = f;
             fleet.exchange(&sample, round as u8 + 1);
             rounds.push(times);

@@ -667,17 +667,18 @@ mod tests {
         let sim = SimDriver::with_config(&config);
         let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
         let hint = |version, eventfds: u64| {
-            let layout = (eventfds, Some(0xfe00_0000u64), Vec::<()>::new());
+            let layout = (eventfds, Some(0xfe00_0000u64), Vec::<()>::new(), Vec::<()>::new());
             Snapshot::new("pvrdma-hint", version, &layout).unwrap()
         };
-        sim.device().prepare_restore(&hint(3, u64::MAX)).unwrap();
+        sim.device().prepare_restore(&hint(4, u64::MAX)).unwrap();
         assert_eq!(hub.ahead(), 16 + 2 * 8 + 2);
         for bad in [
             Snapshot::new("pvrdma-hint", 1, &(1u64,)).unwrap(),
             Snapshot::new("pvrdma-hint", 2, &(1u64, Vec::<()>::new())).unwrap(),
-            hint(4, 1),
-            Snapshot::new("pvrdma", 3, &(1u64, None::<u64>, Vec::<()>::new())).unwrap(),
-            Snapshot::new("pvrdma-hint", 3, &(1u64,)).unwrap(),
+            hint(3, 1),
+            hint(5, 1),
+            Snapshot::new("pvrdma", 4, &(1u64, None::<u64>, Vec::<()>::new())).unwrap(),
+            Snapshot::new("pvrdma-hint", 4, &(1u64,)).unwrap(),
         ] {
             assert!(sim.device().prepare_restore(&bad).is_err(), "{bad:?}");
         }

@@ -291,6 +291,10 @@ impl ConsumerRing {
         &self.ring
     }
 
+    pub(crate) fn into_ring(self) -> Ring {
+        self.ring
+    }
+
     /// The device's consumer index.
     pub(crate) fn cons(&self) -> u32 {
         self.cons

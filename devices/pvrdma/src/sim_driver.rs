@@ -392,11 +392,25 @@ impl SimDriver {
 
     /// [`Self::migrate_paused_timed`], the guest doing `between` after
     /// the restore hint was taken (while the memory is copied).
-    pub fn migrate_paused_after(mut self, between: impl FnOnce(&mut Self)) -> (Self, MigrateTimes) {
+    pub fn migrate_paused_after(self, between: impl FnOnce(&mut Self)) -> (Self, MigrateTimes) {
+        self.migrate_paused_around(between, |_| ())
+    }
+
+    /// [`Self::migrate_paused_timed`], the guest doing `between` after the
+    /// restore hint was taken (while the memory is copied) and `last`
+    /// after the later hint (just before the switch-over), as a VMM takes
+    /// them.
+    pub fn migrate_paused_around(
+        mut self,
+        between: impl FnOnce(&mut Self),
+        last: impl FnOnce(&mut Self),
+    ) -> (Self, MigrateTimes) {
         use vm_migration::{Pausable, Snapshot, Snapshottable};
         // Taken at the migration's start, while the device runs.
         let hint = self.device().restore_hint();
         between(&mut self);
+        let late = hint.as_ref().and_then(|_| self.device().restore_hint());
+        last(&mut self);
         let c = thread_cpu();
         let t = Instant::now();
         self.device().pause().expect("pause");
@@ -430,7 +444,7 @@ impl SimDriver {
         self.enable_msix();
         self.device().pause().expect("pause");
         // Before the state comes: not part of the blackout.
-        if let Some(hint) = &hint {
+        for hint in hint.iter().chain(&late) {
             self.device().prepare_restore(hint).expect("prepare");
         }
         let plug = t.elapsed();

@@ -24,7 +24,7 @@ use vm_migration::{MigratableError, Snapshot};
 
 use crate::dsr::LoadedDsr;
 use crate::namespace::{Namespace, NamespaceState};
-use crate::objects::qp::saved::{with_presented, Presented};
+use crate::objects::qp::saved::{with_ahead, Presented};
 use crate::objects::session::Session;
 use crate::objects::Objects;
 use crate::state::Shared;
@@ -37,60 +37,116 @@ pub(crate) const ID: &str = "pvrdma";
 /// 5: a CQ's `ever_armed`. 6: a QP's and its engine's plain fields packed
 /// into a byte string each (`rdma_transport::packed`). 7: a QP's fixed
 /// part apart from its rings' indices, and left out when sent ahead.
-pub(crate) const VERSION: u32 = 7;
+/// 8: a QP's short part nested as bytes, left out when the same as sent
+/// ahead.
+pub(crate) const VERSION: u32 = 8;
 
 /// A restore's hint ([`hint`]): its name and layout. 2: the QPs' fixed
-/// parts. 3: where BAR2 is, for their doorbells.
+/// parts. 3: where BAR2 is, for their doorbells. 4: the short parts of the
+/// QPs sent before (a later hint).
 const HINT_ID: &str = "pvrdma-hint";
-const HINT_VERSION: u32 = 3;
+const HINT_VERSION: u32 = 4;
 
 /// Most ring pages a hint sends ahead: the QPs past it are saved whole.
 /// A page is at most 9 bytes encoded, so the hint stays within the
 /// migration protocol's `MAX_HINTS_BYTES` with room for the rest.
 const MOST_PRESENT_PAGES: usize = 1 << 20;
+/// Most bytes of QPs' short parts a later hint sends (a QP's is some 300
+/// bytes idle, more with work queued): the QPs past it come in the state,
+/// and the hint stays within `MAX_HINTS_BYTES` beside the pages above.
+const MOST_SENT_BYTES: usize = 6 << 20;
 
 /// What a destination can make before the state comes; `Q` is the QPs'
-/// fixed parts (`saved::Presented`), borrowed when sent.
+/// fixed parts (`saved::Presented`), borrowed when sent, and `N` a QP's
+/// short part ([`Nested`] bytes).
 #[derive(Serialize, Deserialize)]
-struct Hint<Q> {
+struct Hint<Q, N> {
     /// Eventfds the objects' doorbells hold.
     eventfds: u64,
     /// Where BAR2 is (the doorbells' ioeventfds), as the restore will
     /// most likely find it.
     uar_base: Option<u64>,
-    /// QPs' parts that do not change while they live, by `gen`, in their
-    /// handles' order: their save inside the blackout leaves them out.
+    /// QPs' parts that do not change while they live, by `gen`, of the
+    /// QPs not sent ahead before: their save inside the blackout leaves
+    /// them out.
     qps: Vec<Q>,
+    /// The short parts of the QPs sent ahead before (empty in the first
+    /// hint): a QP's save that finds its own the same leaves it out.
+    states: Vec<N>,
+}
+
+/// A hint as a destination reads it.
+type Received = Hint<Presented, Nested<Vec<u8>>>;
+
+/// A byte string in a hint: borrowed when sent, owned when read.
+struct Nested<B>(B);
+
+impl Serialize for Nested<&[u8]> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        vm_migration::bytes::serialize(self.0, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Nested<Vec<u8>> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        vm_migration::bytes::deserialize(d).map(Nested)
+    }
 }
 
 /// What a destination can make ahead of restoring this device's state (its
 /// doorbells' eventfds, a system call each inside the blackout otherwise)
 /// and the QPs' parts that do not change, taken while the device runs;
 /// `None` without a session. The QPs sent are marked so that the save
-/// leaves those parts out, until [`forget_hint`].
+/// leaves those parts out, until [`forget_hint`]. Taken again (just before
+/// a migration's switch-over), it also carries the short parts of the QPs
+/// sent before, which the source keeps: a QP that stays the same until
+/// the save is saved as its `gen` alone.
 pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     let mut state = shared.lock();
     let uar_base = state.uar_base;
     let objects = &mut state.session.as_mut()?.objects;
     let mut pages = 0usize;
-    for qp in objects.qps.values_mut() {
+    let mut sent = 0usize;
+    let mut fresh = Vec::new();
+    let mut encoded = Ok(());
+    for (&handle, qp) in objects.qps.iter_mut() {
         let rq = qp.rq.as_ref().map_or(0, |rq| rq.ring().pages());
         pages = pages
             .saturating_add(qp.sq.ring().pages())
             .saturating_add(rq);
-        qp.presented = pages <= MOST_PRESENT_PAGES;
+        if qp.presented {
+            qp.sent = None;
+            match qp.short_bytes() {
+                Ok(b) if sent.saturating_add(b.len()) <= MOST_SENT_BYTES => {
+                    sent = sent.saturating_add(b.len());
+                    qp.sent = Some(b.into());
+                }
+                Ok(_) => {}
+                Err(e) => encoded = Err(e),
+            }
+        } else if pages <= MOST_PRESENT_PAGES {
+            qp.presented = true;
+            fresh.push(handle);
+        }
     }
-    let hint = Hint {
-        eventfds: u64::try_from(objects.eventfds()).unwrap_or(u64::MAX),
-        uar_base,
-        qps: objects
-            .qps
-            .values()
-            .filter(|qp| qp.presented)
-            .map(|qp| (qp.gen, qp.fixed()))
-            .collect(),
-    };
-    let hint = Snapshot::new(HINT_ID, HINT_VERSION, &hint);
+    let hint = encoded.map_err(|e| log::warn!("pvrdma: no hint: {e}")).and_then(|()| {
+        let hint = Hint {
+            eventfds: u64::try_from(objects.eventfds()).unwrap_or(u64::MAX),
+            uar_base,
+            qps: fresh
+                .iter()
+                .filter_map(|h| objects.qps.get(h))
+                .map(|qp| (qp.gen, qp.fixed()))
+                .collect(),
+            states: objects
+                .qps
+                .values()
+                .filter_map(|qp| qp.sent.as_deref())
+                .map(Nested)
+                .collect(),
+        };
+        Snapshot::new(HINT_ID, HINT_VERSION, &hint).map_err(drop)
+    });
     if hint.is_err() {
         forget(objects);
     }
@@ -107,6 +163,7 @@ pub(crate) fn forget_hint(shared: &Shared) {
 fn forget(objects: &mut Objects) {
     for qp in objects.qps.values_mut() {
         qp.presented = false;
+        qp.sent = None;
     }
 }
 
@@ -163,52 +220,64 @@ impl Drop for CoolHeap {
 /// device's limits allow its objects (the source's word is not trusted),
 /// warms the heap their objects' decode will take and keeps the QPs'
 /// fixed parts for the restore, once checked: as many QPs and ring pages
-/// as this device's limits allow, each ring as a restore checks it.
+/// as this device's limits allow, each ring as a restore checks it. A
+/// later hint's QPs are kept too, and its short parts decoded into the
+/// QPs they complete, checked as a restore checks them.
 pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), MigratableError> {
     let start = Instant::now();
-    let hint: Hint<Presented> = hint.state(HINT_ID, HINT_VERSION)?;
+    let hint: Received = hint.state(HINT_ID, HINT_VERSION)?;
+    let refused = |why: String| MigratableError::Restore(HINT_ID.into(), why.into());
     let l = &shared.env.config.limits;
+    let mut ahead = std::mem::take(&mut shared.lock().ahead);
+    let first = ahead.is_empty();
     let pages = hint
         .qps
         .iter()
         .map(|(_, fixed)| fixed.pages())
-        .fold(0usize, usize::saturating_add);
-    if hint.qps.len() > usize::try_from(l.max_qp).unwrap_or(usize::MAX)
+        .fold(ahead.pages(), usize::saturating_add);
+    let qps = ahead.qps().saturating_add(hint.qps.len());
+    if qps > usize::try_from(l.max_qp).unwrap_or(usize::MAX)
         || u64::try_from(pages).unwrap_or(u64::MAX) > l.max_mapped_pages
     {
-        return Err(MigratableError::Restore(
-            HINT_ID.into(),
-            format!(
-                "{} QPs with {pages} ring pages sent ahead, over this device's limits",
-                hint.qps.len()
-            )
-            .into(),
-        ));
+        return Err(refused(format!(
+            "{qps} QPs with {pages} ring pages sent ahead, over this device's limits"
+        )));
     }
     let presented = hint.qps.len();
-    // A QP's send and receive share one, a CQ has two (arm, arm-solicited).
-    let most = u64::from(l.max_qp)
-        .saturating_add(u64::from(l.max_cq).saturating_mul(2))
-        .saturating_add(u64::from(l.max_srq));
-    let n = usize::try_from(hint.eventfds.min(most)).unwrap_or(0);
-    let made = shared.env.hub.make_ahead(n);
-    let heap = n.saturating_mul(HEAP_PER_EVENTFD).min(MOST_WARM_HEAP);
-    warm_heap(heap);
+    let (made, heap) = if first {
+        // A QP's send and receive share one, a CQ has two (arm, arm-solicited).
+        let most = u64::from(l.max_qp)
+            .saturating_add(u64::from(l.max_cq).saturating_mul(2))
+            .saturating_add(u64::from(l.max_srq));
+        let n = usize::try_from(hint.eventfds.min(most)).unwrap_or(0);
+        let made = shared.env.hub.make_ahead(n);
+        let heap = n.saturating_mul(HEAP_PER_EVENTFD).min(MOST_WARM_HEAP);
+        warm_heap(heap);
+        (made, heap)
+    } else {
+        (0, 0)
+    };
     // The kept QPs' doorbells, made here and registered where the source
     // had BAR2 (the VMM defers the KVM calls until the VM runs, as it does
     // the restore's): eventfds, watches and registrations the restore
     // would otherwise make inside the blackout. The guest cannot ring them
     // before it runs here.
-    let mut qps = hint.qps;
-    for (gen, fixed) in &mut qps {
+    for (gen, mut fixed) in hint.qps {
         fixed
-            .attach(&shared.env.hub, *gen, hint.uar_base)
+            .attach(&shared.env.hub, gen, hint.uar_base)
             .map_err(|e| MigratableError::Restore(HINT_ID.into(), Box::new(e)))?;
+        ahead.keep(gen, fixed).map_err(refused)?;
     }
-    shared.lock().presented = qps;
+    let completed = hint.states.len();
+    let mut budget = vm_migration::MAX_DECODED_BYTES;
+    for Nested(short) in &hint.states {
+        ahead.complete(short, &mut budget).map_err(refused)?;
+    }
+    shared.lock().ahead = ahead;
     log::info!(
         "pvrdma: {made} doorbell eventfds made, {presented} QPs' fixed parts kept with their \
-         doorbells and {} KiB of heap warmed ahead of the restore in {} ms (hint: {})",
+         doorbells, {completed} QPs decoded and {} KiB of heap warmed ahead of the restore in {} \
+         ms (hint: {})",
         heap / 1024,
         start.elapsed().as_millis(),
         hint.eventfds
@@ -341,9 +410,11 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     // Each step's share (a restore sits in a migration's blackout).
     let u_start = Usage::now();
     let start = Instant::now();
-    let presented = std::mem::take(&mut shared.lock().presented);
-    let saved: Saved<LoadedDsr, Objects> =
-        with_presented(presented, || snapshot.state(ID, VERSION))?;
+    let ahead = std::mem::take(&mut shared.lock().ahead);
+    let (saved, same) = with_ahead(ahead, vm_migration::MAX_DECODED_BYTES, || {
+        snapshot.state::<Saved<LoadedDsr, Objects>>(ID, VERSION)
+    });
+    let saved = saved?;
     let decoded = start.elapsed();
     let u_decoded = Usage::now();
     let env = &shared.env;
@@ -400,7 +471,8 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     }
     let ms = |d: Duration| d.as_millis();
     log::info!(
-        "pvrdma: restore steps: decoded in {} ms ({}, {} KiB allocated), namespace {} ms ({}), \
+        "pvrdma: restore steps: decoded in {} ms ({}, {} KiB allocated; {same} QPs as decoded \
+         ahead), namespace {} ms ({}), \
          MSI-X {} ms, state lock {} ms, doorbells {} ms ({eventfds} eventfds, {taken} made \
          ahead; {} from MSI-X on)",
         ms(decoded),
@@ -423,7 +495,7 @@ mod tests {
     use pvrdma_abi::verbs::qp_type;
     use vm_migration::{Pausable, Snapshot, Snapshottable};
 
-    use super::{warm_heap, CoolHeap, Hint, Usage, HINT_ID, HINT_VERSION};
+    use super::{warm_heap, CoolHeap, Hint, Nested, Received, Usage, HINT_ID, HINT_VERSION};
     use crate::config::Limits;
     use crate::objects::qp::saved::Presented;
     use crate::sim_driver::endpoint::{Endpoint, GID_B};
@@ -510,6 +582,53 @@ mod tests {
         assert_eq!(at_switch_over.len(), 3);
     }
 
+    /// A later hint (just before the switch-over) carries the short parts
+    /// of the QPs sent before: a QP still the same at the save is saved as
+    /// its `gen` alone (the state does not restore without that hint) and
+    /// restores from what the hint sent; one changed after it (moved to
+    /// RTS) comes as it is at the save.
+    #[test]
+    fn qps_the_same_since_the_later_hint_restore_from_it() {
+        let _heap = heap();
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let spec = QpSpec::rc(b.pd, b.cq.handle);
+        let mut sim = b.sim;
+        let ud = QpSpec {
+            qp_type: qp_type::UD,
+            ..spec
+        };
+        let changed = sim.create_qp(ud).unwrap();
+        let first = sim.device().restore_hint().unwrap();
+        let late = sim.device().restore_hint().unwrap();
+        let sent: Received = late.state(HINT_ID, HINT_VERSION).unwrap();
+        assert_eq!((sent.qps.len(), sent.states.len()), (0, 2));
+        // Short parts of QPs whose fixed parts did not come are refused.
+        assert!(SimDriver::new().device().prepare_restore(&late).is_err());
+        sim.device().pause().unwrap();
+        let same = sim.device().snapshot().unwrap();
+        let fresh = SimDriver::new();
+        fresh.device().prepare_restore(&first).unwrap();
+        assert!(fresh.device().restore(&same).is_err(), "restored without them");
+        for hint in [&first, &late] {
+            fresh.device().prepare_restore(hint).unwrap();
+        }
+        fresh.device().restore(&same).unwrap();
+        assert_eq!(qps(&fresh), qps(&sim));
+
+        sim.device().forget_hint();
+        sim.device().resume().unwrap();
+        let mut at_switch_over = Vec::new();
+        let (restored, _) = sim.migrate_paused_around(
+            |_| (),
+            |sim| {
+                sim.to_rts(changed.handle, qp_type::UD).unwrap();
+                at_switch_over = qps(sim);
+            },
+        );
+        assert_eq!(qps(&restored), at_switch_over);
+        assert!(at_switch_over.iter().any(|q| q.contains(" state=3 ")));
+    }
+
     /// A state whose QPs went ahead does not restore without their parts
     /// (no hint, or one whose QPs were not those): refused, the device
     /// left as it was; and once the migration is forgotten, the source
@@ -524,7 +643,7 @@ mod tests {
         assert!(fresh.device().shared().lock().session.is_none());
         // Another device's QPs (none) sent ahead.
         let other = SimDriver::new().device().restore_hint();
-        let empty = (0u64, None::<u64>, Vec::<()>::new());
+        let empty = (0u64, None::<u64>, Vec::<()>::new(), Vec::<()>::new());
         let empty = Snapshot::new(HINT_ID, HINT_VERSION, &empty).unwrap();
         fresh
             .device()
@@ -552,7 +671,7 @@ mod tests {
         b.sim.create_qp(QpSpec::rc(b.pd, b.cq.handle)).unwrap();
         let (hint, short) = sent_ahead(&b.sim);
         let parts = || -> Vec<Presented> {
-            hint.state::<Hint<Presented>>(HINT_ID, HINT_VERSION)
+            hint.state::<Received>(HINT_ID, HINT_VERSION)
                 .unwrap()
                 .qps
         };
@@ -567,6 +686,7 @@ mod tests {
                 eventfds: 0,
                 uar_base: None,
                 qps: swapped.iter().collect(),
+                states: Vec::<Nested<&[u8]>>::new(),
             },
         )
         .unwrap();
@@ -630,10 +750,14 @@ mod tests {
         let spec = QpSpec::rc(b.pd, b.cq.handle);
         b.sim.create_qp(spec).unwrap();
         let real = b.sim.device().restore_hint().unwrap();
-        let hint: Hint<Presented> = real.state(HINT_ID, HINT_VERSION).unwrap();
+        let hint: Received = real.state(HINT_ID, HINT_VERSION).unwrap();
         assert_eq!(hint.qps.len(), 2);
+        // Each copy another QP's (a `gen` sent twice is refused).
         let copies = |n: usize| {
-            let qps: Vec<&Presented> = hint.qps.iter().cycle().take(n).collect();
+            let qps: Vec<(u64, _)> = (1u64..)
+                .zip(hint.qps.iter().cycle().take(n))
+                .map(|(gen, (_, fixed))| (gen, fixed))
+                .collect();
             Snapshot::new(
                 HINT_ID,
                 HINT_VERSION,
@@ -641,6 +765,7 @@ mod tests {
                     eventfds: 0,
                     uar_base: None,
                     qps,
+                    states: Vec::<Nested<&[u8]>>::new(),
                 },
             )
             .unwrap()
@@ -656,13 +781,25 @@ mod tests {
             ..Limits::default()
         });
         few_qps.device().prepare_restore(&copies(16)).unwrap();
-        assert!(few_qps.device().prepare_restore(&copies(17)).is_err());
+        // Kept across hints: one more is over the limit, as 17 at once.
+        assert!(few_qps.device().prepare_restore(&copies(1)).is_err());
+        let few = || {
+            limited(Limits {
+                max_qp: 16,
+                ..Limits::default()
+            })
+        };
+        assert!(few().device().prepare_restore(&copies(17)).is_err());
         // Two pages a QP (one for each ring).
         let few_pages = limited(Limits {
             max_mapped_pages: 8,
             ..Limits::default()
         });
         few_pages.device().prepare_restore(&copies(4)).unwrap();
+        let few_pages = limited(Limits {
+            max_mapped_pages: 8,
+            ..Limits::default()
+        });
         assert!(few_pages.device().prepare_restore(&copies(5)).is_err());
         let bytes = real.to_bytes();
         let mut refused = 0;
@@ -670,7 +807,9 @@ mod tests {
             let mut bad = bytes.clone();
             bad[at] ^= 0xa5;
             if let Ok(bad) = Snapshot::from_bytes(&bad) {
-                refused += usize::from(few_qps.device().prepare_restore(&bad).is_err());
+                let mut dev = few_qps.device();
+                dev.shared().lock().ahead = Default::default();
+                refused += usize::from(dev.prepare_restore(&bad).is_err());
             }
         }
         assert!(refused > 0);

@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::datapath::wire::Wire;
 use crate::env::Env;
 use crate::objects::gid::GidTable;
-use crate::objects::qp::saved::Presented;
+use crate::objects::qp::saved::Ahead;
 use crate::objects::session::Session;
 
 /// ERR before the first successful CTL (QEMU's value): "not ready".
@@ -89,7 +89,7 @@ pub(crate) struct State {
     pub(crate) session: Option<Session>,
     /// A migration's destination: the QPs' parts its source sent ahead
     /// (`snapshot::prepare`), which the restore takes.
-    pub(crate) presented: Vec<Presented>,
+    pub(crate) ahead: Ahead,
 }
 
 impl State {
@@ -100,7 +100,7 @@ impl State {
             active: false,
             uar_base: None,
             session: None,
-            presented: Vec::new(),
+            ahead: Ahead::default(),
         }
     }
 }

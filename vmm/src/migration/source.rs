@@ -105,6 +105,9 @@ fn send_memory(
 /// What the sending thread asks of the control loop, which owns the vCPUs.
 #[derive(Debug)]
 pub enum SourceRequest {
+    /// Take the devices' restore hints again, the VM running, and answer
+    /// with them (just before the switch-over).
+    Hints(Sender<Result<Vec<u8>, String>>),
     /// Pause the VM (vCPUs, then devices) and answer with its state.
     Switchover(Sender<Result<Vec<u8>, String>>),
     /// The migration ended.
@@ -285,6 +288,30 @@ impl Source {
             }
         }
 
+        // The devices' hints again, the VM still running: the destination
+        // decodes ahead what of their state stays the same until the pause
+        // (PVRDMA's QPs), which their save inside the blackout then leaves
+        // out.
+        let t0 = Instant::now();
+        let (reply, answer) = mpsc::channel();
+        self.control.send(SourceRequest::Hints(reply));
+        let hints = answer
+            .recv()
+            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
+            .map_err(MigrationError::Switchover)?;
+        let taken = t0.elapsed();
+        protocol::send_request(stream, Command::Hints, &hints).map_err(ProtocolError::from)?;
+        protocol::read_response(stream)?;
+        log::info!(
+            "The devices' later restore hints: {} bytes taken in {} ms, prepared by the \
+             destination {} ms later",
+            hints.len(),
+            taken.as_millis(),
+            t0.elapsed().saturating_sub(taken).as_millis()
+        );
+        update(&self.progress, |i| i.bytes_transferred += hints.len() as u64);
+        self.go_on(started)?;
+
         // Stop-and-copy: the control loop pauses the VM and saves it (and
         // refuses cancels from now on). Until the hand-over is answered
         // nothing is logged (see `crate::logging`).
@@ -438,6 +465,14 @@ impl Outgoing {
         let requests: Vec<SourceRequest> = self.requests.try_iter().collect();
         for request in requests {
             match request {
+                SourceRequest::Hints(reply) => {
+                    let hints = guest
+                        .devices
+                        .restore_hints()
+                        .map(|h| h.to_bytes())
+                        .map_err(|e| crate::error_chain(&e));
+                    let _ = reply.send(hints);
+                }
                 SourceRequest::Switchover(reply) => {
                     self.switching = true;
                     // A cancel the sender had not seen yet.
@@ -623,6 +658,9 @@ mod tests {
             scope.spawn(move || source.run());
             let ended = loop {
                 match requests.recv().unwrap() {
+                    SourceRequest::Hints(reply) => {
+                        reply.send(Ok(b"the devices' later hints".to_vec())).unwrap();
+                    }
                     SourceRequest::Switchover(reply) => {
                         reply.send(Ok(b"the VM's state".to_vec())).unwrap();
                     }

@@ -81,6 +81,9 @@ pub(crate) struct Qp {
     /// Its [`saved::Fixed`] part went ahead in a migration's restore hint,
     /// so its save leaves that part out (never saved itself).
     pub(crate) presented: bool,
+    /// Its short part as a later hint sent it ([`Qp::short_bytes`]): saved
+    /// the same, it is left out too (never saved itself).
+    pub(crate) sent: Option<Box<[u8]>>,
 }
 
 /// Checks a work queue's size and SGE count; returns its stride.
@@ -308,6 +311,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             doorbells,
             engine: None,
             presented: false,
+            sent: None,
         },
     );
     cx.s.objects.qpns.insert(qpn, handle);

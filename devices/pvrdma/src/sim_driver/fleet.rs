@@ -165,6 +165,34 @@ impl Fleet {
         (Fleet { a, b }, times)
     }
 
+    /// [`Self::migrate_a_timed`], every one of A's QPs changed after the
+    /// later restore hint, just before the pause, as QPs that all carry
+    /// traffic then would be: its retransmission timeout modified (RTS to
+    /// RTS, a value of `round`), so that none restores from that hint.
+    pub fn migrate_a_timed_busy(self, round: u8) -> (Self, super::MigrateTimes) {
+        use pvrdma_abi::verbs::{qp_attr_mask, qp_state, QpAttr};
+        use vm_migration::Pausable;
+        let Fleet { a, b } = self;
+        let handles: Vec<u32> = a.qps.iter().map(|q| q.handle).collect();
+        let attrs = QpAttr {
+            qp_state: qp_state::RTS,
+            timeout: 10 + round % 8,
+            ..QpAttr::default()
+        };
+        let (sim, times) = a.sim.migrate_paused_around(
+            |_| (),
+            |sim| {
+                for &h in &handles {
+                    sim.modify_qp(h, qp_attr_mask::STATE | qp_attr_mask::TIMEOUT, attrs)
+                        .expect("modify");
+                }
+            },
+        );
+        sim.device().resume().expect("resume");
+        let a = Side { sim, ..a };
+        (Fleet { a, b }, times)
+    }
+
     /// A SEND of 256 bytes from each of A's QPs `sample` to its peer on B,
     /// then an RDMA WRITE of them back from B into A's MR under the rkey A
     /// gave at the start, each a pattern of `round` and the QP's index;

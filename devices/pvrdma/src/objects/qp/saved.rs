@@ -1,30 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
-//! How a [`Qp`] is saved: its own plain fields (IDs, state, the guest's
-//! capabilities and attributes) as one packed byte string
-//! ([`rdma_transport::packed`]), then its [`Fixed`] part (rings' pages and
-//! geometry, doorbells), its rings' consumer indices and its engine as
-//! serde values. A migration's destination restores thousands of QPs
-//! inside the blackout, and each serde call there costs tens of
-//! instructions through the bounded decoder; this is a handful a QP.
+//! How a [`Qp`] is saved: its `gen`, its [`Fixed`] part (rings' pages and
+//! geometry, doorbells) unless that went ahead, and its short part
+//! (its own plain fields packed into one byte string by
+//! [`rdma_transport::packed`], its rings' consumer indices and its engine)
+//! nested as a byte string, unless the destination has it already. A
+//! migration's destination restores thousands of QPs inside the blackout,
+//! and each serde call there costs tens of instructions through the
+//! bounded decoder; this is a handful a QP.
 //!
 //! The [`Fixed`] part never changes from the QP's creation to its
 //! destruction, and its `gen` names that life. A migration's source sends
 //! it ahead, in the restore hint ([`crate::snapshot::hint`]), while the
-//! guest runs; the QP's save inside the blackout then leaves it out (its
-//! plain fields name it by `gen`), and the destination takes the part it
-//! kept ([`with_presented`]).
-//! A QP created after the hint (a new `gen`) is saved whole.
+//! guest runs. A later hint, taken just before the switch-over, carries
+//! the short part of each QP sent ahead, and the source keeps those
+//! bytes: a QP whose short part is the same inside the blackout is
+//! saved as its `gen` alone. The destination decodes what comes ahead as
+//! it comes ([`Ahead`]) and the restore takes it ([`with_ahead`]).
+//! A QP created after the first hint (a new `gen`) is saved whole.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use pvrdma_abi::verbs::{QpAttr, QpCap};
 use rdma_transport::packed::{self, Packed, Reader, Writer};
 use rdma_transport::qp::QpState;
 use serde::de::{self, SeqAccess, Visitor};
-use serde::ser::SerializeTuple;
+use serde::ser::{Error as _, SerializeTuple};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use vm_memory::ByteValued;
+use vm_migration::nested;
 
 use super::{Engine, Qp};
 use crate::ring::{ConsumerRing, Ring};
@@ -51,6 +56,24 @@ impl Qp {
             doorbells: &self.doorbells,
         }
     }
+
+    /// This QP's short part, encoded: what a later hint sends and the
+    /// save compares.
+    pub(crate) fn short_bytes(&self) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        nested::encode_into(&ShortRef(self), &mut out)?;
+        Ok(out)
+    }
+
+    /// Gives its [`Fixed`] part back (a QP decoded ahead whose state
+    /// changed after all).
+    fn into_fixed(self) -> Fixed<Ring, Doorbells> {
+        Fixed {
+            sq: self.sq.into_ring(),
+            rq: self.rq.map(ConsumerRing::into_ring),
+            doorbells: self.doorbells,
+        }
+    }
 }
 
 impl Fixed<Ring, Doorbells> {
@@ -74,34 +97,91 @@ impl Fixed<Ring, Doorbells> {
     }
 }
 
-thread_local! {
-    /// The [`Fixed`] parts a restore on this thread may take, in the order
-    /// the source sent them (its QPs' handles, ascending, which is also
-    /// the order of the QPs in the state): [`with_presented`].
-    static PRESENTED: RefCell<std::vec::IntoIter<Presented>> =
-        RefCell::new(Vec::new().into_iter());
+/// What a destination has of its source's QPs before the state comes,
+/// by `gen`: the [`Fixed`] parts of the restore hint, and the QPs a later
+/// hint's short parts completed.
+#[derive(Debug, Default)]
+pub(crate) struct Ahead {
+    fixed: BTreeMap<u64, Fixed<Ring, Doorbells>>,
+    qps: BTreeMap<u64, Qp>,
+    /// The kept rings' pages.
+    pages: usize,
+    /// QPs a restore took as decoded ahead.
+    taken: usize,
 }
 
-/// Runs `decode` with `presented` for the QPs it decodes to take their
-/// [`Fixed`] part from; what they leave is dropped. A thread-local,
+impl Ahead {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fixed.is_empty() && self.qps.is_empty()
+    }
+
+    /// QPs kept, whole or in part.
+    pub(crate) fn qps(&self) -> usize {
+        self.fixed.len().saturating_add(self.qps.len())
+    }
+
+    pub(crate) fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Keeps the [`Fixed`] part of the QP of `gen` (its doorbells made).
+    pub(crate) fn keep(&mut self, gen: u64, fixed: Fixed<Ring, Doorbells>) -> Result<(), String> {
+        if self.fixed.contains_key(&gen) || self.qps.contains_key(&gen) {
+            return Err(format!("QP {gen} sent ahead twice"));
+        }
+        self.pages = self.pages.saturating_add(fixed.pages());
+        self.fixed.insert(gen, fixed);
+        Ok(())
+    }
+
+    /// Decodes a later hint's short part of a QP whose [`Fixed`] part
+    /// is kept, into the whole QP, checked as a restore checks it.
+    pub(crate) fn complete(&mut self, short: &[u8], budget: &mut usize) -> Result<(), String> {
+        let short: ShortOwned = nested::decode(short, budget)?;
+        let gen = short.plain.gen;
+        let fixed = self
+            .fixed
+            .remove(&gen)
+            .ok_or_else(|| format!("QP {gen}: a state sent ahead without its fixed part"))?;
+        let qp = Qp::from_parts(fixed, short)?;
+        self.qps.insert(gen, qp);
+        Ok(())
+    }
+
+    /// The kept [`Fixed`] part of the QP of `gen`, taken back from its
+    /// QP decoded ahead if there is one.
+    fn take_fixed(&mut self, gen: u64) -> Option<Fixed<Ring, Doorbells>> {
+        self.fixed
+            .remove(&gen)
+            .or_else(|| self.qps.remove(&gen).map(Qp::into_fixed))
+    }
+}
+
+thread_local! {
+    /// What a restore on this thread may take ([`with_ahead`]).
+    static AHEAD: RefCell<Ahead> = RefCell::new(Ahead::default());
+    /// Memory the nested short parts of the state being decoded may
+    /// still take.
+    static BUDGET: Cell<usize> = const { Cell::new(0) };
+    /// Where the save encodes each QP's short part.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `decode` with `ahead` for the QPs it decodes to take their parts
+/// from, their nested parts within `budget`; what they leave is dropped.
+/// Also returns how many QPs it took as decoded ahead. A thread-local,
 /// because the derived decode of the whole state has no way to hand a QP
 /// anything else.
-pub(crate) fn with_presented<T>(presented: Vec<Presented>, decode: impl FnOnce() -> T) -> T {
-    PRESENTED.with(|p| *p.borrow_mut() = presented.into_iter());
+pub(crate) fn with_ahead<T>(
+    ahead: Ahead,
+    budget: usize,
+    decode: impl FnOnce() -> T,
+) -> (T, usize) {
+    AHEAD.with(|a| *a.borrow_mut() = ahead);
+    BUDGET.with(|b| b.set(budget));
     let decoded = decode();
-    PRESENTED.with(|p| *p.borrow_mut() = Vec::new().into_iter());
-    decoded
-}
-
-/// The kept [`Fixed`] part of the QP of `gen`: the parts before it are of
-/// QPs destroyed since they were sent (they come in the same order), so
-/// they are dropped on the way. `None` if it was not sent ahead.
-fn take_presented(gen: u64) -> Option<Fixed<Ring, Doorbells>> {
-    PRESENTED.with(|p| {
-        p.borrow_mut()
-            .find(|(g, _)| *g == gen)
-            .map(|(_, fixed)| fixed)
-    })
+    let left = AHEAD.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    (decoded, left.taken)
 }
 
 /// A wire struct packed as its bytes.
@@ -153,10 +233,18 @@ impl<'de> Deserialize<'de> for Plain {
     }
 }
 
-/// Elements of the saved tuple.
-const PARTS: usize = 4;
+/// What of a QP may change while it lives: its plain fields, its rings'
+/// consumer indices and its engine (a tuple of three).
+struct ShortRef<'a>(&'a Qp);
 
-impl Serialize for Qp {
+#[derive(Deserialize)]
+struct ShortOwned {
+    plain: Plain,
+    cons: (u32, Option<u32>),
+    engine: Option<QpState>,
+}
+
+impl Serialize for ShortRef<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Qp {
             gen,
@@ -176,8 +264,9 @@ impl Serialize for Qp {
             pages,
             doorbells: _,
             engine,
-            presented,
-        } = self;
+            presented: _,
+            sent: _,
+        } = self.0;
         let plain = Plain {
             gen: *gen,
             qpn: *qpn,
@@ -193,49 +282,32 @@ impl Serialize for Qp {
             events: *events,
             pages: *pages,
         };
-        let fixed = (!presented).then(|| self.fixed());
         let cons = (sq.cons(), rq.as_ref().map(ConsumerRing::cons));
-        let mut t = s.serialize_tuple(PARTS)?;
+        let mut t = s.serialize_tuple(3)?;
         t.serialize_element(&plain)?;
-        t.serialize_element(&fixed)?;
         t.serialize_element(&cons)?;
         t.serialize_element(&engine.as_ref().map(|e| e.saved()))?;
         t.end()
     }
 }
 
-struct QpVisitor;
-
-impl<'de> Visitor<'de> for QpVisitor {
-    type Value = Qp;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "a QP of {PARTS} parts")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Qp, A::Error> {
-        let missing = |i| de::Error::invalid_length(i, &self);
-        let p: Plain = seq.next_element()?.ok_or_else(|| missing(0))?;
-        let fixed: Option<Fixed<Ring, Doorbells>> =
-            seq.next_element()?.ok_or_else(|| missing(1))?;
-        let (sq_cons, rq_cons): (u32, Option<u32>) =
-            seq.next_element()?.ok_or_else(|| missing(2))?;
-        let engine: Option<QpState> = seq.next_element()?.ok_or_else(|| missing(3))?;
-        let Fixed { sq, rq, doorbells } = fixed
-            .or_else(|| take_presented(p.gen))
-            .ok_or_else(|| de::Error::custom(format!("QP {}: not sent ahead", p.gen)))?;
+impl Qp {
+    /// The QP of `fixed` and `short`, checked as a restore checks it.
+    fn from_parts(fixed: Fixed<Ring, Doorbells>, short: ShortOwned) -> Result<Qp, String> {
+        let ShortOwned {
+            plain: p,
+            cons: (sq_cons, rq_cons),
+            engine,
+        } = short;
+        let Fixed { sq, rq, doorbells } = fixed;
         let rq = match (rq, rq_cons) {
             (Some(ring), Some(cons)) => Some(ConsumerRing::resume(ring, cons)),
             (None, None) => None,
-            _ => {
-                return Err(de::Error::custom(
-                    "a receive ring and its index, one without the other",
-                ))
-            }
+            _ => return Err("a receive ring and its index, one without the other".into()),
         };
         let sq = ConsumerRing::resume(sq, sq_cons);
         let engine = engine
-            .map(|s| Engine::restore(s).map(Box::new).map_err(de::Error::custom))
+            .map(|s| Engine::restore(s).map(Box::new).map_err(|e| e.to_string()))
             .transpose()?;
         Ok(Qp {
             gen: p.gen,
@@ -256,7 +328,103 @@ impl<'de> Visitor<'de> for QpVisitor {
             doorbells,
             engine,
             presented: false,
+            sent: None,
         })
+    }
+}
+
+/// A byte string, borrowed.
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+/// A nested short part, decoded as it is read (within [`BUDGET`]).
+struct NestedShort(ShortOwned);
+
+impl<'de> Deserialize<'de> for NestedShort {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = NestedShort;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a QP's state as a byte string")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<NestedShort, E> {
+                BUDGET.with(|b| {
+                    let mut left = b.get();
+                    let short = nested::decode(v, &mut left);
+                    b.set(left);
+                    short.map(NestedShort).map_err(E::custom)
+                })
+            }
+        }
+        d.deserialize_bytes(V)
+    }
+}
+
+/// Elements of the saved tuple: `gen`, the [`Fixed`] part if not sent
+/// ahead, the short part if not the same as sent ahead.
+const PARTS: usize = 3;
+
+impl Serialize for Qp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SCRATCH.with(|scratch| {
+            let mut short = scratch.borrow_mut();
+            short.clear();
+            nested::encode_into(&ShortRef(self), &mut short).map_err(S::Error::custom)?;
+            let same = self.presented && self.sent.as_deref() == Some(short.as_slice());
+            let fixed = (!self.presented).then(|| self.fixed());
+            let mut t = s.serialize_tuple(PARTS)?;
+            t.serialize_element(&self.gen)?;
+            t.serialize_element(&fixed)?;
+            t.serialize_element(&(!same).then_some(Bytes(&short)))?;
+            t.end()
+        })
+    }
+}
+
+struct QpVisitor;
+
+impl<'de> Visitor<'de> for QpVisitor {
+    type Value = Qp;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a QP of {PARTS} parts")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Qp, A::Error> {
+        let missing = |i| de::Error::invalid_length(i, &self);
+        let gen: u64 = seq.next_element()?.ok_or_else(|| missing(0))?;
+        let fixed: Option<Fixed<Ring, Doorbells>> =
+            seq.next_element()?.ok_or_else(|| missing(1))?;
+        let short: Option<NestedShort> = seq.next_element()?.ok_or_else(|| missing(2))?;
+        let not_ahead = || de::Error::custom(format!("QP {gen}: not sent ahead"));
+        let Some(NestedShort(short)) = short else {
+            // The same as sent ahead: decoded then.
+            if fixed.is_some() {
+                return Err(de::Error::custom(format!("QP {gen}: a fixed part alone")));
+            }
+            return AHEAD.with(|a| {
+                let mut a = a.borrow_mut();
+                let qp = a.qps.remove(&gen).ok_or_else(not_ahead)?;
+                a.taken = a.taken.saturating_add(1);
+                Ok(qp)
+            });
+        };
+        if short.plain.gen != gen {
+            return Err(de::Error::custom(format!("QP {gen}: a state of another QP")));
+        }
+        let fixed = match fixed {
+            Some(fixed) => fixed,
+            None => AHEAD
+                .with(|a| a.borrow_mut().take_fixed(gen))
+                .ok_or_else(not_ahead)?,
+        };
+        Qp::from_parts(fixed, short).map_err(de::Error::custom)
     }
 }
 
