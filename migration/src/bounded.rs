@@ -508,6 +508,22 @@ mod tests {
         assert!(decode::<BTreeMap<u32, u64>>(&map, 1000 * 12).is_ok());
     }
 
+    /// Values decoded one by one within one budget share it: what one
+    /// spends, the next cannot.
+    #[test]
+    fn decodes_within_one_budget_share_it() {
+        let part = postcard::to_stdvec(&vec![0u64; 1000]).unwrap();
+        let mut left = 2 * 8 * 1000;
+        for _ in 0..2 {
+            assert_eq!(decode_within::<Vec<u64>>(&part, &mut left).unwrap().len(), 1000);
+        }
+        assert_eq!(left, 0);
+        assert!(matches!(
+            decode_within::<Vec<u64>>(&part, &mut left),
+            Err(DecodeError::OverBudget(_))
+        ));
+    }
+
     /// A length prefix beyond the input is refused before the sequence's
     /// visitor (which would reserve room for it) runs.
     #[test]

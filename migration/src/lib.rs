@@ -208,9 +208,11 @@ pub trait Snapshottable {
     fn snapshot(&mut self) -> Result<Snapshot, MigratableError>;
     fn restore(&mut self, snapshot: &Snapshot) -> Result<(), MigratableError>;
     /// What a destination could make ahead of the restore, taken while the
-    /// component runs (a migration's start): work that scales with the
-    /// state (descriptors per object) then leaves the blackout. `None`: no
-    /// such work.
+    /// component runs: at a migration's start, and again after its last
+    /// pre-copy pass (each names what is new since the one before, such as
+    /// state that may stay the same until the pause). Work that scales
+    /// with the state (descriptors per object) then leaves the blackout.
+    /// `None`: no such work.
     fn restore_hint(&mut self) -> Option<Snapshot> {
         None
     }

@@ -188,6 +188,19 @@ impl Source {
         Ok(())
     }
 
+    /// What the control loop answers to `request` (it holds the VM).
+    fn ask(
+        &self,
+        request: fn(Sender<Result<Vec<u8>, String>>) -> SourceRequest,
+    ) -> Result<Vec<u8>, MigrationError> {
+        let (reply, answer) = mpsc::channel();
+        self.control.send(request(reply));
+        answer
+            .recv()
+            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
+            .map_err(MigrationError::Switchover)
+    }
+
     /// Runs the whole migration; the result goes to the control loop.
     pub fn run(self) {
         let started = Instant::now();
@@ -293,12 +306,7 @@ impl Source {
         // (PVRDMA's QPs), which their save inside the blackout then leaves
         // out.
         let t0 = Instant::now();
-        let (reply, answer) = mpsc::channel();
-        self.control.send(SourceRequest::Hints(reply));
-        let hints = answer
-            .recv()
-            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
-            .map_err(MigrationError::Switchover)?;
+        let hints = self.ask(SourceRequest::Hints)?;
         let taken = t0.elapsed();
         protocol::send_request(stream, Command::Hints, &hints).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
@@ -317,12 +325,7 @@ impl Source {
         // nothing is logged (see `crate::logging`).
         let quiet = crate::logging::hold();
         let blackout = Instant::now();
-        let (reply, answer) = mpsc::channel();
-        self.control.send(SourceRequest::Switchover(reply));
-        let state = answer
-            .recv()
-            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
-            .map_err(MigrationError::Switchover)?;
+        let state = self.ask(SourceRequest::Switchover)?;
         let saved = blackout.elapsed();
         // What the last pass left dirty, and what was written since.
         table.extend(dirty_ranges(&self.vm, mem)?);
