@@ -102,55 +102,83 @@ impl<'de> Deserialize<'de> for Nested<Vec<u8>> {
 /// sent before, which the source keeps: a QP that stays the same until
 /// the save is saved as its `gen` alone.
 pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
+    let states = match short_parts(shared) {
+        Ok(states) => states,
+        Err(e) => {
+            log::warn!("pvrdma: no restore hint: {e}");
+            forget_hint(shared);
+            return None;
+        }
+    };
     let mut state = shared.lock();
     let uar_base = state.uar_base;
     let objects = &mut state.session.as_mut()?.objects;
     let mut pages = 0usize;
-    let mut sent = 0usize;
     let mut fresh = Vec::new();
-    let mut encoded = Ok(());
     for (&handle, qp) in objects.qps.iter_mut() {
         let rq = qp.rq.as_ref().map_or(0, |rq| rq.ring().pages());
         pages = pages
             .saturating_add(qp.sq.ring().pages())
             .saturating_add(rq);
-        if qp.presented {
-            qp.sent = None;
-            match qp.short_bytes() {
-                Ok(b) if sent.saturating_add(b.len()) <= MOST_SENT_BYTES => {
-                    sent = sent.saturating_add(b.len());
-                    qp.sent = Some(b.into());
-                }
-                Ok(_) => {}
-                Err(e) => encoded = Err(e),
-            }
-        } else if pages <= MOST_PRESENT_PAGES {
+        if !qp.presented && pages <= MOST_PRESENT_PAGES {
             qp.presented = true;
             fresh.push(handle);
         }
     }
-    let hint = encoded.map_err(|e| log::warn!("pvrdma: no hint: {e}")).and_then(|()| {
-        let hint = Hint {
-            eventfds: u64::try_from(objects.eventfds()).unwrap_or(u64::MAX),
-            uar_base,
-            qps: fresh
-                .iter()
-                .filter_map(|h| objects.qps.get(h))
-                .map(|qp| (qp.gen, qp.fixed()))
-                .collect(),
-            states: objects
-                .qps
-                .values()
-                .filter_map(|qp| qp.sent.as_deref())
-                .map(Nested)
-                .collect(),
-        };
-        Snapshot::new(HINT_ID, HINT_VERSION, &hint).map_err(drop)
-    });
+    let hint = Hint {
+        eventfds: u64::try_from(objects.eventfds()).unwrap_or(u64::MAX),
+        uar_base,
+        qps: fresh
+            .iter()
+            .filter_map(|h| objects.qps.get(h))
+            .map(|qp| (qp.gen, qp.fixed()))
+            .collect(),
+        states: states.iter().map(|b| Nested(b.as_slice())).collect(),
+    };
+    let hint = Snapshot::new(HINT_ID, HINT_VERSION, &hint);
     if hint.is_err() {
         forget(objects);
     }
     hint.ok()
+}
+
+/// QPs whose short parts [`short_parts`] encodes per hold of the state
+/// lock.
+const SHORT_PARTS_PER_LOCK: usize = 128;
+
+/// The short parts of the QPs sent ahead before (none in a first hint),
+/// each kept by its QP too, up to [`MOST_SENT_BYTES`]. A few QPs per hold
+/// of the state lock, so that the worker serves traffic in between: held
+/// for 4096 QPs at once (tens of milliseconds in the test host, just
+/// before the pause), it let the peers' retransmission timers run out,
+/// and their retransmissions then took the CPU from the switch-over.
+fn short_parts(shared: &Shared) -> Result<Vec<Vec<u8>>, String> {
+    let mut parts = Vec::new();
+    let mut bytes = 0usize;
+    let mut from = Some(0u32);
+    while let Some(start) = from.take() {
+        let mut state = shared.lock();
+        let Some(session) = state.session.as_mut() else {
+            break;
+        };
+        for (n, (&handle, qp)) in session.objects.qps.range_mut(start..).enumerate() {
+            if n == SHORT_PARTS_PER_LOCK {
+                from = Some(handle);
+                break;
+            }
+            qp.sent = None;
+            if !qp.presented {
+                continue;
+            }
+            let part = qp.short_bytes()?;
+            if bytes.saturating_add(part.len()) <= MOST_SENT_BYTES {
+                bytes = bytes.saturating_add(part.len());
+                qp.sent = Some(part.as_slice().into());
+                parts.push(part);
+            }
+        }
+    }
+    Ok(parts)
 }
 
 /// The migration that took the [`hint`] ended: saves are whole again.
