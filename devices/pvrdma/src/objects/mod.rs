@@ -50,7 +50,7 @@ pub(crate) struct Objects {
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) cqs: BTreeMap<u32, cq::Cq>,
     #[serde(deserialize_with = "ascending::deserialize")]
-    pub(crate) qps: BTreeMap<u32, qp::Qp>,
+    pub(crate) qps: BTreeMap<u32, Box<qp::Qp>>,
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) srqs: BTreeMap<u32, srq::Srq>,
     #[serde(deserialize_with = "ascending::deserialize")]

@@ -292,7 +292,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
     };
     objects.qps.insert(
         handle,
-        Qp {
+        Box::new(Qp {
             gen,
             qpn,
             qp_type: req.qp_type,
@@ -312,7 +312,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             engine: None,
             presented: false,
             sent: None,
-        },
+        }),
     );
     cx.s.objects.qpns.insert(qpn, handle);
     Ok(if v2 {

@@ -167,8 +167,8 @@ impl Fleet {
 
     /// [`Self::migrate_a_timed`], every one of A's QPs changed after the
     /// later restore hint, just before the pause, as QPs that all carry
-    /// traffic then would be: its retransmission timeout modified (RTS to
-    /// RTS, a value of `round`), so that none restores from that hint.
+    /// traffic then would be: its RNR timer modified (RTS to RTS, a value
+    /// of `round`), so that none restores from that hint.
     pub fn migrate_a_timed_busy(self, round: u8) -> (Self, super::MigrateTimes) {
         use pvrdma_abi::verbs::{qp_attr_mask, qp_state, QpAttr};
         use vm_migration::Pausable;
@@ -176,14 +176,14 @@ impl Fleet {
         let handles: Vec<u32> = a.qps.iter().map(|q| q.handle).collect();
         let attrs = QpAttr {
             qp_state: qp_state::RTS,
-            timeout: 10 + round % 8,
+            min_rnr_timer: 20 + round % 8,
             ..QpAttr::default()
         };
         let (sim, times) = a.sim.migrate_paused_around(
             |_| (),
             |sim| {
                 for &h in &handles {
-                    sim.modify_qp(h, qp_attr_mask::STATE | qp_attr_mask::TIMEOUT, attrs)
+                    sim.modify_qp(h, qp_attr_mask::STATE | qp_attr_mask::MIN_RNR_TIMER, attrs)
                         .expect("modify");
                 }
             },

@@ -102,8 +102,9 @@ impl Fixed<Ring, Doorbells> {
 /// hint's short parts completed.
 #[derive(Debug, Default)]
 pub(crate) struct Ahead {
-    fixed: BTreeMap<u64, Fixed<Ring, Doorbells>>,
-    qps: BTreeMap<u64, Qp>,
+    /// Boxed: a B-tree's removal shifts the values left in its node.
+    fixed: BTreeMap<u64, Box<Fixed<Ring, Doorbells>>>,
+    qps: BTreeMap<u64, Box<Qp>>,
     /// The kept rings' pages.
     pages: usize,
     /// QPs a restore took as decoded ahead.
@@ -130,7 +131,7 @@ impl Ahead {
             return Err(format!("QP {gen} sent ahead twice"));
         }
         self.pages = self.pages.saturating_add(fixed.pages());
-        self.fixed.insert(gen, fixed);
+        self.fixed.insert(gen, Box::new(fixed));
         Ok(())
     }
 
@@ -143,8 +144,8 @@ impl Ahead {
             .fixed
             .remove(&gen)
             .ok_or_else(|| format!("QP {gen}: a state sent ahead without its fixed part"))?;
-        let qp = Qp::from_parts(fixed, short)?;
-        self.qps.insert(gen, qp);
+        let qp = Qp::from_parts(*fixed, short)?;
+        self.qps.insert(gen, Box::new(qp));
         Ok(())
     }
 
@@ -153,7 +154,8 @@ impl Ahead {
     fn take_fixed(&mut self, gen: u64) -> Option<Fixed<Ring, Doorbells>> {
         self.fixed
             .remove(&gen)
-            .or_else(|| self.qps.remove(&gen).map(Qp::into_fixed))
+            .map(|fixed| *fixed)
+            .or_else(|| self.qps.remove(&gen).map(|qp| qp.into_fixed()))
     }
 }
 
@@ -390,13 +392,13 @@ impl Serialize for Qp {
 struct QpVisitor;
 
 impl<'de> Visitor<'de> for QpVisitor {
-    type Value = Qp;
+    type Value = Box<Qp>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "a QP of {PARTS} parts")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Qp, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Box<Qp>, A::Error> {
         let missing = |i| de::Error::invalid_length(i, &self);
         let gen: u64 = seq.next_element()?.ok_or_else(|| missing(0))?;
         let fixed: Option<Fixed<Ring, Doorbells>> =
@@ -424,11 +426,14 @@ impl<'de> Visitor<'de> for QpVisitor {
                 .with(|a| a.borrow_mut().take_fixed(gen))
                 .ok_or_else(not_ahead)?,
         };
-        Qp::from_parts(fixed, short).map_err(de::Error::custom)
+        Qp::from_parts(fixed, short)
+            .map(Box::new)
+            .map_err(de::Error::custom)
     }
 }
 
-impl<'de> Deserialize<'de> for Qp {
+/// Boxed as the objects keep it: a QP decoded ahead is taken as it is.
+impl<'de> Deserialize<'de> for Box<Qp> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_tuple(PARTS, QpVisitor)
     }
