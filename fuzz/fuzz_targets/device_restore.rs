@@ -211,7 +211,9 @@ fn rdma() -> Reference {
     SimDriver::connect(&a.sim, &b.sim);
     let (a, b) = connect(a, b);
     let mut a = a;
-    a.sim.create_qp(QpSpec::rc(a.pd, a.cq.handle)).expect("an idle QP");
+    a.sim
+        .create_qp(QpSpec::rc(a.pd, a.cq.handle))
+        .expect("an idle QP");
     b.sim.post_recv_sges(&b.qp, 1, &[b.sge(0, 64)]);
     a.send(1, wr::SEND, &[a.sge(0, 5000)], (0, 0), 0);
     let first = a.sim.device().restore_hint();

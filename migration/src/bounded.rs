@@ -515,7 +515,10 @@ mod tests {
         let part = postcard::to_stdvec(&vec![0u64; 1000]).unwrap();
         let mut left = 2 * 8 * 1000;
         for _ in 0..2 {
-            assert_eq!(decode_within::<Vec<u64>>(&part, &mut left).unwrap().len(), 1000);
+            assert_eq!(
+                decode_within::<Vec<u64>>(&part, &mut left).unwrap().len(),
+                1000
+            );
         }
         assert_eq!(left, 0);
         assert!(matches!(

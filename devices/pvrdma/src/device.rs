@@ -667,7 +667,12 @@ mod tests {
         let sim = SimDriver::with_config(&config);
         let hub = std::sync::Arc::clone(&sim.device().shared.env.hub);
         let hint = |version, eventfds: u64| {
-            let layout = (eventfds, Some(0xfe00_0000u64), Vec::<()>::new(), Vec::<()>::new());
+            let layout = (
+                eventfds,
+                Some(0xfe00_0000u64),
+                Vec::<()>::new(),
+                Vec::<()>::new(),
+            );
             Snapshot::new("pvrdma-hint", version, &layout).unwrap()
         };
         sim.device().prepare_restore(&hint(4, u64::MAX)).unwrap();

@@ -636,7 +636,10 @@ mod tests {
         let same = sim.device().snapshot().unwrap();
         let fresh = SimDriver::new();
         fresh.device().prepare_restore(&first).unwrap();
-        assert!(fresh.device().restore(&same).is_err(), "restored without them");
+        assert!(
+            fresh.device().restore(&same).is_err(),
+            "restored without them"
+        );
         for hint in [&first, &late] {
             fresh.device().prepare_restore(hint).unwrap();
         }
@@ -698,11 +701,8 @@ mod tests {
         let mut b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
         b.sim.create_qp(QpSpec::rc(b.pd, b.cq.handle)).unwrap();
         let (hint, short) = sent_ahead(&b.sim);
-        let parts = || -> Vec<Presented> {
-            hint.state::<Received>(HINT_ID, HINT_VERSION)
-                .unwrap()
-                .qps
-        };
+        let parts =
+            || -> Vec<Presented> { hint.state::<Received>(HINT_ID, HINT_VERSION).unwrap().qps };
         let (mut first, mut second) = (parts(), parts());
         assert_eq!(first.len(), 2);
         std::mem::swap(&mut first[0].1, &mut second[1].1);

@@ -160,7 +160,8 @@ fn roce_versions_do_not_mix() {
     let (a, b) = connect(a, b);
     a.send(1, wr::RDMA_WRITE, &[a.sge(0, 16)], (IOVA, b.key), 0);
     // Counted as received before they are found to have no QP.
-    b.sim.wait_until(|s| s.metric("roce_rx_v1") >= 2 && s.metric("roce_rx_no_qp") >= 2);
+    b.sim
+        .wait_until(|s| s.metric("roce_rx_v1") >= 2 && s.metric("roce_rx_no_qp") >= 2);
     assert_eq!(b.sim.metric("roce_rx_no_qp"), b.sim.metric("roce_rx"));
     assert_eq!(b.read(0, 16), vec![0; 16], "nothing written");
 }

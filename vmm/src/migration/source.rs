@@ -317,7 +317,9 @@ impl Source {
             taken.as_millis(),
             t0.elapsed().saturating_sub(taken).as_millis()
         );
-        update(&self.progress, |i| i.bytes_transferred += hints.len() as u64);
+        update(&self.progress, |i| {
+            i.bytes_transferred += hints.len() as u64
+        });
         self.go_on(started)?;
 
         // Stop-and-copy: the control loop pauses the VM and saves it (and
@@ -662,7 +664,9 @@ mod tests {
             let ended = loop {
                 match requests.recv().unwrap() {
                     SourceRequest::Hints(reply) => {
-                        reply.send(Ok(b"the devices' later hints".to_vec())).unwrap();
+                        reply
+                            .send(Ok(b"the devices' later hints".to_vec()))
+                            .unwrap();
                     }
                     SourceRequest::Switchover(reply) => {
                         reply.send(Ok(b"the VM's state".to_vec())).unwrap();

@@ -174,11 +174,7 @@ thread_local! {
 /// Also returns how many QPs it took as decoded ahead. A thread-local,
 /// because the derived decode of the whole state has no way to hand a QP
 /// anything else.
-pub(crate) fn with_ahead<T>(
-    ahead: Ahead,
-    budget: usize,
-    decode: impl FnOnce() -> T,
-) -> (T, usize) {
+pub(crate) fn with_ahead<T>(ahead: Ahead, budget: usize, decode: impl FnOnce() -> T) -> (T, usize) {
     AHEAD.with(|a| *a.borrow_mut() = ahead);
     BUDGET.with(|b| b.set(budget));
     let decoded = decode();
@@ -418,7 +414,9 @@ impl<'de> Visitor<'de> for QpVisitor {
             });
         };
         if short.plain.gen != gen {
-            return Err(de::Error::custom(format!("QP {gen}: a state of another QP")));
+            return Err(de::Error::custom(format!(
+                "QP {gen}: a state of another QP"
+            )));
         }
         let fixed = match fixed {
             Some(fixed) => fixed,
