@@ -34,7 +34,6 @@ MPI_ROUNDS=${MPI_ROUNDS:-4}
 MPI_SKEW=${MPI_SKEW:-0}
 MIG_AFTER=${MIG_AFTER:-3}
 MIG_SECONDS=${MIG_SECONDS:-900}
-ACK_WAIT=${ACK_WAIT:-120}
 BASELINE=${BASELINE:-0}
 MAC_A=52:54:00:22:00:01
 MAC_B=52:54:00:22:00:02
@@ -62,7 +61,7 @@ header() {
   echo "IP_A=$1 IP_B=$2 HOST_IP=$HOST_IP SIG_PORT=$SIG_PORT RSH_PORT=$RSH_PORT
 LIMIT=$LIMIT READY_WAIT=$READY_WAIT RETRY_WAIT=$RETRY_WAIT GATE_WAIT=$GATE_WAIT RC_TLS=$RC_TLS UD_TLS=$UD_TLS
 LAT_SIZE=$LAT_SIZE LAT_ITERS=$LAT_ITERS BW_SIZE=$BW_SIZE BW_ITERS=$BW_ITERS WARMUP=$WARMUP
-MPI_BYTES=$MPI_BYTES MPI_ROUNDS=$MPI_ROUNDS MPI_SKEW=$MPI_SKEW MIG_AFTER=$MIG_AFTER MIG_SECONDS=$MIG_SECONDS ACK_WAIT=$ACK_WAIT"
+MPI_BYTES=$MPI_BYTES MPI_ROUNDS=$MPI_ROUNDS MPI_SKEW=$MPI_SKEW MIG_AFTER=$MIG_AFTER MIG_SECONDS=$MIG_SECONDS"
 }
 guest_script_disk "$WORK/ucx-a-run.img" "$(header "$IP_A" "$IP_B") ROLE=a MY_IP=$IP_A" "$GUEST_SCRIPTS/ucx.sh"
 guest_script_disk "$WORK/ucx-b-run.img" "$(header "$IP_A" "$IP_B") ROLE=b MY_IP=$IP_B" "$GUEST_SCRIPTS/ucx.sh"
@@ -103,6 +102,10 @@ else
   record ucx "mig_loop=never-started"
 fi
 : > "$SIG/migrated"
+# B (whichever VMM runs it) ends once A is done: served here, where B finds it however late it
+# polls, as A's own signal server would not be (A powers off at once).
+wait_for_line "$OUT/ucx-a-serial.log" 'UCX-(DONE|FAIL)' "$(remaining)" "$pid_a" || true
+: > "$SIG/mpi-done"
 
 # end_guest NAME PID: the VMM must end once its guest powered off: 60 s after the guest's last
 # word it is killed.

@@ -549,15 +549,12 @@ fn open_mpi_job_runs_verified_across_a_live_migration() {
     s.expect(rounds >= before + MIG_AFTER, || {
         format!("{rounds} rounds, {before} before the migration: expected {MIG_AFTER} after it")
     });
-    // B finished on the destination, having seen A's end.
+    // B finished on the destination, told that A was done.
     s.expect(s.main.b.marker("UCX-NO-MPI-DONE").is_none(), || {
-        "guest B, on the destination, never saw A's mpi-done".into()
+        "guest B, on the destination, never heard from the test host that A was done".into()
     });
     s.expect(s.main.b.marker("UCX-DONE role=b").is_some(), || {
         "guest B did not finish on the destination".into()
-    });
-    s.expect(s.main.a.marker("UCX-NO-ACK").is_none(), || {
-        "guest A never heard that B saw its mpi-done".into()
     });
     eprintln!("MPI over UCX rc_verbs across B's live migration: {end}; {completed}");
 }
