@@ -16,7 +16,7 @@
 #   A <-> rxe0 ibv_rc_pingpong -c and ib_write_bw, each side once as server and once as client
 #              (this script runs rxe0's side)
 #   A <-> C    ibv_rc_pingpong -c and ib_write_bw with netem dropping LOSS of the RoCE v2 frames
-#              sent towards C on its TAP
+#              sent towards C on its TAP (requests: its ACKs pass, see netem_on)
 # Every program is bounded by `timeout`; a failed one is a result, not the end of the run.
 # Results: $OUT/rdma.env (set-up, this host's own runs as STEP.SIDE.KEY=..., netem and TAP
 # counters, VMM exits and panics), $OUT/rdma-{a,b,c,d}-{serial,vmm}.log (the guests' results: see
@@ -209,9 +209,17 @@ host_step rxe-write-bw-guest-server a l 18704 ib_write_bw "${PERF[@]}" -p 18704
 
 # Loss: netem drops LOSS of the RoCE v2 frames (UDP 4791) this host sends to C through tapc (class
 # 1:3 of its frame_counter); everything else (the programs' TCP exchange, the signals) passes
-# untouched, so that the netem counters count RoCE frames only.
+# untouched, so that the netem counters count RoCE frames only. RC ACKs (BTH opcode 0x11, 28 bytes
+# into the IPv4 header) pass too, in class 1:2: ibv_rc_pingpong's server exits, destroying its QP,
+# as soon as its last pong is acknowledged, and an ACK of the client's last ping lost then left the
+# client retrying a QP that was gone ("transport retry counter exceeded"), whatever the devices do.
+# Requests are still dropped, and retransmitted.
 netem_on() {
-  tc qdisc add dev tapc parent 1:3 handle 30: netem loss "$LOSS"
+  local roce=(protocol ip u32 match ip protocol 17 0xff match ip dport 4791 0xffff)
+  tc filter del dev tapc parent 1: prio 1 &&
+    tc filter add dev tapc parent 1: prio 1 "${roce[@]}" match u8 0x11 0xff at 28 flowid 1:2 &&
+    tc filter add dev tapc parent 1: prio 2 "${roce[@]}" flowid 1:3 &&
+    tc qdisc add dev tapc parent 1:3 handle 30: netem loss "$LOSS"
 }
 # netem_counters NAME: the netem qdisc's counters to $OUT/netem-NAME.txt and as rdma.env keys
 # netem.NAME.sent / .dropped (cumulative since netem went on).

@@ -9,7 +9,8 @@
 //! A also talks to a native endpoint, Linux Soft-RoCE (rxe0) in the test host, with
 //! `ibv_rc_pingpong -c` and `ib_write_bw`, each side once as server and once as client. Last, A
 //! and guest C, whose VMM has no same-host channel (`local=off`), run `ibv_rc_pingpong -c` and
-//! `ib_write_bw` while netem drops some of the RoCE v2 frames sent to C: they must still complete
+//! `ib_write_bw` while netem drops some of the RoCE v2 requests sent to C (not its ACKs: see
+//! tests/scenarios/rdma.sh's `netem_on`): they must still complete
 //! and verify (RC retransmission), and the netem counters must show that frames were dropped.
 //! A and guest D turn `share_memory=on` (issue 15; B has it off, so A and B keep the two-copy
 //! path): between them `ibv_rc_pingpong -c` and `ib_{write,read,send}_bw` take the one-copy path,
