@@ -1028,6 +1028,8 @@ fn a_migration_keeps_an_arm_the_source_had_not_taken() {
     b.sim.arm_cq(&b.cq, false);
     assert!(b.sim.wait_until(|s| s.metric("doorbell_cq_arm") == 1));
     assert_eq!(one_send(&a, &b, 1).wr_id, 1);
+    // Posted after the CQE the send waited for.
+    assert!(b.sim.wait_until(|s| s.metric("cq_notify_posted") == 1));
     assert_eq!(b.sim.cq_notifications(), vec![b.cq.handle]);
     // The arm the source's worker takes only once paused.
     b.sim.device().pause().expect("pause");
