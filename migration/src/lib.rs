@@ -108,7 +108,24 @@ pub mod bytes {
 /// what it sent before, or decode a part sent ahead of the rest, without
 /// knowing the encoding.
 pub mod nested {
-    use serde::{de::DeserializeOwned, Serialize};
+    use serde::{de::DeserializeOwned, Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Such a value's bytes inside a state: borrowed (`&[u8]`) when
+    /// saved, owned (`Vec<u8>`) when read, as one byte string
+    /// ([`crate::bytes`]).
+    pub struct Bytes<B>(pub B);
+
+    impl<B: AsRef<[u8]>> Serialize for Bytes<B> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            crate::bytes::serialize(self.0.as_ref(), s)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Bytes<Vec<u8>> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            crate::bytes::deserialize(d).map(Bytes)
+        }
+    }
 
     /// Appends `value`'s encoding to `out`.
     pub fn encode_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), String> {

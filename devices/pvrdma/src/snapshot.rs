@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use pci::MsixState;
 use serde::{Deserialize, Serialize};
+use vm_migration::nested::Bytes;
 use vm_migration::{MigratableError, Snapshot};
 
 use crate::dsr::LoadedDsr;
@@ -58,7 +59,7 @@ const MOST_SENT_BYTES: usize = 6 << 20;
 
 /// What a destination can make before the state comes; `Q` is the QPs'
 /// fixed parts (`saved::Presented`), borrowed when sent, and `N` a QP's
-/// short part ([`Nested`] bytes).
+/// short part (`vm_migration::nested::Bytes`).
 #[derive(Serialize, Deserialize)]
 struct Hint<Q, N> {
     /// Eventfds the objects' doorbells hold.
@@ -76,22 +77,7 @@ struct Hint<Q, N> {
 }
 
 /// A hint as a destination reads it.
-type Received = Hint<Presented, Nested<Vec<u8>>>;
-
-/// A byte string in a hint: borrowed when sent, owned when read.
-struct Nested<B>(B);
-
-impl Serialize for Nested<&[u8]> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        vm_migration::bytes::serialize(self.0, s)
-    }
-}
-
-impl<'de> Deserialize<'de> for Nested<Vec<u8>> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        vm_migration::bytes::deserialize(d).map(Nested)
-    }
-}
+type Received = Hint<Presented, Bytes<Vec<u8>>>;
 
 /// What a destination can make ahead of restoring this device's state (its
 /// doorbells' eventfds, a system call each inside the blackout otherwise)
@@ -102,14 +88,11 @@ impl<'de> Deserialize<'de> for Nested<Vec<u8>> {
 /// sent before, which the source keeps: a QP that stays the same until
 /// the save is saved as its `gen` alone.
 pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
-    let states = match short_parts(shared) {
-        Ok(states) => states,
-        Err(e) => {
-            log::warn!("pvrdma: no restore hint: {e}");
-            forget_hint(shared);
-            return None;
-        }
-    };
+    if let Err(e) = keep_short_parts(shared) {
+        log::warn!("pvrdma: no restore hint: {e}");
+        forget_hint(shared);
+        return None;
+    }
     let mut state = shared.lock();
     let uar_base = state.uar_base;
     let objects = &mut state.session.as_mut()?.objects;
@@ -133,7 +116,12 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
             .filter_map(|h| objects.qps.get(h))
             .map(|qp| (qp.gen, qp.fixed()))
             .collect(),
-        states: states.iter().map(|b| Nested(b.as_slice())).collect(),
+        states: objects
+            .qps
+            .values()
+            .filter_map(|qp| qp.sent.as_deref())
+            .map(Bytes)
+            .collect(),
     };
     let hint = Snapshot::new(HINT_ID, HINT_VERSION, &hint);
     if hint.is_err() {
@@ -142,18 +130,18 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     hint.ok()
 }
 
-/// QPs whose short parts [`short_parts`] encodes per hold of the state
-/// lock.
+/// QPs whose short parts [`keep_short_parts`] encodes per hold of the
+/// state lock.
 const SHORT_PARTS_PER_LOCK: usize = 128;
 
-/// The short parts of the QPs sent ahead before (none in a first hint),
-/// each kept by its QP too, up to [`MOST_SENT_BYTES`]. A few QPs per hold
-/// of the state lock, so that the worker serves traffic in between: held
-/// for 4096 QPs at once (tens of milliseconds in the test host, just
-/// before the pause), it let the peers' retransmission timers run out,
-/// and their retransmissions then took the CPU from the switch-over.
-fn short_parts(shared: &Shared) -> Result<Vec<Vec<u8>>, String> {
-    let mut parts = Vec::new();
+/// Has each QP sent ahead before (none in a first hint) keep its short
+/// part as it is now (`sent`, which the hint then carries), up to
+/// [`MOST_SENT_BYTES`]; the others keep none. A few QPs per hold of the
+/// state lock, so that the worker serves traffic in between: held for
+/// 4096 QPs at once (tens of milliseconds in the test host, just before
+/// the pause), it let the peers' retransmission timers run out, and their
+/// retransmissions then took the CPU from the switch-over.
+fn keep_short_parts(shared: &Shared) -> Result<(), String> {
     let mut bytes = 0usize;
     let mut from = Some(0u32);
     while let Some(start) = from.take() {
@@ -173,12 +161,11 @@ fn short_parts(shared: &Shared) -> Result<Vec<Vec<u8>>, String> {
             let part = qp.short_bytes()?;
             if bytes.saturating_add(part.len()) <= MOST_SENT_BYTES {
                 bytes = bytes.saturating_add(part.len());
-                qp.sent = Some(part.as_slice().into());
-                parts.push(part);
+                qp.sent = Some(part.into());
             }
         }
     }
-    Ok(parts)
+    Ok(())
 }
 
 /// The migration that took the [`hint`] ended: saves are whole again.
@@ -298,7 +285,7 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
     }
     let completed = hint.states.len();
     let mut budget = vm_migration::MAX_DECODED_BYTES;
-    for Nested(short) in &hint.states {
+    for Bytes(short) in &hint.states {
         ahead.complete(short, &mut budget).map_err(refused)?;
     }
     shared.lock().ahead = ahead;
@@ -523,7 +510,7 @@ mod tests {
     use pvrdma_abi::verbs::qp_type;
     use vm_migration::{Pausable, Snapshot, Snapshottable};
 
-    use super::{warm_heap, CoolHeap, Hint, Nested, Received, Usage, HINT_ID, HINT_VERSION};
+    use super::{warm_heap, Bytes, CoolHeap, Hint, Received, Usage, HINT_ID, HINT_VERSION};
     use crate::config::Limits;
     use crate::objects::qp::saved::Presented;
     use crate::sim_driver::endpoint::{Endpoint, GID_B};
@@ -569,6 +556,18 @@ mod tests {
         state.session.as_ref().unwrap().objects.qps[&handle].presented
     }
 
+    /// An endpoint (a device with an RC QP), and the specs of more RC and
+    /// UD QPs on its PD and CQ.
+    fn endpoint() -> (SimDriver, QpSpec, QpSpec) {
+        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
+        let rc = QpSpec::rc(b.pd, b.cq.handle);
+        let ud = QpSpec {
+            qp_type: qp_type::UD,
+            ..rc
+        };
+        (b.sim, rc, ud)
+    }
+
     /// `sim`'s restore hint, then its state once paused: short, its QPs'
     /// fixed parts having gone ahead in the hint.
     fn sent_ahead(sim: &SimDriver) -> (Snapshot, Snapshot) {
@@ -584,14 +583,8 @@ mod tests {
     #[test]
     fn qps_changed_after_the_hint_restore_as_at_the_switch_over() {
         let _heap = heap();
-        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
-        let spec = QpSpec::rc(b.pd, b.cq.handle);
-        let mut sim = b.sim;
+        let (mut sim, spec, ud) = endpoint();
         let gone = sim.create_qp(spec).unwrap();
-        let ud = QpSpec {
-            qp_type: qp_type::UD,
-            ..spec
-        };
         let kept = sim.create_qp(ud).unwrap();
         let mut at_switch_over = Vec::new();
         let (sim, _) = sim.migrate_paused_after(|sim| {
@@ -618,13 +611,7 @@ mod tests {
     #[test]
     fn qps_the_same_since_the_later_hint_restore_from_it() {
         let _heap = heap();
-        let b = Endpoint::on(SimDriver::new(), GID_B, QpSpec::rc);
-        let spec = QpSpec::rc(b.pd, b.cq.handle);
-        let mut sim = b.sim;
-        let ud = QpSpec {
-            qp_type: qp_type::UD,
-            ..spec
-        };
+        let (mut sim, _, ud) = endpoint();
         let changed = sim.create_qp(ud).unwrap();
         let first = sim.device().restore_hint().unwrap();
         let late = sim.device().restore_hint().unwrap();
@@ -714,7 +701,7 @@ mod tests {
                 eventfds: 0,
                 uar_base: None,
                 qps: swapped.iter().collect(),
-                states: Vec::<Nested<&[u8]>>::new(),
+                states: Vec::<Bytes<&[u8]>>::new(),
             },
         )
         .unwrap();
@@ -793,7 +780,7 @@ mod tests {
                     eventfds: 0,
                     uar_base: None,
                     qps,
-                    states: Vec::<Nested<&[u8]>>::new(),
+                    states: Vec::<Bytes<&[u8]>>::new(),
                 },
             )
             .unwrap()

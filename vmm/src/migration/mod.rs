@@ -112,6 +112,8 @@ pub enum MigrationError {
     Cancelled,
     #[error("The VM could not be paused for the switch-over: {0}")]
     Switchover(String),
+    #[error("The devices' restore hints could not be taken: {0}")]
+    Hints(String),
     #[error("Invalid configuration from the source: {0}")]
     Config(String),
     #[error("Failed to build the VM: {0}")]

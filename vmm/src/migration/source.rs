@@ -188,17 +188,19 @@ impl Source {
         Ok(())
     }
 
-    /// What the control loop answers to `request` (it holds the VM).
+    /// What the control loop answers to `request` (it holds the VM); its
+    /// refusal as `failed` says.
     fn ask(
         &self,
         request: fn(Sender<Result<Vec<u8>, String>>) -> SourceRequest,
+        failed: fn(String) -> MigrationError,
     ) -> Result<Vec<u8>, MigrationError> {
         let (reply, answer) = mpsc::channel();
         self.control.send(request(reply));
         answer
             .recv()
-            .map_err(|_| MigrationError::Switchover("control loop gone".into()))?
-            .map_err(MigrationError::Switchover)
+            .map_err(|_| failed("control loop gone".into()))?
+            .map_err(failed)
     }
 
     /// Runs the whole migration; the result goes to the control loop.
@@ -306,7 +308,7 @@ impl Source {
         // (PVRDMA's QPs), which their save inside the blackout then leaves
         // out.
         let t0 = Instant::now();
-        let hints = self.ask(SourceRequest::Hints)?;
+        let hints = self.ask(SourceRequest::Hints, MigrationError::Hints)?;
         let taken = t0.elapsed();
         protocol::send_request(stream, Command::Hints, &hints).map_err(ProtocolError::from)?;
         protocol::read_response(stream)?;
@@ -327,7 +329,7 @@ impl Source {
         // nothing is logged (see `crate::logging`).
         let quiet = crate::logging::hold();
         let blackout = Instant::now();
-        let state = self.ask(SourceRequest::Switchover)?;
+        let state = self.ask(SourceRequest::Switchover, MigrationError::Switchover)?;
         let saved = blackout.elapsed();
         // What the last pass left dirty, and what was written since.
         table.extend(dirty_ranges(&self.vm, mem)?);
@@ -366,6 +368,15 @@ impl Source {
         });
         Ok(())
     }
+}
+
+/// The devices' restore hints, taken now, as the destination reads them.
+fn restore_hints(guest: &Guest) -> Result<Vec<u8>, String> {
+    guest
+        .devices
+        .restore_hints()
+        .map(|h| h.to_bytes())
+        .map_err(|e| crate::error_chain(&e))
 }
 
 /// A migration being sent, as the control loop holds it: the sending
@@ -411,11 +422,7 @@ impl Outgoing {
         let cpuid = VcpuCpuids(guest.cpuids.clone())
             .to_bytes()
             .map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
-        let hints = guest
-            .devices
-            .restore_hints()
-            .map_err(|e| ActionError::Failed(crate::error_chain(&e)))?
-            .to_bytes();
+        let hints = restore_hints(guest).map_err(ActionError::Failed)?;
         let (requests_tx, requests) = mpsc::channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let evt = eventfd().map_err(|e| ActionError::Failed(crate::error_chain(&e)))?;
@@ -471,12 +478,7 @@ impl Outgoing {
         for request in requests {
             match request {
                 SourceRequest::Hints(reply) => {
-                    let hints = guest
-                        .devices
-                        .restore_hints()
-                        .map(|h| h.to_bytes())
-                        .map_err(|e| crate::error_chain(&e));
-                    let _ = reply.send(hints);
+                    let _ = reply.send(restore_hints(guest));
                 }
                 SourceRequest::Switchover(reply) => {
                     self.switching = true;

@@ -331,15 +331,6 @@ impl Qp {
     }
 }
 
-/// A byte string, borrowed.
-struct Bytes<'a>(&'a [u8]);
-
-impl Serialize for Bytes<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(self.0)
-    }
-}
-
 /// A nested short part, decoded as it is read (within [`BUDGET`]).
 struct NestedShort(ShortOwned);
 
@@ -379,7 +370,7 @@ impl Serialize for Qp {
             let mut t = s.serialize_tuple(PARTS)?;
             t.serialize_element(&self.gen)?;
             t.serialize_element(&fixed)?;
-            t.serialize_element(&(!same).then_some(Bytes(&short)))?;
+            t.serialize_element(&(!same).then_some(nested::Bytes(short.as_slice())))?;
             t.end()
         })
     }
