@@ -154,14 +154,16 @@ fn keep_short_parts(shared: &Shared) -> Result<(), String> {
                 from = Some(handle);
                 break;
             }
-            qp.sent = None;
             if !qp.presented {
+                qp.send(None);
                 continue;
             }
             let part = qp.short_bytes()?;
             if bytes.saturating_add(part.len()) <= MOST_SENT_BYTES {
                 bytes = bytes.saturating_add(part.len());
-                qp.sent = Some(part.into());
+                qp.send(Some(part.into()));
+            } else {
+                qp.send(None);
             }
         }
     }

@@ -378,7 +378,7 @@ pub(crate) fn run_qp<M: GuestMemory>(
         gids,
         ..
     } = objects;
-    let Some(qp) = qps.get_mut(&handle) else {
+    let Some(qp) = qps.get_mut(&handle).map(|qp| &mut **qp) else {
         return Outcome::default();
     };
     let Some(mut engine) = qp.engine.take() else {

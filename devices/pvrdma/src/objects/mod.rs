@@ -50,7 +50,7 @@ pub(crate) struct Objects {
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) cqs: BTreeMap<u32, cq::Cq>,
     #[serde(deserialize_with = "ascending::deserialize")]
-    pub(crate) qps: BTreeMap<u32, Box<qp::Qp>>,
+    pub(crate) qps: BTreeMap<u32, qp::Watched>,
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) srqs: BTreeMap<u32, srq::Srq>,
     #[serde(deserialize_with = "ascending::deserialize")]
@@ -185,7 +185,7 @@ impl Objects {
         hub: &std::sync::Arc<crate::uar::Hub>,
         base: Option<u64>,
     ) -> std::io::Result<()> {
-        for o in self.qps.values_mut() {
+        for o in self.qps.values_mut().map(|o| &mut **o) {
             o.doorbells.attach(hub, o.gen, base)?;
         }
         for o in self.cqs.values_mut() {

@@ -13,6 +13,7 @@
 )]
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 
 use pvrdma_abi::cmd::{
     CreateQpReq, CreateQpResp, CreateQpRespV2, DestroyQpReq, DestroyQpResp, QueryQpReq, QueryQpResp,
@@ -84,6 +85,51 @@ pub(crate) struct Qp {
     /// Its short part as a later hint sent it ([`Qp::short_bytes`]): saved
     /// the same, it is left out too (never saved itself).
     pub(crate) sent: Option<Box<[u8]>>,
+}
+
+/// A QP as the objects keep it: boxed (a B-tree's insertion and removal
+/// shift the values left in a node), and told whether it was taken
+/// mutably since a later hint sent its short part. One that was not is
+/// saved as its `gen` alone, not encoded again to be compared: that
+/// encoding was most of the save of 4096 idle QPs (docs/benchmarks.md).
+/// Every `&mut Qp` out of the objects comes through [`DerefMut`], and
+/// nothing of a QP's short part changes behind a shared reference.
+#[derive(Debug)]
+pub(crate) struct Watched {
+    qp: Box<Qp>,
+    touched: bool,
+}
+
+impl Watched {
+    pub(crate) fn new(qp: Box<Qp>) -> Self {
+        Self { qp, touched: true }
+    }
+
+    /// Keeps `sent` as the short part a later hint sends: from here on
+    /// the QP counts as untouched.
+    pub(crate) fn send(&mut self, sent: Option<Box<[u8]>>) {
+        self.qp.sent = sent;
+        self.touched = false;
+    }
+
+    /// Unchanged since [`Watched::send`] kept its short part.
+    pub(crate) fn as_sent(&self) -> bool {
+        !self.touched && self.qp.presented && self.qp.sent.is_some()
+    }
+}
+
+impl Deref for Watched {
+    type Target = Qp;
+    fn deref(&self) -> &Qp {
+        &self.qp
+    }
+}
+
+impl DerefMut for Watched {
+    fn deref_mut(&mut self) -> &mut Qp {
+        self.touched = true;
+        &mut self.qp
+    }
 }
 
 /// Checks a work queue's size and SGE count; returns its stride.
@@ -292,7 +338,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
     };
     objects.qps.insert(
         handle,
-        Box::new(Qp {
+        Watched::new(Box::new(Qp {
             gen,
             qpn,
             qp_type: req.qp_type,
@@ -312,7 +358,7 @@ pub(crate) fn handle_create_qp<M: GuestMemory>(
             engine: None,
             presented: false,
             sent: None,
-        }),
+        })),
     );
     cx.s.objects.qpns.insert(qpn, handle);
     Ok(if v2 {

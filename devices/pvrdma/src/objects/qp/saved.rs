@@ -14,7 +14,8 @@
 //! guest runs. A later hint, taken just before the switch-over, carries
 //! the short part of each QP sent ahead, and the source keeps those
 //! bytes: a QP whose short part is the same inside the blackout is
-//! saved as its `gen` alone. The destination decodes what comes ahead as
+//! saved as its `gen` alone, and one not even taken mutably since
+//! ([`Watched`]) is not encoded again to be compared. The destination decodes what comes ahead as
 //! it comes ([`Ahead`]) and the restore takes it ([`with_ahead`]).
 //! A QP created after the first hint (a new `gen`) is saved whole.
 
@@ -31,7 +32,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use vm_memory::ByteValued;
 use vm_migration::nested;
 
-use super::{Engine, Qp};
+use super::{Engine, Qp, Watched};
 use crate::ring::{ConsumerRing, Ring};
 use crate::uar::Doorbells;
 
@@ -359,20 +360,25 @@ impl<'de> Deserialize<'de> for NestedShort {
 /// ahead, the short part if not the same as sent ahead.
 const PARTS: usize = 3;
 
-impl Serialize for Qp {
+impl Serialize for Watched {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(PARTS)?;
+        t.serialize_element(&self.gen)?;
+        if self.as_sent() {
+            // Not taken mutably since its short part was sent.
+            t.serialize_element(&None::<Fixed<&Ring, &Doorbells>>)?;
+            t.serialize_element(&None::<nested::Bytes<&[u8]>>)?;
+            return t.end();
+        }
         SCRATCH.with(|scratch| {
             let mut short = scratch.borrow_mut();
             short.clear();
             nested::encode_into(&ShortRef(self), &mut short).map_err(S::Error::custom)?;
             let same = self.presented && self.sent.as_deref() == Some(short.as_slice());
-            let fixed = (!self.presented).then(|| self.fixed());
-            let mut t = s.serialize_tuple(PARTS)?;
-            t.serialize_element(&self.gen)?;
-            t.serialize_element(&fixed)?;
-            t.serialize_element(&(!same).then_some(nested::Bytes(short.as_slice())))?;
-            t.end()
-        })
+            t.serialize_element(&(!self.presented).then(|| self.fixed()))?;
+            t.serialize_element(&(!same).then_some(nested::Bytes(short.as_slice())))
+        })?;
+        t.end()
     }
 }
 
@@ -422,8 +428,8 @@ impl<'de> Visitor<'de> for QpVisitor {
 }
 
 /// Boxed as the objects keep it: a QP decoded ahead is taken as it is.
-impl<'de> Deserialize<'de> for Box<Qp> {
+impl<'de> Deserialize<'de> for Watched {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_tuple(PARTS, QpVisitor)
+        d.deserialize_tuple(PARTS, QpVisitor).map(Watched::new)
     }
 }
