@@ -675,15 +675,16 @@ mod tests {
             );
             Snapshot::new("pvrdma-hint", version, &layout).unwrap()
         };
-        sim.device().prepare_restore(&hint(4, u64::MAX)).unwrap();
+        sim.device().prepare_restore(&hint(5, u64::MAX)).unwrap();
         assert_eq!(hub.ahead(), 16 + 2 * 8 + 2);
         for bad in [
             Snapshot::new("pvrdma-hint", 1, &(1u64,)).unwrap(),
             Snapshot::new("pvrdma-hint", 2, &(1u64, Vec::<()>::new())).unwrap(),
             hint(3, 1),
-            hint(5, 1),
-            Snapshot::new("pvrdma", 4, &(1u64, None::<u64>, Vec::<()>::new())).unwrap(),
-            Snapshot::new("pvrdma-hint", 4, &(1u64,)).unwrap(),
+            hint(4, 1),
+            hint(6, 1),
+            Snapshot::new("pvrdma", 5, &(1u64, None::<u64>, Vec::<()>::new())).unwrap(),
+            Snapshot::new("pvrdma-hint", 5, &(1u64,)).unwrap(),
         ] {
             assert!(sim.device().prepare_restore(&bad).is_err(), "{bad:?}");
         }

@@ -39,14 +39,15 @@ pub(crate) const ID: &str = "pvrdma";
 /// into a byte string each (`rdma_transport::packed`). 7: a QP's fixed
 /// part apart from its rings' indices, and left out when sent ahead.
 /// 8: a QP's short part nested as bytes, left out when the same as sent
-/// ahead.
-pub(crate) const VERSION: u32 = 8;
+/// ahead. 9: the QPs as sent ahead listed apart from the others
+/// (`saved::map`).
+pub(crate) const VERSION: u32 = 9;
 
 /// A restore's hint ([`hint`]): its name and layout. 2: the QPs' fixed
 /// parts. 3: where BAR2 is, for their doorbells. 4: the short parts of the
-/// QPs sent before (a later hint).
+/// QPs sent before (a later hint). 5: the QPs' handles beside both.
 const HINT_ID: &str = "pvrdma-hint";
-const HINT_VERSION: u32 = 4;
+const HINT_VERSION: u32 = 5;
 
 /// Most ring pages a hint sends ahead: the QPs past it are saved whole.
 /// A page is at most 9 bytes encoded, so the hint stays within the
@@ -59,7 +60,7 @@ const MOST_SENT_BYTES: usize = 6 << 20;
 
 /// What a destination can make before the state comes; `Q` is the QPs'
 /// fixed parts (`saved::Presented`), borrowed when sent, and `N` a QP's
-/// short part (`vm_migration::nested::Bytes`).
+/// handle and short part (`vm_migration::nested::Bytes`).
 #[derive(Serialize, Deserialize)]
 struct Hint<Q, N> {
     /// Eventfds the objects' doorbells hold.
@@ -67,7 +68,7 @@ struct Hint<Q, N> {
     /// Where BAR2 is (the doorbells' ioeventfds), as the restore will
     /// most likely find it.
     uar_base: Option<u64>,
-    /// QPs' parts that do not change while they live, by `gen`, of the
+    /// QPs' parts that do not change while they live, by handle and `gen`, of the
     /// QPs not sent ahead before: their save inside the blackout leaves
     /// them out.
     qps: Vec<Q>,
@@ -77,7 +78,7 @@ struct Hint<Q, N> {
 }
 
 /// A hint as a destination reads it.
-type Received = Hint<Presented, Bytes<Vec<u8>>>;
+type Received = Hint<Presented, (u32, Bytes<Vec<u8>>)>;
 
 /// What a destination can make ahead of restoring this device's state (its
 /// doorbells' eventfds, a system call each inside the blackout otherwise)
@@ -113,14 +114,12 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
         uar_base,
         qps: fresh
             .iter()
-            .filter_map(|h| objects.qps.get(h))
-            .map(|qp| (qp.gen, qp.fixed()))
+            .filter_map(|&h| objects.qps.get(&h).map(|qp| (h, qp.gen, qp.fixed())))
             .collect(),
         states: objects
             .qps
-            .values()
-            .filter_map(|qp| qp.sent.as_deref())
-            .map(Bytes)
+            .iter()
+            .filter_map(|(&h, qp)| qp.sent.as_deref().map(|b| (h, Bytes(b))))
             .collect(),
     };
     let hint = Snapshot::new(HINT_ID, HINT_VERSION, &hint);
@@ -250,7 +249,7 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
     let pages = hint
         .qps
         .iter()
-        .map(|(_, fixed)| fixed.pages())
+        .map(|(_, _, fixed)| fixed.pages())
         .fold(ahead.pages(), usize::saturating_add);
     let qps = ahead.qps().saturating_add(hint.qps.len());
     if qps > usize::try_from(l.max_qp).unwrap_or(usize::MAX)
@@ -279,16 +278,18 @@ pub(crate) fn prepare(shared: &Shared, hint: &Snapshot) -> Result<(), Migratable
     // the restore's): eventfds, watches and registrations the restore
     // would otherwise make inside the blackout. The guest cannot ring them
     // before it runs here.
-    for (gen, mut fixed) in hint.qps {
+    for (handle, gen, mut fixed) in hint.qps {
         fixed
             .attach(&shared.env.hub, gen, hint.uar_base)
             .map_err(|e| MigratableError::Restore(HINT_ID.into(), Box::new(e)))?;
-        ahead.keep(gen, fixed).map_err(refused)?;
+        ahead.keep(handle, gen, fixed).map_err(refused)?;
     }
     let completed = hint.states.len();
     let mut budget = vm_migration::MAX_DECODED_BYTES;
-    for Bytes(short) in &hint.states {
-        ahead.complete(short, &mut budget).map_err(refused)?;
+    for (handle, Bytes(short)) in &hint.states {
+        ahead
+            .complete(*handle, short, &mut budget)
+            .map_err(refused)?;
     }
     shared.lock().ahead = ahead;
     log::info!(
@@ -579,30 +580,46 @@ mod tests {
     }
 
     /// QPs destroyed, created (in the same handle) and modified between
-    /// the restore hint and the switch-over come back as the source had
-    /// them at the switch-over: those sent ahead take their kept part,
-    /// the others come whole.
+    /// the restore hint and the later one, or after the later one, come
+    /// back as the source had them at the switch-over: those sent ahead
+    /// take their kept part, the others come whole, and a QP decoded
+    /// ahead but destroyed since is not restored.
     #[test]
     fn qps_changed_after_the_hint_restore_as_at_the_switch_over() {
         let _heap = heap();
-        let (mut sim, spec, ud) = endpoint();
-        let gone = sim.create_qp(spec).unwrap();
-        let kept = sim.create_qp(ud).unwrap();
-        let mut at_switch_over = Vec::new();
-        let (sim, _) = sim.migrate_paused_after(|sim| {
-            assert!(presented(sim, gone.handle) && presented(sim, kept.handle));
-            sim.destroy(CmdCode::DestroyQp, gone.handle).unwrap();
-            let bigger = QpSpec {
-                max_send_wr: 64,
-                ..spec
+        for after_the_later_hint in [false, true] {
+            let (mut sim, spec, ud) = endpoint();
+            let gone = sim.create_qp(spec).unwrap();
+            let kept = sim.create_qp(ud).unwrap();
+            let dropped = sim.create_qp(ud).unwrap();
+            sim.create_qp(ud).unwrap();
+            let mut at_switch_over = Vec::new();
+            let change = |sim: &mut SimDriver| {
+                assert!(presented(sim, gone.handle) && presented(sim, kept.handle));
+                sim.destroy(CmdCode::DestroyQp, gone.handle).unwrap();
+                let bigger = QpSpec {
+                    max_send_wr: 64,
+                    ..spec
+                };
+                let new = sim.create_qp(bigger).unwrap();
+                assert_eq!(new.handle, gone.handle, "the handle taken again");
+                assert!(!presented(sim, new.handle), "a new QP is saved whole");
+                sim.to_rts(kept.handle, qp_type::UD).unwrap();
+                sim.destroy(CmdCode::DestroyQp, dropped.handle).unwrap();
+                at_switch_over = qps(sim);
             };
-            let new = sim.create_qp(bigger).unwrap();
-            assert!(!presented(sim, new.handle), "a new QP is saved whole");
-            sim.to_rts(kept.handle, qp_type::UD).unwrap();
-            at_switch_over = qps(sim);
-        });
-        assert_eq!(qps(&sim), at_switch_over);
-        assert_eq!(at_switch_over.len(), 3);
+            let (sim, _) = if after_the_later_hint {
+                sim.migrate_paused_around(|_| (), change)
+            } else {
+                sim.migrate_paused_after(change)
+            };
+            assert_eq!(
+                qps(&sim),
+                at_switch_over,
+                "after the later hint: {after_the_later_hint}"
+            );
+            assert_eq!(at_switch_over.len(), 4);
+        }
     }
 
     /// A later hint (just before the switch-over) carries the short parts
@@ -694,7 +711,7 @@ mod tests {
             || -> Vec<Presented> { hint.state::<Received>(HINT_ID, HINT_VERSION).unwrap().qps };
         let (mut first, mut second) = (parts(), parts());
         assert_eq!(first.len(), 2);
-        std::mem::swap(&mut first[0].1, &mut second[1].1);
+        std::mem::swap(&mut first[0].2, &mut second[1].2);
         let swapped = [first.swap_remove(0), second.swap_remove(1)];
         let swapped = Snapshot::new(
             HINT_ID,
@@ -771,9 +788,9 @@ mod tests {
         assert_eq!(hint.qps.len(), 2);
         // Each copy another QP's (a `gen` sent twice is refused).
         let copies = |n: usize| {
-            let qps: Vec<(u64, _)> = (1u64..)
+            let qps: Vec<(u32, u64, _)> = (1u32..)
                 .zip(hint.qps.iter().cycle().take(n))
-                .map(|(gen, (_, fixed))| (gen, fixed))
+                .map(|(n, (_, _, fixed))| (n, u64::from(n), fixed))
                 .collect();
             Snapshot::new(
                 HINT_ID,

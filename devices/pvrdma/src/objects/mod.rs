@@ -49,7 +49,7 @@ pub(crate) struct Objects {
     pub(crate) pds: BTreeMap<u32, ctx::Pd>,
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) cqs: BTreeMap<u32, cq::Cq>,
-    #[serde(deserialize_with = "ascending::deserialize")]
+    #[serde(with = "qp::saved::map")]
     pub(crate) qps: BTreeMap<u32, qp::Watched>,
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) srqs: BTreeMap<u32, srq::Srq>,

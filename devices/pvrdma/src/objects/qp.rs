@@ -112,6 +112,16 @@ impl Watched {
         self.touched = false;
     }
 
+    pub(crate) fn into_inner(self) -> Box<Qp> {
+        self.qp
+    }
+
+    /// Guest pages its rings map.
+    pub(crate) fn ring_pages(&self) -> usize {
+        let rq = self.qp.rq.as_ref().map_or(0, |rq| rq.ring().pages());
+        self.qp.sq.ring().pages().saturating_add(rq)
+    }
+
     /// Unchanged since [`Watched::send`] kept its short part.
     pub(crate) fn as_sent(&self) -> bool {
         !self.touched && self.qp.presented && self.qp.sent.is_some()

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! How a [`Qp`] is saved: its `gen`, its [`Fixed`] part (rings' pages and
-//! geometry, doorbells) unless that went ahead, and its short part
-//! (its own plain fields packed into one byte string by
+//! How a [`Qp`] is saved: its handle and `gen`, its [`Fixed`] part
+//! (rings' pages and geometry, doorbells) unless that went ahead, and its
+//! short part (its own plain fields packed into one byte string by
 //! [`rdma_transport::packed`], its rings' consumer indices and its engine)
 //! nested as a byte string, unless the destination has it already. A
 //! migration's destination restores thousands of QPs inside the blackout,
@@ -12,12 +12,11 @@
 //! destruction, and its `gen` names that life. A migration's source sends
 //! it ahead, in the restore hint ([`crate::snapshot::hint`]), while the
 //! guest runs. A later hint, taken just before the switch-over, carries
-//! the short part of each QP sent ahead, and the source keeps those
-//! bytes: a QP whose short part is the same inside the blackout is
-//! saved as its `gen` alone, and one not even taken mutably since
-//! ([`Watched`]) is not encoded again to be compared. The destination decodes what comes ahead as
-//! it comes ([`Ahead`]) and the restore takes it ([`with_ahead`]).
-//! A QP created after the first hint (a new `gen`) is saved whole.
+//! the short part of each QP sent ahead. A QP nothing took mutably since
+//! ([`Watched`]) is saved in a list of (handle, `gen`) pairs ([`map`]).
+//! The destination decodes what comes ahead as it comes ([`Ahead`]) and
+//! the restore takes those QPs all at once ([`with_ahead`]). A QP created
+//! after the first hint (a new `gen`) is saved whole.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -27,7 +26,7 @@ use pvrdma_abi::verbs::{QpAttr, QpCap};
 use rdma_transport::packed::{self, Packed, Reader, Writer};
 use rdma_transport::qp::QpState;
 use serde::de::{self, SeqAccess, Visitor};
-use serde::ser::{Error as _, SerializeTuple};
+use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use vm_memory::ByteValued;
 use vm_migration::nested;
@@ -45,8 +44,8 @@ pub(crate) struct Fixed<R, D> {
     doorbells: D,
 }
 
-/// A QP's [`Fixed`] part as a destination keeps it, by the QP's `gen`.
-pub(crate) type Presented = (u64, Fixed<Ring, Doorbells>);
+/// A QP's [`Fixed`] part as a hint sends it: the QP's handle and `gen`.
+pub(crate) type Presented = (u32, u64, Fixed<Ring, Doorbells>);
 
 impl Qp {
     /// This QP's [`Fixed`] part, for the restore hint.
@@ -99,13 +98,14 @@ impl Fixed<Ring, Doorbells> {
 }
 
 /// What a destination has of its source's QPs before the state comes,
-/// by `gen`: the [`Fixed`] parts of the restore hint, and the QPs a later
-/// hint's short parts completed.
+/// by handle: the [`Fixed`] parts of the restore hint, with their `gen`,
+/// and the QPs a later hint's short parts completed. The latter are kept
+/// as the objects keep them, so that a restore takes them all at once.
 #[derive(Debug, Default)]
 pub(crate) struct Ahead {
     /// Boxed: a B-tree's removal shifts the values left in its node.
-    fixed: BTreeMap<u64, Box<Fixed<Ring, Doorbells>>>,
-    qps: BTreeMap<u64, Box<Qp>>,
+    fixed: BTreeMap<u32, (u64, Box<Fixed<Ring, Doorbells>>)>,
+    qps: BTreeMap<u32, Watched>,
     /// The kept rings' pages.
     pages: usize,
     /// QPs a restore took as decoded ahead.
@@ -126,37 +126,123 @@ impl Ahead {
         self.pages
     }
 
-    /// Keeps the [`Fixed`] part of the QP of `gen` (its doorbells made).
-    pub(crate) fn keep(&mut self, gen: u64, fixed: Fixed<Ring, Doorbells>) -> Result<(), String> {
-        if self.fixed.contains_key(&gen) || self.qps.contains_key(&gen) {
-            return Err(format!("QP {gen} sent ahead twice"));
+    /// Keeps the [`Fixed`] part of the QP `handle` of `gen` (its doorbells
+    /// made), in place of an earlier QP of that handle (destroyed since).
+    pub(crate) fn keep(
+        &mut self,
+        handle: u32,
+        gen: u64,
+        fixed: Fixed<Ring, Doorbells>,
+    ) -> Result<(), String> {
+        let old = match (self.fixed.remove(&handle), self.qps.remove(&handle)) {
+            (Some((old, f)), _) => Some((old, f.pages())),
+            (None, Some(qp)) => Some((qp.gen, qp.ring_pages())),
+            (None, None) => None,
+        };
+        if let Some((old, pages)) = old {
+            if old == gen {
+                return Err(format!("QP {handle} sent ahead twice"));
+            }
+            self.pages = self.pages.saturating_sub(pages);
         }
         self.pages = self.pages.saturating_add(fixed.pages());
-        self.fixed.insert(gen, Box::new(fixed));
+        self.fixed.insert(handle, (gen, Box::new(fixed)));
         Ok(())
     }
 
-    /// Decodes a later hint's short part of a QP whose [`Fixed`] part
-    /// is kept, into the whole QP, checked as a restore checks it.
-    pub(crate) fn complete(&mut self, short: &[u8], budget: &mut usize) -> Result<(), String> {
+    /// Decodes a later hint's short part of the QP `handle`, whose
+    /// [`Fixed`] part is kept, into the whole QP, checked as a restore
+    /// checks it.
+    pub(crate) fn complete(
+        &mut self,
+        handle: u32,
+        short: &[u8],
+        budget: &mut usize,
+    ) -> Result<(), String> {
         let short: ShortOwned = nested::decode(short, budget)?;
-        let gen = short.plain.gen;
-        let fixed = self
+        let (gen, fixed) = self
             .fixed
-            .remove(&gen)
-            .ok_or_else(|| format!("QP {gen}: a state sent ahead without its fixed part"))?;
+            .remove(&handle)
+            .ok_or_else(|| format!("QP {handle}: a state sent ahead without its fixed part"))?;
+        if gen != short.plain.gen {
+            return Err(format!("QP {handle}: a state of another QP"));
+        }
         let qp = Qp::from_parts(*fixed, short)?;
-        self.qps.insert(gen, Box::new(qp));
+        self.qps.insert(handle, Watched::new(Box::new(qp)));
         Ok(())
     }
 
-    /// The kept [`Fixed`] part of the QP of `gen`, taken back from its
-    /// QP decoded ahead if there is one.
-    fn take_fixed(&mut self, gen: u64) -> Option<Fixed<Ring, Doorbells>> {
-        self.fixed
-            .remove(&gen)
-            .map(|fixed| *fixed)
-            .or_else(|| self.qps.remove(&gen).map(|qp| qp.into_fixed()))
+    /// The kept [`Fixed`] part of the QP `handle` of `gen`, taken back from
+    /// its QP decoded ahead if there is one.
+    fn take_fixed(&mut self, handle: u32, gen: u64) -> Option<Fixed<Ring, Doorbells>> {
+        if self.fixed.get(&handle).is_some_and(|(g, _)| *g == gen) {
+            return self.fixed.remove(&handle).map(|(_, fixed)| *fixed);
+        }
+        if self.qps.get(&handle).is_some_and(|qp| qp.gen == gen) {
+            return self
+                .qps
+                .remove(&handle)
+                .map(|qp| qp.into_inner().into_fixed());
+        }
+        None
+    }
+
+    /// The objects' QPs: those decoded ahead that `as_sent` lists
+    /// ((handle, `gen`) varint pairs, ascending handles), and `others`.
+    /// Every QP listed must have been decoded ahead; one decoded ahead
+    /// but not listed was destroyed since, or came among `others`.
+    fn take_qps(
+        &mut self,
+        as_sent: &[u8],
+        others: Vec<(u32, Watched)>,
+    ) -> Result<BTreeMap<u32, Watched>, String> {
+        let mut listed = Reader::new(as_sent);
+        let mut next = || -> Result<Option<(u32, u64)>, String> {
+            if listed.is_empty() {
+                return Ok(None);
+            }
+            let handle = listed.varint().and_then(|h| u32::try_from(h).ok());
+            match (handle, listed.varint()) {
+                (Some(handle), Some(gen)) => Ok(Some((handle, gen))),
+                _ => Err("a malformed list of the QPs as sent ahead".into()),
+            }
+        };
+        let mut qps = std::mem::take(&mut self.qps);
+        let mut want = next()?;
+        let mut failed = None;
+        let mut taken = 0usize;
+        qps.retain(|&handle, qp| match want {
+            _ if failed.is_some() => false,
+            Some((h, gen)) if h == handle => {
+                if gen != qp.gen {
+                    failed = Some(format!("QP {h}: another QP sent ahead"));
+                }
+                taken = taken.saturating_add(1);
+                want = next().unwrap_or_else(|e| {
+                    failed = Some(e);
+                    None
+                });
+                true
+            }
+            Some((h, _)) if h < handle => {
+                failed = Some(format!("QP {h}: not sent ahead"));
+                false
+            }
+            _ => false,
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if let Some((h, _)) = want {
+            return Err(format!("QP {h}: not sent ahead"));
+        }
+        for (handle, qp) in others {
+            if qps.insert(handle, qp).is_some() {
+                return Err(format!("QP {handle} saved twice"));
+            }
+        }
+        self.taken = taken;
+        Ok(qps)
     }
 }
 
@@ -356,80 +442,133 @@ impl<'de> Deserialize<'de> for NestedShort {
     }
 }
 
-/// Elements of the saved tuple: `gen`, the [`Fixed`] part if not sent
-/// ahead, the short part if not the same as sent ahead.
-const PARTS: usize = 3;
+/// How the objects' QPs are saved: a byte string listing the QPs as sent
+/// ahead, (handle, `gen`) varint pairs in ascending handles, then each
+/// other QP as an [`Other`]. A QP nothing took mutably since a later hint
+/// kept its short part ([`Watched`]) is as sent; one taken mutably is
+/// saved with its short part even if that came out the same (the worker
+/// takes a QP mutably to run it, so it has mostly changed). The destination keeps the QPs decoded ahead as the
+/// objects keep them, so the listed QPs cost it a walk beside the list,
+/// not a decode each (most of a restore of 4096 idle QPs before).
+pub(crate) mod map {
+    use std::collections::BTreeMap;
+    use std::fmt;
 
-impl Serialize for Watched {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut t = s.serialize_tuple(PARTS)?;
-        t.serialize_element(&self.gen)?;
-        if self.as_sent() {
-            // Not taken mutably since its short part was sent.
-            t.serialize_element(&None::<Fixed<&Ring, &Doorbells>>)?;
-            t.serialize_element(&None::<nested::Bytes<&[u8]>>)?;
-            return t.end();
+    use rdma_transport::packed::Writer;
+    use serde::de::{self, SeqAccess, Visitor};
+    use serde::ser::{Error as _, SerializeSeq, SerializeTuple};
+    use serde::{Deserializer, Serializer};
+    use vm_migration::nested;
+
+    use super::{Other, ShortRef, Watched, AHEAD, SCRATCH};
+
+    pub(crate) fn serialize<S: Serializer>(
+        qps: &BTreeMap<u32, Watched>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut as_sent = Writer::default();
+        let mut listed = 0usize;
+        for (&handle, qp) in qps.iter().filter(|(_, qp)| qp.as_sent()) {
+            as_sent.varint(u64::from(handle));
+            as_sent.varint(qp.gen);
+            listed = listed.saturating_add(1);
         }
-        SCRATCH.with(|scratch| {
-            let mut short = scratch.borrow_mut();
-            short.clear();
-            nested::encode_into(&ShortRef(self), &mut short).map_err(S::Error::custom)?;
-            let same = self.presented && self.sent.as_deref() == Some(short.as_slice());
-            t.serialize_element(&(!self.presented).then(|| self.fixed()))?;
-            t.serialize_element(&(!same).then_some(nested::Bytes(short.as_slice())))
-        })?;
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element(&nested::Bytes(as_sent.into_inner()))?;
+        t.serialize_element(&Others(qps, qps.len().saturating_sub(listed)))?;
         t.end()
+    }
+
+    /// The QPs not as sent (so many of them), each encoding its short
+    /// part as it goes.
+    struct Others<'a>(&'a BTreeMap<u32, Watched>, usize);
+
+    impl serde::Serialize for Others<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut seq = s.serialize_seq(Some(self.1))?;
+            SCRATCH.with(|scratch| {
+                let mut short = scratch.borrow_mut();
+                for (&handle, qp) in self.0.iter().filter(|(_, qp)| !qp.as_sent()) {
+                    short.clear();
+                    nested::encode_into(&ShortRef(qp), &mut short).map_err(S::Error::custom)?;
+                    let fixed = (!qp.presented).then(|| qp.fixed());
+                    seq.serialize_element(&(handle, qp.gen, fixed, nested::Bytes(&short[..])))?;
+                }
+                Ok(())
+            })?;
+            seq.end()
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<u32, Watched>, D::Error> {
+        d.deserialize_tuple(2, MapVisitor)
+    }
+
+    struct MapVisitor;
+
+    impl<'de> Visitor<'de> for MapVisitor {
+        type Value = BTreeMap<u32, Watched>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("the QPs as sent ahead and the others")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let missing = |i| de::Error::invalid_length(i, &self);
+            let nested::Bytes(as_sent): nested::Bytes<Vec<u8>> =
+                seq.next_element()?.ok_or_else(|| missing(0))?;
+            let others: Vec<Other> = seq.next_element()?.ok_or_else(|| missing(1))?;
+            let others = others.into_iter().map(|Other(h, qp)| (h, qp)).collect();
+            AHEAD
+                .with(|a| a.borrow_mut().take_qps(&as_sent, others))
+                .map_err(de::Error::custom)
+        }
     }
 }
 
-struct QpVisitor;
+/// A saved QP not as sent ahead: its handle, `gen`, [`Fixed`] part unless
+/// that went ahead, and short part.
+struct Other(u32, Watched);
 
-impl<'de> Visitor<'de> for QpVisitor {
-    type Value = Box<Qp>;
+const OTHER_PARTS: usize = 4;
+
+struct OtherVisitor;
+
+impl<'de> Visitor<'de> for OtherVisitor {
+    type Value = Other;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "a QP of {PARTS} parts")
+        write!(f, "a QP of {OTHER_PARTS} parts")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Box<Qp>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Other, A::Error> {
         let missing = |i| de::Error::invalid_length(i, &self);
-        let gen: u64 = seq.next_element()?.ok_or_else(|| missing(0))?;
+        let handle: u32 = seq.next_element()?.ok_or_else(|| missing(0))?;
+        let gen: u64 = seq.next_element()?.ok_or_else(|| missing(1))?;
         let fixed: Option<Fixed<Ring, Doorbells>> =
-            seq.next_element()?.ok_or_else(|| missing(1))?;
-        let short: Option<NestedShort> = seq.next_element()?.ok_or_else(|| missing(2))?;
-        let not_ahead = || de::Error::custom(format!("QP {gen}: not sent ahead"));
-        let Some(NestedShort(short)) = short else {
-            // The same as sent ahead: decoded then.
-            if fixed.is_some() {
-                return Err(de::Error::custom(format!("QP {gen}: a fixed part alone")));
-            }
-            return AHEAD.with(|a| {
-                let mut a = a.borrow_mut();
-                let qp = a.qps.remove(&gen).ok_or_else(not_ahead)?;
-                a.taken = a.taken.saturating_add(1);
-                Ok(qp)
-            });
-        };
+            seq.next_element()?.ok_or_else(|| missing(2))?;
+        let NestedShort(short) = seq.next_element()?.ok_or_else(|| missing(3))?;
         if short.plain.gen != gen {
             return Err(de::Error::custom(format!(
-                "QP {gen}: a state of another QP"
+                "QP {handle}: a state of another QP"
             )));
         }
         let fixed = match fixed {
             Some(fixed) => fixed,
             None => AHEAD
-                .with(|a| a.borrow_mut().take_fixed(gen))
-                .ok_or_else(not_ahead)?,
+                .with(|a| a.borrow_mut().take_fixed(handle, gen))
+                .ok_or_else(|| de::Error::custom(format!("QP {handle}: not sent ahead")))?,
         };
         Qp::from_parts(fixed, short)
-            .map(Box::new)
+            .map(|qp| Other(handle, Watched::new(Box::new(qp))))
             .map_err(de::Error::custom)
     }
 }
 
-/// Boxed as the objects keep it: a QP decoded ahead is taken as it is.
-impl<'de> Deserialize<'de> for Watched {
+impl<'de> Deserialize<'de> for Other {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_tuple(PARTS, QpVisitor).map(Watched::new)
+        d.deserialize_tuple(OTHER_PARTS, OtherVisitor)
     }
 }
