@@ -81,7 +81,49 @@ pub struct IdAllocatorState {
     /// Where next-fit continues (unused by lowest-free allocators).
     pub cursor: u32,
     /// Values in use, ascending.
+    #[serde(with = "ascending_ids")]
     pub used: Vec<u32>,
+}
+
+/// Ascending values as one byte string: the first, then each one's
+/// distance from the one before, as LEB128 varints. Saved as a sequence,
+/// the QP handles and QPNs of thousands of QPs were a serde call each
+/// through the bounded decoder, inside a migration's blackout.
+mod ascending_ids {
+    use rdma_transport::packed::{Reader, Writer};
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(ids: &[u32], s: S) -> Result<S::Ok, S::Error> {
+        let mut w = Writer::default();
+        let mut last = 0u32;
+        for &id in ids {
+            w.varint(u64::from(id.wrapping_sub(last)));
+            last = id;
+        }
+        s.serialize_bytes(&w.into_inner())
+    }
+
+    /// Refuses values that do not ascend (a distance of 0) or overflow.
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+        let bytes = vm_migration::bytes::deserialize(d)?;
+        let mut r = Reader::new(&bytes);
+        // A varint is at least a byte: no more values than bytes.
+        let mut ids = Vec::with_capacity(bytes.len());
+        let mut last: Option<u32> = None;
+        while !r.is_empty() {
+            let step = r.varint().and_then(|v| u32::try_from(v).ok());
+            let id = match (last, step) {
+                (None, Some(id)) => Some(id),
+                (Some(last), Some(step)) if step > 0 => last.checked_add(step),
+                _ => None,
+            }
+            .ok_or_else(|| D::Error::custom("IDs not ascending"))?;
+            ids.push(id);
+            last = Some(id);
+        }
+        Ok(ids)
+    }
 }
 
 /// Values of `first..end`, allocated by `policy`.
@@ -418,10 +460,28 @@ mod tests {
         let back: NamespaceState = snapshot.state("ns", 1).unwrap();
         let mut restored = Namespace::restore(&l, &back).unwrap();
         assert_eq!(restored.save(), state);
+        assert_eq!(back.cq.used, [2]);
         // Both continue identically.
         assert_eq!(restored.cq.alloc(), ns.cq.alloc());
         assert_eq!(restored.qpn.alloc(), ns.qpn.alloc());
         assert_eq!(restored.mr.alloc(), ns.mr.alloc());
+    }
+
+    /// The IDs in use are decoded ascending or not at all: a repeated
+    /// value (a distance of 0), one past `u32::MAX` or a cut varint is
+    /// refused by the decode.
+    #[test]
+    fn ids_in_use_decode_only_ascending() {
+        let ids = |bytes: &[u8]| {
+            let state = (0u32, 8u32, 0u32, vm_migration::nested::Bytes(bytes));
+            let snapshot = vm_migration::Snapshot::new("ids", 1, &state).unwrap();
+            snapshot.state::<IdAllocatorState>("ids", 1).map(|s| s.used)
+        };
+        assert_eq!(ids(&[2, 1, 3]).unwrap(), [2, 3, 6]);
+        assert_eq!(ids(&[]).unwrap(), Vec::<u32>::new());
+        for bad in [&[2, 0][..], &[0xff, 0xff, 0xff, 0xff, 0x0f, 1], &[0x80]] {
+            assert!(ids(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

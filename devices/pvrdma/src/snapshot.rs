@@ -40,8 +40,9 @@ pub(crate) const ID: &str = "pvrdma";
 /// part apart from its rings' indices, and left out when sent ahead.
 /// 8: a QP's short part nested as bytes, left out when the same as sent
 /// ahead. 9: the QPs as sent ahead listed apart from the others
-/// (`saved::map`).
-pub(crate) const VERSION: u32 = 9;
+/// (`saved::map`). 10: the namespace's IDs in use packed into a byte
+/// string each.
+pub(crate) const VERSION: u32 = 10;
 
 /// A restore's hint ([`hint`]): its name and layout. 2: the QPs' fixed
 /// parts. 3: where BAR2 is, for their doorbells. 4: the short parts of the
