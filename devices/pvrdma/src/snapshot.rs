@@ -41,8 +41,8 @@ pub(crate) const ID: &str = "pvrdma";
 /// 8: a QP's short part nested as bytes, left out when the same as sent
 /// ahead. 9: the QPs as sent ahead listed apart from the others
 /// (`saved::map`). 10: the namespace's IDs in use packed into a byte
-/// string each.
-pub(crate) const VERSION: u32 = 10;
+/// string each. 11: no QPN index (made again from the QPs).
+pub(crate) const VERSION: u32 = 11;
 
 /// A restore's hint ([`hint`]): its name and layout. 2: the QPs' fixed
 /// parts. 3: where BAR2 is, for their doorbells. 4: the short parts of the
@@ -438,9 +438,10 @@ pub(crate) fn restore(shared: &Shared, snapshot: &Snapshot) -> Result<(), Migrat
     let u_decoded = Usage::now();
     let env = &shared.env;
     let session = match saved.session {
-        Some(s) => {
+        Some(mut s) => {
             let ns = Namespace::restore(&env.config.limits, &s.ns).map_err(restore_error)?;
             s.objects.check_doorbells().map_err(restore_error)?;
+            s.objects.index_qpns().map_err(restore_error)?;
             Some(Session {
                 dsr: s.dsr,
                 ns,
@@ -665,6 +666,43 @@ mod tests {
         );
         assert_eq!(qps(&restored), at_switch_over);
         assert!(at_switch_over.iter().any(|q| q.contains(" state=3 ")));
+    }
+
+    /// The QPN index is made again from the restored QPs: received packets
+    /// reach the QP of their QPN, and a state with two QPs of one QPN is
+    /// refused, the device left as it was.
+    #[test]
+    fn restored_qps_are_indexed_by_their_own_qpns() {
+        let _heap = heap();
+        let (mut sim, rc, _) = endpoint();
+        let other = sim.create_qp(rc).unwrap();
+        let index = |sim: &SimDriver| {
+            sim.device()
+                .shared()
+                .lock()
+                .session
+                .as_ref()
+                .unwrap()
+                .objects
+                .qpns
+                .clone()
+        };
+        let whole = sim.device().snapshot().unwrap();
+        let fresh = SimDriver::new();
+        fresh.device().restore(&whole).unwrap();
+        assert_eq!(index(&fresh), index(&sim));
+        assert_eq!(index(&sim).len(), 2, "the endpoint's QP and one more");
+        {
+            let device = sim.device();
+            let mut state = device.shared().lock();
+            let objects = &mut state.session.as_mut().unwrap().objects;
+            let first = *objects.qpns.keys().next().unwrap();
+            objects.qps.get_mut(&other.handle).unwrap().qpn = first;
+        }
+        let twice = sim.device().snapshot().unwrap();
+        let fresh = SimDriver::new();
+        assert!(fresh.device().restore(&twice).is_err());
+        assert!(fresh.device().shared().lock().session.is_none());
     }
 
     /// A state whose QPs went ahead does not restore without their parts

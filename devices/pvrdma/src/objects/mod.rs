@@ -56,8 +56,11 @@ pub(crate) struct Objects {
     #[serde(deserialize_with = "ascending::deserialize")]
     pub(crate) mrs: BTreeMap<u32, mr::Mr>,
     pub(crate) gids: gid::GidTable,
-    /// QP handle of each QPN (received packets name the QPN).
-    #[serde(deserialize_with = "ascending::deserialize")]
+    /// QP handle of each QPN (received packets name the QPN): an index of
+    /// `qps`, not saved but made again by [`Objects::index_qpns`] (a saved
+    /// one was thousands of entries to decode inside a migration's
+    /// blackout, and could have named another QP than the QPN's own).
+    #[serde(skip)]
     pub(crate) qpns: BTreeMap<u32, u32>,
     /// Guest pages all objects map, against `Limits::max_mapped_pages`.
     mapped_pages: u64,
@@ -136,6 +139,18 @@ impl Objects {
             .get(&handle)
             .and_then(|qp| ctx::pd_ctx(self, qp.pd).ok());
         ctx::Numbering::of_ctx(ctx)
+    }
+
+    /// Indexes restored QPs by QPN; fails if two have the same QPN.
+    pub(crate) fn index_qpns(&mut self) -> Result<(), CmdError> {
+        let mut qpns: Vec<(u32, u32)> = self.qps.iter().map(|(&h, q)| (q.qpn, h)).collect();
+        qpns.sort_unstable();
+        check(
+            qpns.windows(2).all(|w| matches!(w, [a, b] if a.0 != b.0)),
+            "two QPs of one QPN",
+        )?;
+        self.qpns = qpns.into_iter().collect();
+        Ok(())
     }
 
     /// Checks restored objects' doorbells against the objects: each names
