@@ -252,6 +252,42 @@ impl Source {
         }
     }
 
+    /// Sends `table`'s pages as pass `pass` while the VM runs, takes what
+    /// was dirtied meanwhile as the next `table`, and reports the pass;
+    /// returns the downtime expected for the next table at this pass's
+    /// bandwidth.
+    fn pass(
+        &self,
+        stream: &mut dyn Stream,
+        table: &mut MemoryRangeTable,
+        pass: u32,
+        what: &str,
+        started: Instant,
+    ) -> Result<Duration, MigrationError> {
+        let mem = &*self.mem;
+        let pass_start = Instant::now();
+        let sent = send_memory(stream, mem, table, &self.progress, &|| self.go_on(started))?;
+        let elapsed = pass_start.elapsed().as_secs_f64().max(1e-3);
+        let bandwidth = (sent as f64 / elapsed).max(1.0);
+        *table = dirty_ranges(&self.vm, mem)?;
+        let dirty = table.bytes();
+        let expected = Duration::from_secs_f64(dirty as f64 / bandwidth);
+        update(&self.progress, |i| {
+            i.pass = pass;
+            i.dirty_bytes = dirty;
+            i.dirty_rate_bytes_per_s = (dirty as f64 / elapsed) as u64;
+            i.bandwidth_bytes_per_s = bandwidth as u64;
+            i.expected_downtime_ms = expected.as_millis() as u64;
+            i.total_ms = started.elapsed().as_millis() as u64;
+        });
+        log::info!(
+            "Migration pass {pass}{what}: {sent} bytes in {elapsed:.2} s, {dirty} bytes dirty, \
+             expected downtime {} ms",
+            expected.as_millis()
+        );
+        Ok(expected)
+    }
+
     fn precopy_and_switch(
         &self,
         stream: &mut dyn Stream,
@@ -278,25 +314,7 @@ impl Source {
         let mut pass = 0u32;
         loop {
             pass += 1;
-            let pass_start = Instant::now();
-            let sent = send_memory(stream, mem, &table, &self.progress, &|| self.go_on(started))?;
-            let elapsed = pass_start.elapsed().as_secs_f64().max(1e-3);
-            let bandwidth = (sent as f64 / elapsed).max(1.0);
-            table = dirty_ranges(&self.vm, mem)?;
-            let dirty = table.bytes();
-            let expected = Duration::from_secs_f64(dirty as f64 / bandwidth);
-            update(&self.progress, |i| {
-                i.pass = pass;
-                i.dirty_bytes = dirty;
-                i.dirty_rate_bytes_per_s = (dirty as f64 / elapsed) as u64;
-                i.bandwidth_bytes_per_s = bandwidth as u64;
-                i.expected_downtime_ms = expected.as_millis() as u64;
-                i.total_ms = started.elapsed().as_millis() as u64;
-            });
-            log::info!(
-                "Migration pass {pass}: {sent} bytes in {elapsed:.2} s, {dirty} bytes dirty, expected downtime {} ms",
-                expected.as_millis()
-            );
+            let expected = self.pass(stream, &mut table, pass, "", started)?;
             self.go_on(started)?;
             if expected <= self.downtime || pass >= MAX_PASSES {
                 break;
@@ -328,15 +346,7 @@ impl Source {
         // dirty, and so not what the guest wrote during the hints' round
         // trip (300 ms with 4096 QPs in the test host), which the blackout
         // would otherwise copy.
-        pass += 1;
-        let sent = send_memory(stream, mem, &table, &self.progress, &|| self.go_on(started))?;
-        table = dirty_ranges(&self.vm, mem)?;
-        let dirty = table.bytes();
-        update(&self.progress, |i| {
-            i.pass = pass;
-            i.dirty_bytes = dirty;
-        });
-        log::info!("Migration pass {pass} (after the hints): {sent} bytes, {dirty} bytes dirty");
+        self.pass(stream, &mut table, pass + 1, " (after the hints)", started)?;
 
         // Stop-and-copy: the control loop pauses the VM and saves it (and
         // refuses cancels from now on). Until the hand-over is answered
