@@ -101,10 +101,7 @@ pub(crate) fn hint(shared: &Shared) -> Option<Snapshot> {
     let mut pages = 0usize;
     let mut fresh = Vec::new();
     for (&handle, qp) in objects.qps.iter_mut() {
-        let rq = qp.rq.as_ref().map_or(0, |rq| rq.ring().pages());
-        pages = pages
-            .saturating_add(qp.sq.ring().pages())
-            .saturating_add(rq);
+        pages = pages.saturating_add(qp.fixed().pages());
         if !qp.presented && pages <= MOST_PRESENT_PAGES {
             qp.presented = true;
             fresh.push(handle);

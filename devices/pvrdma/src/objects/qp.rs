@@ -90,8 +90,9 @@ pub(crate) struct Qp {
 /// A QP as the objects keep it: boxed (a B-tree's insertion and removal
 /// shift the values left in a node), and told whether it was taken
 /// mutably since a later hint sent its short part. One that was not is
-/// saved as its `gen` alone, not encoded again to be compared: that
-/// encoding was most of the save of 4096 idle QPs (docs/benchmarks.md).
+/// saved as its handle and `gen` alone ([`saved::map`]), not encoded
+/// again: that encoding was most of the save of 4096 idle QPs
+/// (docs/benchmarks.md).
 /// Every `&mut Qp` out of the objects comes through [`DerefMut`], and
 /// nothing of a QP's short part changes behind a shared reference.
 #[derive(Debug)]
@@ -114,12 +115,6 @@ impl Watched {
 
     pub(crate) fn into_inner(self) -> Box<Qp> {
         self.qp
-    }
-
-    /// Guest pages its rings map.
-    pub(crate) fn ring_pages(&self) -> usize {
-        let rq = self.qp.rq.as_ref().map_or(0, |rq| rq.ring().pages());
-        self.qp.sq.ring().pages().saturating_add(rq)
     }
 
     /// Unchanged since [`Watched::send`] kept its short part.

@@ -18,6 +18,7 @@
 //! the restore takes those QPs all at once ([`with_ahead`]). A QP created
 //! after the first hint (a new `gen`) is saved whole.
 
+use std::borrow::Borrow;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,6 +43,14 @@ pub(crate) struct Fixed<R, D> {
     sq: R,
     rq: Option<R>,
     doorbells: D,
+}
+
+impl<R: Borrow<Ring>, D> Fixed<R, D> {
+    /// Guest pages its rings map (what a hint and a destination bound).
+    pub(crate) fn pages(&self) -> usize {
+        let rq = self.rq.as_ref().map_or(0, |rq| rq.borrow().pages());
+        self.sq.borrow().pages().saturating_add(rq)
+    }
 }
 
 /// A QP's [`Fixed`] part as a hint sends it: the QP's handle and `gen`.
@@ -89,12 +98,6 @@ impl Fixed<Ring, Doorbells> {
     ) -> std::io::Result<()> {
         self.doorbells.attach(hub, gen, base)
     }
-
-    /// Guest pages its rings map (what a destination bounds).
-    pub(crate) fn pages(&self) -> usize {
-        let rq = self.rq.as_ref().map_or(0, Ring::pages);
-        self.sq.pages().saturating_add(rq)
-    }
 }
 
 /// What a destination has of its source's QPs before the state comes,
@@ -136,7 +139,7 @@ impl Ahead {
     ) -> Result<(), String> {
         let old = match (self.fixed.remove(&handle), self.qps.remove(&handle)) {
             (Some((old, f)), _) => Some((old, f.pages())),
-            (None, Some(qp)) => Some((qp.gen, qp.ring_pages())),
+            (None, Some(qp)) => Some((qp.gen, qp.fixed().pages())),
             (None, None) => None,
         };
         if let Some((old, pages)) = old {
@@ -194,7 +197,7 @@ impl Ahead {
     fn take_qps(
         &mut self,
         as_sent: &[u8],
-        others: Vec<(u32, Watched)>,
+        others: Vec<Other>,
     ) -> Result<BTreeMap<u32, Watched>, String> {
         let mut listed = Reader::new(as_sent);
         let mut next = || -> Result<Option<(u32, u64)>, String> {
@@ -236,7 +239,7 @@ impl Ahead {
         if let Some((h, _)) = want {
             return Err(format!("QP {h}: not sent ahead"));
         }
-        for (handle, qp) in others {
+        for Other(handle, qp) in others {
             if qps.insert(handle, qp).is_some() {
                 return Err(format!("QP {handle} saved twice"));
             }
@@ -447,9 +450,10 @@ impl<'de> Deserialize<'de> for NestedShort {
 /// other QP as an [`Other`]. A QP nothing took mutably since a later hint
 /// kept its short part ([`Watched`]) is as sent; one taken mutably is
 /// saved with its short part even if that came out the same (the worker
-/// takes a QP mutably to run it, so it has mostly changed). The destination keeps the QPs decoded ahead as the
-/// objects keep them, so the listed QPs cost it a walk beside the list,
-/// not a decode each (most of a restore of 4096 idle QPs before).
+/// takes a QP mutably to run it, so it has mostly changed). The
+/// destination keeps the QPs decoded ahead as the objects keep them, so
+/// the listed QPs cost it a walk beside the list, not a decode each (most
+/// of a restore of 4096 idle QPs before).
 pub(crate) mod map {
     use std::collections::BTreeMap;
     use std::fmt;
@@ -520,7 +524,6 @@ pub(crate) mod map {
             let nested::Bytes(as_sent): nested::Bytes<Vec<u8>> =
                 seq.next_element()?.ok_or_else(|| missing(0))?;
             let others: Vec<Other> = seq.next_element()?.ok_or_else(|| missing(1))?;
-            let others = others.into_iter().map(|Other(h, qp)| (h, qp)).collect();
             AHEAD
                 .with(|a| a.borrow_mut().take_qps(&as_sent, others))
                 .map_err(de::Error::custom)
